@@ -1,0 +1,44 @@
+"""Every error fa4-aot raises on purpose: one root, a few kinds, each message naming what failed and the fix."""
+
+from __future__ import annotations
+
+
+class Fa4AotError(Exception):
+    """Root of fa4-aot's errors. The CLI prints these as one line, without a traceback."""
+
+
+class ConfigError(Fa4AotError, ValueError):
+    """variants.toml (or another input) is malformed: the message names file, line, field and allowed values."""
+
+
+class UnknownSku(Fa4AotError, LookupError):
+    """A SKU name or a detected device matches no entry of the SKU table."""
+
+
+class KernelMissing(Fa4AotError, LookupError):
+    """Strict mode met a kernel that the store does not hold."""
+
+    def __init__(self, message: str, *, sku: str, family: str, kernel_key: str, compile_key: str) -> None:
+        super().__init__(message)
+        self.sku = sku
+        self.family = family
+        self.kernel_key = kernel_key
+        self.compile_key = compile_key
+
+
+class IntegrityError(Fa4AotError):
+    """Bytes on disk do not match the digest that names them."""
+
+    def __init__(self, message: str, *, expected: str, actual: str, source: str) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+        self.source = source
+
+
+class StoreError(Fa4AotError):
+    """The store cannot be used as asked (malformed id, lock timeout, unreadable entry)."""
+
+
+class BuildError(Fa4AotError):
+    """A build could not run, or some of its kernels failed to compile."""
