@@ -1,0 +1,210 @@
+"""`fa4-aot build`: plan every call of the selected variants for one SKU, then compile what the store lacks.
+
+Work happens in spawned worker processes configured for the target SKU (target.configure); this
+process never imports FA4, so one process can build several SKUs in turn. Each kernel is compiled
+by exactly one worker (the first call that needs it), exported with export_to_c, and stored object
+first, index entry last. Failures are reported per call and per kernel while the rest goes on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .calls import Call
+from .skus import Sku
+from .store import Entry, Store
+from .variants import Matrix, Variant
+
+EXPORT_FUNCTION = "func"  # the symbol name FA4's own persistent cache uses; loaders look it up
+
+
+@dataclass
+class Result:
+    status: str  # "built", "present" or "failed"
+    family: str
+    kernel_key: str
+    variant: str
+    call: str
+    seconds: float = 0.0
+    size: int = 0
+    error: str = ""
+
+
+@dataclass
+class Report:
+    sku: str
+    calls: int = 0
+    results: list[Result] = field(default_factory=list)
+    call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
+    seconds: float = 0.0
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+    @property
+    def failed(self) -> int:
+        return self.count("failed") + len(self.call_failures)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sku": self.sku, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
+            "present": self.count("present"), "failed": self.failed, "seconds": round(self.seconds, 2),
+            "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
+            "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
+        }
+
+
+@dataclass(frozen=True)
+class Planned:
+    family: str
+    ident: str  # canonical compile-key JSON
+    kernel_key: str
+    call_index: int
+
+
+def build(
+    matrix: Matrix,
+    sku: Sku,
+    store: Store,
+    variants: list[Variant] | None = None,
+    jobs: int = 1,
+    progress: Callable[[int, int, Result], None] | None = None,
+) -> Report:
+    """Build every kernel of `variants` (default: all) for `sku` into `store`. Never raises for a kernel
+    that fails to compile: it is in the report, which the caller turns into an exit status."""
+    started = time.perf_counter()
+    chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
+    work = [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
+    report = Report(sku=sku.name, calls=len(work))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max(1, jobs), mp_context=context, initializer=_init_worker,
+                             initargs=(sku, str(store.root))) as pool:
+        chunks = [work[i::max(1, jobs)] for i in range(max(1, jobs))]
+        offsets = [list(range(i, len(work), max(1, jobs))) for i in range(max(1, jobs))]
+        planned: dict[str, Planned] = {}
+        for chunk_offsets, future in zip(offsets, [pool.submit(_plan_task, c) for c in chunks], strict=True):
+            kernels, failures = future.result()
+            for family, ident, kernel_key, local in kernels:
+                index = chunk_offsets[local]
+                if kernel_key not in planned or index < planned[kernel_key].call_index:
+                    planned[kernel_key] = Planned(family, ident, kernel_key, index)
+            for local, error in failures:
+                name, call = work[chunk_offsets[local]]
+                report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
+        todo: dict[int, list[Planned]] = {}
+        for p in sorted(planned.values(), key=lambda p: p.kernel_key):
+            if store.has_entry(p.kernel_key):
+                name, call = work[p.call_index]
+                report.results.append(Result("present", p.family, p.kernel_key, name, call.describe()))
+            else:
+                todo.setdefault(p.call_index, []).append(p)
+        total = sum(len(v) for v in todo.values())
+        futures = [pool.submit(_compile_task, *work[i], [(p.family, p.ident, p.kernel_key) for p in ps])
+                   for i, ps in todo.items()]
+        for future in as_completed(futures):
+            for result in future.result():
+                report.results.append(result)
+                if progress:
+                    progress(sum(r.status != "present" for r in report.results), total, result)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# -- worker side: everything below runs in spawned processes configured for one SKU ----------------
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(sku: Sku, store_root: str) -> None:
+    import os
+    import warnings
+
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: silences FakeTensor data_ptr notices
+    warnings.filterwarnings("ignore")  # CuTe's per-argument notices and torch's FakeTensor data_ptr notice
+    from . import target
+
+    target.configure(sku)
+    _worker.update(sku=sku, store=Store(Path(store_root)))
+
+
+def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, str]]]:
+    from . import keys, plan
+
+    kernels, failures = [], []
+    for i, (_name, call) in enumerate(work):
+        try:
+            seen = plan.kernels_for(call)
+        except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
+            failures.append((i, _one_line(e)))
+            continue
+        for (family, ident), key in seen.items():
+            kernels.append((family, ident, keys.kernel_key(family, key, _worker["sku"]), i))
+    return kernels, failures
+
+
+def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) -> list[Result]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import caches, calls
+
+    store: Store = _worker["store"]
+    sku: Sku = _worker["sku"]
+    by_ident = {(f, ident): kk for f, ident, kk in wanted}
+    results: dict[str, Result] = {}
+
+    def done(family: str, key: Any, fn: Any, seconds: float) -> None:
+        from . import keys
+
+        kk = by_ident[(family, keys.dumps(keys.canonical(key)))]
+        data = _export(fn)
+        digest = store.put_object(data)
+        store.put_entry(Entry(
+            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=keys.canonical(key),
+            sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
+            toolchain=keys.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
+        ))
+        results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
+
+    with ExitStack() as stack:
+        for kk in sorted(by_ident.values()):
+            stack.enter_context(store.lock(kk))
+        # Re-check under the locks: another builder on this cache may have finished meanwhile.
+        pending = {ident for ident, kk in by_ident.items() if not store.has_entry(kk)}
+        for ident, kk in by_ident.items():
+            if ident not in pending:
+                results[kk] = Result("present", ident[0], kk, variant, call.describe())
+        try:
+            if pending:
+                with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Compiler(family, pending, done)):
+                    calls.run(call)
+            error = "FA4 did not ask for this kernel when the call was re-run"
+        except Exception as e:
+            error = _one_line(e)
+    for (family, _ident), kk in by_ident.items():
+        results.setdefault(kk, Result("failed", family, kk, variant, call.describe(), error=error))
+    return list(results.values())
+
+
+def _export(fn: Any) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="fa4-aot-export-") as tmp:
+        path = Path(tmp) / "kernel.o"
+        fn.export_to_c(object_file_path=str(path), function_name=EXPORT_FUNCTION)
+        data = path.read_bytes()
+    if not data:
+        raise RuntimeError("export_to_c wrote an empty object file")
+    return data
+
+
+def _one_line(e: BaseException) -> str:
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    at = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
+    text = " ".join(str(e).split())[:300] or "no message"
+    return f"{type(e).__name__}: {text}{at}"

@@ -1,0 +1,29 @@
+"""Where things live, read at call time (never at import) so that tests and callers can change it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CHECKOUT_DIR = PACKAGE_DIR.parent
+
+
+def default_cache_dir() -> Path:
+    """$FA4_AOT_CACHE, else `cache/` of the checkout fa4_aot runs from, else ~/.cache/fa4-aot."""
+    env = os.environ.get("FA4_AOT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    if (CHECKOUT_DIR / "cache" / "README.md").is_file():
+        return CHECKOUT_DIR / "cache"
+    return Path.home() / ".cache" / "fa4-aot"
+
+
+def default_variants_file() -> Path:
+    """$FA4_AOT_VARIANTS, else variants.toml of the checkout, else the copy shipped inside the package."""
+    env = os.environ.get("FA4_AOT_VARIANTS")
+    if env:
+        return Path(env).expanduser()
+    if (CHECKOUT_DIR / "variants.toml").is_file():
+        return CHECKOUT_DIR / "variants.toml"
+    return PACKAGE_DIR / "variants.toml"

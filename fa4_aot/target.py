@@ -1,0 +1,87 @@
+"""Make FA4 compile for a target SKU in a process that may have no GPU at all.
+
+Everything FA4 and the CuTe DSL read from a GPU while choosing or compiling kernels is answered from
+the SKU here, never from the build host:
+- FLASH_ATTENTION_ARCH (kernel path), CUTE_DSL_ARCH (compile target), FLASH_ATTENTION_NUM_SMS (heuristics);
+- cutlass.utils.HardwareInfo, which persistent tile schedulers call at compile time for the SM count they
+  bake into the grid, and for max active clusters;
+- torch.cuda.current_device(), which torch's __dlpack__ calls for the deterministic backward's tensors;
+- flash_attn.cute.utils._fa_disable_2cta_cuda12, which FA4 computes from torch.version.cuda at import.
+`configure()` must run in a fresh process before flash_attn is imported: FA4 caches the arch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .errors import BuildError
+from .skus import Sku
+
+_calls: list[tuple[str, Any]] = []
+
+
+def hardware_calls() -> list[tuple[str, Any]]:
+    """What compiles in this process asked the stand-in HardwareInfo, and what it answered."""
+    return list(_calls)
+
+
+def make_hardware_info(sku: Sku) -> type:
+    class SkuHardwareInfo:
+        """cutlass.utils.HardwareInfo answering for `sku` instead of the local device."""
+
+        def __init__(self, device_id: int = 0) -> None:
+            self.device_id = device_id
+
+        def get_device_multiprocessor_count(self) -> int:
+            _calls.append(("sm_count", sku.sm_count))
+            return sku.sm_count
+
+        def get_max_active_clusters(self, cluster_size: int, stream: Any = None) -> int:
+            # One CTA per SM at maximum shared memory, as FA4's kernels run: a cluster of n takes n SMs.
+            answer = sku.sm_count // cluster_size
+            _calls.append((f"max_active_clusters({cluster_size})", answer))
+            return answer
+
+        def get_l2_cache_size_in_bytes(self) -> int:
+            _calls.append(("l2_bytes", sku.l2_bytes))
+            return sku.l2_bytes
+
+    SkuHardwareInfo.__name__ = f"SkuHardwareInfo[{sku.name}]"
+    return SkuHardwareInfo
+
+
+def configure(sku: Sku) -> None:
+    """Point FA4 and CuTe at `sku` in this process. Raises BuildError if the compiler's CUDA flavour differs."""
+    os.environ["FLASH_ATTENTION_ARCH"] = sku.fa4_arch
+    os.environ["CUTE_DSL_ARCH"] = sku.arch
+    os.environ["FLASH_ATTENTION_NUM_SMS"] = str(sku.sm_count)
+
+    import cutlass.utils
+    import cutlass.utils.hardware_info
+    import torch
+
+    from . import keys
+
+    flavor = keys.cutlass_cuda_flavor()
+    if flavor != f"cu{sku.cuda_major}":
+        raise BuildError(
+            f"SKU {sku.name} targets CUDA {sku.cuda_major} but the CuTe compiler loaded its {flavor} flavour; "
+            f"build it in an environment with nvidia-cutlass-dsl-libs-cu{sku.cuda_major} as the newest flavour"
+        )
+    hardware_info = make_hardware_info(sku)
+    cutlass.utils.HardwareInfo = hardware_info
+    cutlass.utils.hardware_info.HardwareInfo = hardware_info
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: 0  # fake tensors live on cuda:0
+
+    import flash_attn.cute.cute_dsl_utils as cute_dsl_utils
+    import flash_attn.cute.tile_scheduler as tile_scheduler
+    import flash_attn.cute.utils as fa_utils
+
+    tile_scheduler.HardwareInfo = hardware_info
+    cute_dsl_utils.get_max_active_clusters.cache_clear()
+    fa_utils._fa_disable_2cta_cuda12 = sku.cuda_major == 12
+    arch = __import__("flash_attn.cute.interface", fromlist=["_get_device_arch"])._get_device_arch()
+    if arch != int(sku.fa4_arch.removeprefix("sm_")):
+        raise BuildError(f"FA4 was imported before configure() and kept arch {arch}; configure in a fresh process")

@@ -1,0 +1,243 @@
+"""variants.toml: the SKU table, shape grids, and the variant matrix; expansion into concrete FA4 calls.
+
+A variant names what a model runs (head dims, dtypes, masks, GQA ratios, layouts, passes...). FA4's
+kernel choice also depends on batch, sequence lengths and head count (q_stage, pack_gqa, split-KV,
+2-CTA, persistent scheduling), so each variant is crossed with a named shape grid: every point of the
+grid becomes one `Call`, and planning runs FA4's own dispatch on all of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .calls import DTYPES, LAYOUTS, MASKS, PASSES, Call
+from .errors import ConfigError
+from .skus import Sku, parse_skus
+from .tomlsrc import TomlSource
+
+SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads", "page_size")
+VARIANT_FIELDS = {
+    "name": None, "shapes": None, "passes": PASSES, "head_dims": None, "dtypes": DTYPES, "masks": MASKS,
+    "window": None, "gqa": None, "softcap": None, "sink": None, "layouts": LAYOUTS, "num_splits": None,
+    "archs": None, "description": None,
+}
+DEFAULTS: dict[str, Any] = {
+    "dtypes": ["bf16"], "masks": ["causal"], "window": [1024, 0], "gqa": [1], "softcap": [0.0],
+    "sink": [False], "layouts": ["dense"], "num_splits": [1], "archs": [], "description": "",
+}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    name: str
+    batch: tuple[int, ...]
+    seqlen_q: tuple[int, ...]
+    seqlen_k: tuple[int, ...]  # empty: seqlen_k = seqlen_q
+    heads: tuple[int, ...]
+    page_size: int
+
+    def points(self) -> list[tuple[int, int, int, int]]:
+        """(batch, seqlen_q, seqlen_k, heads) of the grid; seqlen_k < seqlen_q is skipped (not a real call)."""
+        pairs = [(q, q) for q in self.seqlen_q] if not self.seqlen_k else [
+            (q, k) for q in self.seqlen_q for k in self.seqlen_k if k >= q
+        ]
+        return [(b, q, k, h) for b in self.batch for q, k in pairs for h in self.heads]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    shapes: str
+    passes: tuple[str, ...]
+    head_dims: tuple[tuple[int, int], ...]
+    dtypes: tuple[str, ...]
+    masks: tuple[str, ...]
+    window: tuple[int, int]
+    gqa: tuple[int | str, ...]
+    softcap: tuple[float, ...]
+    sink: tuple[bool, ...]
+    layouts: tuple[str, ...]
+    num_splits: tuple[int, ...]
+    archs: tuple[str, ...]
+    description: str = ""
+
+    def applies_to(self, sku: Sku) -> bool:
+        return not self.archs or sku.arch in self.archs
+
+    def calls(self, shapes: Shapes) -> list[Call]:
+        """Every concrete call of this variant over the shape grid (duplicates removed, order kept)."""
+        out: dict[Call, None] = {}
+        for (p, (d, dv), dt, m, r, sc, sk, lay, ns), (b, q, k, h) in itertools.product(
+            itertools.product(self.passes, self.head_dims, self.dtypes, self.masks, self.gqa, self.softcap,
+                              self.sink, self.layouts, self.num_splits),
+            shapes.points(),
+        ):
+            if lay == "paged" and p in ("bwd", "bwd_det"):
+                continue  # FA4 has no paged backward; training variants list dense/varlen layouts
+            heads_kv = 1 if r == "mqa" else h // int(r)
+            call = Call(
+                layout=lay, pass_=p, dtype=dt, head_dim=d, head_dim_v=dv, mask=m, window=self.window,
+                softcap=sc, sink=sk, num_splits=ns, batch=b, seqlen_q=q, seqlen_k=k, heads_q=h,
+                heads_kv=heads_kv, page_size=shapes.page_size if lay == "paged" else 0,
+            )
+            out[call] = None
+        return list(out)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    skus: dict[str, Sku]
+    shapes: dict[str, Shapes]
+    variants: tuple[Variant, ...]
+
+    def sku(self, name: str) -> Sku:
+        from .errors import UnknownSku
+
+        if name not in self.skus:
+            raise UnknownSku(f"unknown SKU {name!r}; known: {', '.join(sorted(self.skus))} (`fa4-aot skus` lists them)")
+        return self.skus[name]
+
+    def select(self, names: list[str] | None) -> list[Variant]:
+        if not names:
+            return list(self.variants)
+        by_name = {v.name: v for v in self.variants}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise ConfigError(f"unknown variant(s) {', '.join(unknown)} in {self.path}; known: {', '.join(by_name)}")
+        return [by_name[n] for n in names]
+
+
+def load(path: Path) -> Matrix:
+    """Parse and validate a variants file. Raises ConfigError naming file, line, field and allowed values."""
+    src = TomlSource(path)
+    for key in src.data:
+        if key not in ("skus", "shapes", "variants"):
+            raise ConfigError(f"{path}: unknown top-level key {key!r}; allowed: skus, shapes, variants")
+    skus = parse_skus(src)
+    shapes = {name: _parse_shapes(src, name, table) for name, table in src.data.get("shapes", {}).items()}
+    variants = [_parse_variant(src, i, t, shapes) for i, t in enumerate(src.data.get("variants", []))]
+    names = [v.name for v in variants]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise src.fail("[[variants]]", "name", f"duplicate variant name {name!r}", index=i)
+    return Matrix(path=Path(path), skus=skus, shapes=shapes, variants=tuple(variants))
+
+
+def _int_list(src: TomlSource, header: str, field: str, value: Any, index: int = 0, minimum: int = 1) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise src.fail(header, field, f"expected a non-empty list of integers, got {value!r}", index)
+    if any(v < minimum for v in value):
+        raise src.fail(header, field, f"values must be >= {minimum}, got {value!r}", index)
+    return tuple(value)
+
+
+def _parse_shapes(src: TomlSource, name: str, table: dict[str, Any]) -> Shapes:
+    header = f"[shapes.{name}]"
+    for key in table:
+        if key not in SHAPE_FIELDS:
+            raise src.fail(header, key, f"unknown field; allowed: {', '.join(SHAPE_FIELDS)}")
+    for key in ("batch", "seqlen_q", "heads"):
+        if key not in table:
+            raise src.fail(header, None, f"missing field {key!r}")
+    page_size = table.get("page_size", 128)
+    if not isinstance(page_size, int) or page_size <= 0:
+        raise src.fail(header, "page_size", f"expected a positive integer, got {page_size!r}")
+    return Shapes(
+        name=name,
+        batch=_int_list(src, header, "batch", table["batch"]),
+        seqlen_q=_int_list(src, header, "seqlen_q", table["seqlen_q"]),
+        seqlen_k=_int_list(src, header, "seqlen_k", table["seqlen_k"]) if "seqlen_k" in table else (),
+        heads=_int_list(src, header, "heads", table["heads"]),
+        page_size=page_size,
+    )
+
+
+def _choices(src: TomlSource, i: int, field: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or any(v not in allowed for v in value):
+        raise src.fail("[[variants]]", field, f"got {value!r}; allowed values: {', '.join(allowed)}", i)
+    return tuple(value)
+
+
+def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[str, Shapes]) -> Variant:
+    fail = lambda field, msg: src.fail("[[variants]]", field, msg, i)  # noqa: E731
+    for key in table:
+        if key not in VARIANT_FIELDS:
+            raise fail(key, f"unknown field; allowed: {', '.join(VARIANT_FIELDS)}")
+    for key in ("name", "shapes", "passes", "head_dims"):
+        if key not in table:
+            raise fail(None, f"variant #{i + 1} is missing field {key!r}")
+    t = {**DEFAULTS, **table}
+    if not isinstance(t["name"], str) or not t["name"]:
+        raise fail("name", "expected a non-empty string")
+    if t["shapes"] not in shapes:
+        raise fail("shapes", f"unknown shape grid {t['shapes']!r}; defined: {', '.join(shapes) or 'none'}")
+    return Variant(
+        name=t["name"],
+        shapes=t["shapes"],
+        passes=_choices(src, i, "passes", t["passes"], PASSES),
+        head_dims=_head_dims(fail, t["head_dims"]),
+        dtypes=_choices(src, i, "dtypes", t["dtypes"], DTYPES),
+        masks=_choices(src, i, "masks", t["masks"], MASKS),
+        window=_window(fail, t["window"]),
+        gqa=_gqa(fail, t["gqa"], shapes[t["shapes"]]),
+        softcap=_floats(fail, "softcap", t["softcap"]),
+        sink=_bools(fail, t["sink"]),
+        layouts=_choices(src, i, "layouts", t["layouts"], LAYOUTS),
+        num_splits=_int_list(src, "[[variants]]", "num_splits", t["num_splits"], i, minimum=0),
+        archs=tuple(_choices(src, i, "archs", t["archs"], ("sm_90a", "sm_100a", "sm_103a", "sm_110a", "sm_120a")))
+        if t["archs"] else (),
+        description=str(t["description"]),
+    )
+
+
+def _head_dims(fail: Any, value: Any) -> tuple[tuple[int, int], ...]:
+    allowed = "64, 96, 128, 192, 256 or a [qk, v] pair such as [192, 128]"
+    if not isinstance(value, list) or not value:
+        raise fail("head_dims", f"expected a non-empty list of {allowed}")
+    out = []
+    for v in value:
+        if isinstance(v, int) and not isinstance(v, bool):
+            out.append((v, v))
+        elif isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
+            out.append((v[0], v[1]))
+        else:
+            raise fail("head_dims", f"bad entry {v!r}; allowed: {allowed}")
+        if any(x <= 0 or x % 8 for x in out[-1]):
+            raise fail("head_dims", f"bad entry {v!r}: head dims are positive multiples of 8")
+    return tuple(out)
+
+
+def _window(fail: Any, value: Any) -> tuple[int, int]:
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) and x >= 0 for x in value)):
+        raise fail("window", f"expected [left, right] with non-negative integers, got {value!r}")
+    return value[0], value[1]
+
+
+def _gqa(fail: Any, value: Any, shapes: Shapes) -> tuple[int | str, ...]:
+    if not isinstance(value, list) or not value:
+        raise fail("gqa", "expected a non-empty list of query heads per KV head (1, 2, 4, 8...) or \"mqa\"")
+    for r in value:
+        if r == "mqa":
+            continue
+        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+            raise fail("gqa", f"bad ratio {r!r}; allowed: positive integers or \"mqa\"")
+        bad = [h for h in shapes.heads if h % r]
+        if bad:
+            raise fail("gqa", f"ratio {r} does not divide heads {bad} of shape grid {shapes.name!r}")
+    return tuple(value)
+
+
+def _floats(fail: Any, field: str, value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise fail(field, f"expected a non-empty list of non-negative numbers, got {value!r}")
+    return tuple(float(v) for v in value)
+
+
+def _bools(fail: Any, value: Any) -> tuple[bool, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, bool) for v in value):
+        raise fail("sink", f"expected a non-empty list of true/false, got {value!r}")
+    return tuple(value)
