@@ -57,7 +57,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "sku": self.sku, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
-            "present": self.count("present"), "failed": self.failed, "seconds": round(self.seconds, 2),
+            "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed, "seconds": round(self.seconds, 2),
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
         }
@@ -78,9 +78,11 @@ def build(
     variants: list[Variant] | None = None,
     jobs: int = 1,
     progress: Callable[[int, int, Result], None] | None = None,
+    dry_run: bool = False,
 ) -> Report:
     """Build every kernel of `variants` (default: all) for `sku` into `store`. Never raises for a kernel
-    that fails to compile: it is in the report, which the caller turns into an exit status."""
+    that fails to compile: it is in the report, which the caller turns into an exit status. With
+    `dry_run`, plan only: kernels the store lacks are reported as "planned"."""
     started = time.perf_counter()
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
     work = [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
@@ -102,9 +104,10 @@ def build(
                 report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
         todo: dict[int, list[Planned]] = {}
         for p in sorted(planned.values(), key=lambda p: p.kernel_key):
-            if store.has_entry(p.kernel_key):
-                name, call = work[p.call_index]
-                report.results.append(Result("present", p.family, p.kernel_key, name, call.describe()))
+            name, call = work[p.call_index]
+            if store.has_entry(p.kernel_key) or dry_run:
+                status = "present" if store.has_entry(p.kernel_key) else "planned"
+                report.results.append(Result(status, p.family, p.kernel_key, name, call.describe()))
             else:
                 todo.setdefault(p.call_index, []).append(p)
         total = sum(len(v) for v in todo.values())
@@ -153,23 +156,27 @@ def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, 
 def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) -> list[Result]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import caches, calls
+    from . import caches, calls, target
 
     store: Store = _worker["store"]
     sku: Sku = _worker["sku"]
     by_ident = {(f, ident): kk for f, ident, kk in wanted}
     results: dict[str, Result] = {}
+    asked = [len(target.hardware_calls())]  # kernels compile one after another: queries since the last belong to this one
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
         from . import keys
 
         kk = by_ident[(family, keys.dumps(keys.canonical(key)))]
+        queries = target.hardware_calls()[asked[0]:]
+        asked[0] += len(queries)
         data = _export(fn)
         digest = store.put_object(data)
         store.put_entry(Entry(
             kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=keys.canonical(key),
             sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
             toolchain=keys.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
+            hardware_queries=[list(q) for q in queries],
         ))
         results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
 

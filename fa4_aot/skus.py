@@ -17,7 +17,7 @@ from .tomlsrc import TomlSource
 
 _ARCH = re.compile(r"sm_(\d+)(\d)a")
 MIB = 1 << 20
-SKU_FIELDS = {"arch": str, "sm_count": int, "l2_mib": int, "cuda_major": int, "description": str}
+SKU_FIELDS = {"arch": str, "sm_count": int, "l2_bytes": int, "cuda_major": int, "description": str}
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def parse_skus(src: TomlSource) -> dict[str, Sku]:
             raise src.fail(header, "arch", f"{table['arch']!r} is not an arch target like 'sm_90a' or 'sm_100a'")
         if table["arch"] not in ("sm_90a", "sm_100a", "sm_103a", "sm_110a", "sm_120a"):
             raise src.fail(header, "arch", f"{table['arch']!r}: FA4 targets sm_90a, sm_100a, sm_103a, sm_110a, sm_120a")
-        for key in ("sm_count", "l2_mib"):
+        for key in ("sm_count", "l2_bytes"):
             if table[key] <= 0:
                 raise src.fail(header, key, "must be positive")
         if table["cuda_major"] not in (12, 13):
@@ -86,7 +86,7 @@ def parse_skus(src: TomlSource) -> dict[str, Sku]:
             name=name,
             arch=table["arch"],
             sm_count=table["sm_count"],
-            l2_bytes=table["l2_mib"] * MIB,
+            l2_bytes=table["l2_bytes"],
             cuda_major=table["cuda_major"],
             description=table.get("description", ""),
         )

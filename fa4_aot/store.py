@@ -62,6 +62,9 @@ class Entry:
     variant: str
     call: str
     compile_seconds: float
+    # What the compile asked the stand-in HardwareInfo (target.py), e.g. [["sm_count", 148]]: proof that
+    # persistent schedulers baked the SKU's figures, not the build host's.
+    hardware_queries: list[Any] = field(default_factory=list)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     def to_json(self) -> str:

@@ -38,7 +38,12 @@ def make_hardware_info(sku: Sku) -> type:
             return sku.sm_count
 
         def get_max_active_clusters(self, cluster_size: int, stream: Any = None) -> int:
-            # One CTA per SM at maximum shared memory, as FA4's kernels run: a cluster of n takes n SMs.
+            # One CTA per SM at maximum shared memory, as FA4's kernels run. Clusters of 1 and 2 fill every
+            # SM pair; larger ones are limited by the GPC layout (measured on the H200: 4 -> 30, not 33),
+            # which the SKU table does not hold, so refuse rather than guess.
+            if cluster_size > 2:
+                raise BuildError(f"max active clusters of size {cluster_size} on {sku.name} is not known; "
+                                 "only cluster sizes 1 and 2 can be derived from the SM count")
             answer = sku.sm_count // cluster_size
             _calls.append((f"max_active_clusters({cluster_size})", answer))
             return answer

@@ -1,0 +1,109 @@
+"""First-call latency and kernel time: AOT from the store vs FA4's own JIT, side by side, on a GPU.
+
+Each first-call figure is a fresh Python process (as a new rank of a job would be): time from the
+first FA4 call to its result, after torch, FA4 and (for AOT) fa4_aot.install() are imported. Kernel
+time: the same call timed with CUDA events, AOT-loaded vs JIT-compiled kernels, in one process.
+
+    python bench/first_call.py --out bench/out/first_call.json   (needs the store built for this GPU's SKU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+CHILD = r"""
+import sys, time, json, torch
+mode = sys.argv[1]
+from flash_attn.cute import flash_attn_func
+if mode == "aot":
+    import fa4_aot
+    fa4_aot.install("strict")
+q, k, v = (torch.randn(2, 4096, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+out = flash_attn_func(q, k, v, causal=True)
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+out.float().sum().backward()
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+print(json.dumps({"fwd_first_ms": (t1 - t0) * 1e3, "fwd_bwd_first_ms": (t2 - t0) * 1e3}))
+"""
+
+
+def first_calls(mode: str, repeats: int) -> list[dict[str, float]]:
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def kernel_times(iters: int) -> dict[str, float]:
+    import torch
+    from flash_attn.cute import flash_attn_func
+    from flash_attn.cute.cache_utils import JITCache
+
+    import fa4_aot
+    from fa4_aot import caches
+
+    fa4_aot.install("strict")
+    q, k, v = (torch.randn(2, 4096, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    def timed() -> float:
+        for _ in range(5):
+            flash_attn_func(q, k, v, causal=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            flash_attn_func(q, k, v, causal=True)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters
+
+    aot = timed()
+    with caches.swapped(lambda family, old: JITCache()):
+        jit = timed()
+    aot_again = timed()
+    return {"aot_ms": min(aot, aot_again), "jit_ms": jit}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    started = time.time()
+    aot = first_calls("aot", args.repeats)
+    jit = first_calls("jit", args.repeats)
+    med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+    kt = kernel_times(args.iters)
+    import torch
+
+    result = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "repeats": args.repeats,
+        "aot_fwd_first_ms": med(aot, "fwd_first_ms"), "jit_fwd_first_ms": med(jit, "fwd_first_ms"),
+        "aot_fwd_bwd_first_ms": med(aot, "fwd_bwd_first_ms"), "jit_fwd_bwd_first_ms": med(jit, "fwd_bwd_first_ms"),
+        **kt, "wall_s": time.time() - started, "aot_runs": aot, "jit_runs": jit,
+    }
+    rows = [
+        ("first fwd call, fresh process (ms)", result["aot_fwd_first_ms"], result["jit_fwd_first_ms"]),
+        ("first fwd+bwd, fresh process (ms)", result["aot_fwd_bwd_first_ms"], result["jit_fwd_bwd_first_ms"]),
+        ("fwd kernel time, b2 s4096 h32 d128 causal (ms)", result["aot_ms"], result["jit_ms"]),
+    ]
+    print(f"{'measure':<48}{'AOT':>12}{'JIT':>12}{'JIT/AOT':>10}")
+    for name, a, j in rows:
+        print(f"{name:<48}{a:>12.3f}{j:>12.3f}{j / a:>10.1f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""`fa4-aot`: a thin click shell over the library. Fa4AotError becomes one line on stderr and exit 1."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import config
+from .errors import Fa4AotError
+from .store import Store
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Fa4AotError as e:
+            raise click.ClickException(str(e)) from e
+
+
+def _store(ctx: click.Context) -> Store:
+    return Store(ctx.obj["cache_dir"])
+
+
+def _matrix(path: Path | None) -> Any:
+    from . import variants
+
+    return variants.load(path or config.default_variants_file())
+
+
+def _emit(as_json: bool, doc: Any, text: str) -> None:
+    click.echo(json.dumps(doc, indent=1, sort_keys=True) if as_json else text)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), envvar="FA4_AOT_CACHE",
+              help="Kernel store (default: $FA4_AOT_CACHE, else cache/ of this checkout, else ~/.cache/fa4-aot).")
+@click.pass_context
+def main(ctx: click.Context, cache_dir: Path | None) -> None:
+    """Ahead-of-time FlashAttention-4 kernels.
+
+    \b
+    Typical use:
+      fa4-aot skus                      # the GPU SKUs variants.toml knows
+      fa4-aot build --sku h200 -j 2     # cross-compile the default matrix (no GPU needed)
+      fa4-aot list --sku h200           # what the store holds
+      fa4-aot verify                    # re-hash every object
+    Then on a GPU host: import fa4_aot; fa4_aot.install()  (or fa4_aot.load(q.shape, causal=True)).
+    """
+    ctx.obj = {"cache_dir": cache_dir or config.default_cache_dir()}
+
+
+@main.command()
+@click.option("--variants", "variants_file", type=click.Path(dir_okay=False, path_type=Path), envvar="FA4_AOT_VARIANTS",
+              help="Variants file holding the SKU table (default: variants.toml).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def skus(variants_file: Path | None, as_json: bool) -> None:
+    """List the GPU SKUs: arch target, SM count, L2 size, CUDA major."""
+    matrix = _matrix(variants_file)
+    rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  description"]
+    rows += [f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  {s.description}"
+             for s in matrix.skus.values()]
+    doc = [{**s.target_facts(), "name": s.name, "description": s.description} for s in matrix.skus.values()]
+    _emit(as_json, doc, "\n".join(rows))
+
+
+@main.command()
+@click.option("--sku", required=True, help="Target SKU from `fa4-aot skus`, e.g. h200 or b200.")
+@click.option("--variants", "variants_file", type=click.Path(dir_okay=False, path_type=Path), envvar="FA4_AOT_VARIANTS",
+              help="Variant matrix (default: variants.toml).")
+@click.option("--only", multiple=True, metavar="NAME", help="Build only these [[variants]] entries (repeatable).")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Compiler processes; each needs about 1.5 GB of memory.")
+@click.option("--dry-run", is_flag=True, help="Plan only: count the kernels and show the calls FA4 rejects.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document: counts, kernel keys, failures.")
+@click.pass_context
+def build(ctx: click.Context, sku: str, variants_file: Path | None, only: tuple[str, ...], jobs: int,
+          dry_run: bool, as_json: bool) -> None:
+    """Cross-compile FA4 kernels for one SKU into the store (no GPU needed).
+
+    Every [[variants]] entry is crossed with its shape grid and run through FA4's own dispatch on fake
+    tensors; each distinct kernel is compiled once. Kernels already in the store are not rebuilt.
+    Exits 1 if any call or kernel failed; the rest are still built.
+    """
+    from . import build as build_mod
+
+    matrix = _matrix(variants_file)
+    target = matrix.sku(sku)
+    chosen = matrix.select(list(only))
+    store = _store(ctx)
+
+    def progress(done: int, total: int, result: build_mod.Result) -> None:
+        if as_json:
+            return
+        mark = {"built": "ok", "present": "--", "failed": "FAIL"}[result.status]
+        line = f"[{done}/{total}] {mark} {result.family} {result.seconds:.1f}s  {result.call}"
+        click.echo(line + (f"\n    {result.error}" if result.error else ""), err=True)
+
+    if not as_json:
+        click.echo(f"building {sku} ({target.arch}, {target.sm_count} SMs) into {store.root} with {jobs} job(s)",
+                   err=True)
+    report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=progress, dry_run=dry_run)
+    summary = (f"{sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} built, "
+               f"{report.count('present')} already present, "
+               + (f"{report.count('planned')} to build, " if dry_run else "")
+               + f"{report.failed} failed ({report.seconds:.0f}s)")
+    lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    _emit(as_json, report.to_dict(), "\n".join([*lines, summary]))
+    if report.failed:
+        sys.exit(1)
+
+
+@main.command(name="list")
+@click.option("--sku", help="Only this SKU.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document with every entry.")
+@click.pass_context
+def list_(ctx: click.Context, sku: str | None, as_json: bool) -> None:
+    """List the kernels in the store."""
+    from dataclasses import asdict
+
+    entries = list(_store(ctx).entries(sku))
+    rows = [f"{e.kernel_key[:16]}  {e.sku:<10} {e.family:<26} {e.size:>9} B  {e.call}" for e in entries]
+    rows.append(f"{len(entries)} kernel(s), {sum(e.size for e in entries)} bytes")
+    _emit(as_json, [asdict(e) for e in entries], "\n".join(rows))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def verify(ctx: click.Context, as_json: bool) -> None:
+    """Re-hash every object and check every index entry. Exits 1 on any mismatch."""
+    report = _store(ctx).verify()
+    lines = [f"CORRUPT object {exp}: bytes hash to {act}" for exp, act in report.bad_objects]
+    lines += [f"DANGLING entry {k}: its object is missing" for k in report.dangling_entries]
+    lines.append(f"{report.objects_checked} objects, {report.entries_checked} entries checked: "
+                 + ("ok" if report.ok else f"{len(lines)} problem(s); rebuild with `fa4-aot build`"))
+    doc = {"objects": report.objects_checked, "entries": report.entries_checked, "ok": report.ok,
+           "bad_objects": [{"expected": e, "actual": a} for e, a in report.bad_objects],
+           "dangling_entries": report.dangling_entries}
+    _emit(as_json, doc, "\n".join(lines))
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Remove objects no index entry references, and temp files of dead writers."""
+    report = _store(ctx).gc(dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    doc = {"dry_run": dry_run, "objects": report.removed_objects, "temp_files": report.removed_temp_files,
+           "bytes": report.bytes_freed}
+    _emit(as_json, doc, f"{verb} {len(report.removed_objects)} object(s) ({report.bytes_freed} bytes) "
+                        f"and {report.removed_temp_files} temp file(s)")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def misses(ctx: click.Context, as_json: bool) -> None:
+    """Kernels that clients in fallback mode needed and compiled themselves: add them to variants.toml."""
+    from dataclasses import asdict
+
+    found = _store(ctx).misses()
+    rows = [f"{m.when}  {m.sku:<10} {m.family:<26} {m.kernel_key[:16]}" for m in found]
+    rows.append(f"{len(found)} miss(es)")
+    _emit(as_json, [asdict(m) for m in found], "\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
