@@ -26,7 +26,7 @@ if mode == "aot":
 q, k, v = (torch.randn(2, 4096, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
 torch.cuda.synchronize()
 t0 = time.perf_counter()
-out = flash_attn_func(q, k, v, causal=True)
+out = flash_attn_func(q, k, v, causal=True)[0]
 torch.cuda.synchronize()
 t1 = time.perf_counter()
 out.float().sum().backward()
@@ -39,7 +39,9 @@ print(json.dumps({"fwd_first_ms": (t1 - t0) * 1e3, "fwd_bwd_first_ms": (t2 - t0)
 def first_calls(mode: str, repeats: int) -> list[dict[str, float]]:
     runs = []
     for _ in range(repeats):
-        out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(f"{mode} child failed:\n{out.stderr[-3000:]}")
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return runs
 

@@ -141,10 +141,10 @@ def test_aot_output_equals_jit_output(compile_counter):
 
     torch.manual_seed(1)
     q, k, v = (torch.randn(2, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    out_aot = flash_attn_func(q, k, v, causal=True, deterministic=True)
+    out_aot = flash_attn_func(q, k, v, causal=True, deterministic=True)[0]
     grads_aot = torch.autograd.grad(out_aot.float().sum(), (q, k, v))
     with caches.swapped(lambda family, old: JITCache()):
-        out_jit = flash_attn_func(q, k, v, causal=True, deterministic=True)
+        out_jit = flash_attn_func(q, k, v, causal=True, deterministic=True)[0]
         grads_jit = torch.autograd.grad(out_jit.float().sum(), (q, k, v))
     assert torch.equal(out_aot, out_jit)
     for a, j in zip(grads_aot, grads_jit):

@@ -55,7 +55,8 @@ COMPILE_KEY = ("fwd", 128, 128, True, None, 0.125, Mask.CAUSAL, int)
         (int, {"type": "builtins.int"}),
         (Outer.Inner, {"type": f"{__name__}.Outer.Inner"}),
         ((1, (None, 2.0), [Mask.FULL, (str,)]),
-         [1, [None, {"float": "0x1.0000000000000p+1"}], [{"enum": f"{__name__}.Mask.FULL"}, [{"type": "builtins.str"}]]]),
+         [1, [None, {"float": "0x1.0000000000000p+1"}],
+          [{"enum": f"{__name__}.Mask.FULL"}, [{"type": "builtins.str"}]]]),
     ],
     ids=repr,
 )
@@ -89,8 +90,8 @@ def test_canonical_keeps_distinct_values_distinct(a: object, b: object) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="keys.py:27: IntEnum/StrEnum members are caught by the int/str branch before the enum branch, "
-    "so Level.ONE and 1 canonicalise to the same JSON (the docstring promises an injective image)",
+    reason="keys.py canonical (line 26): IntEnum/StrEnum members are caught by the int/str branch before the "
+    "enum branch, so Level.ONE and 1 canonicalise to the same JSON (the docstring promises an injective image)",
 )
 def test_canonical_tags_int_enums() -> None:
     assert keys.dumps(keys.canonical(Level.ONE)) != keys.dumps(keys.canonical(1))

@@ -1,0 +1,165 @@
+"""The `fa4-aot` CLI through click's CliRunner on a store in tmp_path: every command's text and --json output,
+exit codes, and one-line errors without tracebacks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from fa4_aot import variants
+from fa4_aot.cli import main
+from fa4_aot.store import Entry, Miss, Store
+
+ROOT = Path(__file__).resolve().parents[2]
+KNOWN = ("h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "rtx-pro-6000")
+
+
+@pytest.fixture(autouse=True)
+def _defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI reads these through click envvars and config; tests pass everything explicitly.
+    monkeypatch.delenv("FA4_AOT_CACHE", raising=False)
+    monkeypatch.delenv("FA4_AOT_VARIANTS", raising=False)
+    monkeypatch.delenv("FA4_AOT_SKU", raising=False)
+
+
+def cli(cache: Path, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--cache-dir", str(cache), *args])
+
+
+def put_entry(store: Store, data: bytes, sku: str = "h200") -> Entry:
+    entry = Entry(
+        kernel_key=hashlib.sha256(b"key:" + data).hexdigest(), object_digest=store.put_object(data),
+        size=len(data), family="FlashAttentionForwardSm90", compile_key=["fwd", 128], sku=sku, arch="sm_90a",
+        sm_count=132, l2_bytes=62914560, cuda_major=13, toolchain={"flash-attn-4": "4.0.0b36"}, variant="train",
+        call="fwd dense bf16 d=128 causal b=1 sq=512 sk=512 h=16/16", compile_seconds=0.5,
+    )
+    store.put_entry(entry)
+    return entry
+
+
+def assert_one_line_error(result: Result) -> str:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("Error: ")
+    return line
+
+
+def test_skus_table(tmp_path: Path) -> None:
+    result = cli(tmp_path, "skus")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].split()[:5] == ["sku", "arch", "SMs", "L2", "MiB"]
+    assert [line.split()[0] for line in lines[1:]] == list(KNOWN)
+    assert "h200" in lines[3] and "132" in lines[3] and "60.0" in lines[3]
+
+
+def test_skus_json(tmp_path: Path) -> None:
+    result = cli(tmp_path, "skus", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert [s["name"] for s in doc] == list(KNOWN)
+    (h200,) = [s for s in doc if s["name"] == "h200"]
+    assert h200 == {"name": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13,
+                    "description": "H200 SXM 141GB"}
+
+
+def test_skus_reads_variants_option_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = tmp_path / "one.toml"
+    table.write_text('[skus.only]\narch = "sm_100a"\nsm_count = 148\nl2_bytes = 1\ncuda_major = 12\n')
+    assert [s["name"] for s in json.loads(cli(tmp_path, "skus", "--json", "--variants", str(table)).output)] == ["only"]
+    monkeypatch.setenv("FA4_AOT_VARIANTS", str(table))
+    assert [s["name"] for s in json.loads(cli(tmp_path, "skus", "--json").output)] == ["only"]
+
+
+def test_list_empty_store(tmp_path: Path) -> None:
+    result = cli(tmp_path / "store", "list", "--json")
+    assert (result.exit_code, json.loads(result.output)) == (0, [])
+    assert cli(tmp_path / "store", "list").output.strip() == "0 kernel(s), 0 bytes"
+    assert not (tmp_path / "store").exists()  # reading never creates the store
+
+
+def test_list_filters_by_sku(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    h200, b200 = put_entry(store, b"one"), put_entry(store, b"two", sku="b200")
+    assert {e["kernel_key"] for e in json.loads(cli(tmp_path, "list", "--json").output)} == {
+        h200.kernel_key, b200.kernel_key}
+    (only,) = json.loads(cli(tmp_path, "list", "--json", "--sku", "b200").output)
+    assert only["kernel_key"] == b200.kernel_key and only["object_digest"] == b200.object_digest
+    assert "1 kernel(s), 3 bytes" in cli(tmp_path, "list", "--sku", "h200").output
+
+
+def test_verify_names_a_corrupt_object_and_exits_1(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    entry = put_entry(store, b"kernel bytes")
+    assert cli(tmp_path, "verify").exit_code == 0
+    path = store.object_path(entry.object_digest)
+    path.write_bytes(b"kernel bytez")
+    result = cli(tmp_path, "verify")
+    assert result.exit_code == 1
+    actual = hashlib.sha256(b"kernel bytez").hexdigest()
+    assert f"CORRUPT object {entry.object_digest}: bytes hash to {actual}" in result.output
+    assert "1 problem(s)" in result.output
+    doc = json.loads(cli(tmp_path, "verify", "--json").output)
+    assert doc["ok"] is False and doc["bad_objects"] == [{"expected": entry.object_digest, "actual": actual}]
+
+
+def test_gc_dry_run_changes_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    put_entry(store, b"kept")
+    orphan = store.put_object(b"orphan")
+    result = cli(tmp_path, "gc", "--dry-run")
+    assert result.exit_code == 0
+    assert result.output.strip() == "would remove 1 object(s) (6 bytes) and 0 temp file(s)"
+    assert store.has_object(orphan)
+    doc = json.loads(cli(tmp_path, "gc", "--dry-run", "--json").output)
+    assert doc == {"dry_run": True, "objects": [orphan], "temp_files": 0, "bytes": 6}
+    assert cli(tmp_path, "gc").output.strip() == "removed 1 object(s) (6 bytes) and 0 temp file(s)"
+    assert not store.has_object(orphan)
+
+
+def test_misses_json(tmp_path: Path) -> None:
+    assert json.loads(cli(tmp_path, "misses", "--json").output) == []
+    miss = Miss(kernel_key="c" * 64, family="FlashAttentionBackwardSm90", compile_key=["bwd", 64], sku="h200")
+    Store(tmp_path).record_miss(miss)
+    result = cli(tmp_path, "misses", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.output) == [{"kernel_key": "c" * 64, "family": "FlashAttentionBackwardSm90",
+                                          "compile_key": ["bwd", 64], "sku": "h200", "when": miss.when}]
+    assert "1 miss(es)" in cli(tmp_path, "misses").output
+
+
+def test_build_unknown_sku_is_one_line(tmp_path: Path) -> None:
+    line = assert_one_line_error(cli(tmp_path, "build", "--sku", "nope"))
+    assert "unknown SKU 'nope'" in line and all(name in line for name in KNOWN)
+    assert not (tmp_path / "objects").exists()
+
+
+def test_build_malformed_variants_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    text = (ROOT / "variants.toml").read_text() + '\n[[variants]]\nname = "x"\nshapes = "train"\npasses = ["fwd"]\n' \
+        'head_dims = [128]\ndtypes = ["fp8"]\n'
+    bad.write_text(text)
+    line = assert_one_line_error(cli(tmp_path, "build", "--sku", "h200", "--variants", str(bad)))
+    assert f"{bad}:{len(text.splitlines())}: field 'dtypes'" in line and "bf16, fp16" in line
+
+
+def test_build_unknown_variant_is_one_line(tmp_path: Path) -> None:
+    line = assert_one_line_error(cli(tmp_path, "build", "--sku", "h200", "--only", "nope"))
+    assert "unknown variant(s) nope" in line and "train-fp16" in line
+
+
+def test_build_dry_run_plans_without_compiling(tmp_path: Path) -> None:
+    result = cli(tmp_path, "build", "--sku", "h200", "--dry-run", "--only", "train-fp16", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    matrix = variants.load(ROOT / "variants.toml")
+    (variant,) = matrix.select(["train-fp16"])
+    assert doc["sku"] == "h200" and doc["calls"] == len(variant.calls(matrix.shapes[variant.shapes])) > 0
+    assert doc["planned"] > 0 and doc["failed"] == 0 and doc["failures"] == []
+    assert doc["built"] == 0 and doc["present"] == 0 and len(doc["kernel_keys"]) == doc["planned"]
+    assert list(Store(tmp_path).entries()) == [] and not (tmp_path / "objects").exists()
