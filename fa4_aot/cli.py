@@ -148,11 +148,14 @@ def verify(ctx: click.Context, as_json: bool) -> None:
 
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("--min-age", default=3600.0, show_default=True, type=click.FloatRange(0),
+              help="Keep unreferenced objects younger than this many seconds: a running build writes each "
+                   "object just before its index entry.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+def gc(ctx: click.Context, dry_run: bool, min_age: float, as_json: bool) -> None:
     """Remove objects no index entry references, and temp files of dead writers."""
-    report = _store(ctx).gc(dry_run=dry_run)
+    report = _store(ctx).gc(dry_run=dry_run, min_age=min_age)
     verb = "would remove" if dry_run else "removed"
     doc = {"dry_run": dry_run, "objects": report.removed_objects, "temp_files": report.removed_temp_files,
            "bytes": report.bytes_freed}

@@ -78,7 +78,7 @@ class FileLock:
                 if time.monotonic() >= deadline:
                     os.close(fd)
                     raise StoreError(
-                        f"timed out after {self.timeout:.0f}s waiting for lock {self.path}; "
+                        f"timed out after {self.timeout:g}s waiting for lock {self.path}; "
                         "another fa4-aot process holds it (if none is running, delete the file)"
                     ) from None
                 time.sleep(0.05)

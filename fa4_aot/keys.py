@@ -23,14 +23,14 @@ TOOLCHAIN_DISTRIBUTIONS = ("flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi
 
 def canonical(value: Any) -> Any:
     """A JSON-ready, type-tagged image of an FA4 compile-key value. Raises TypeError for what it cannot encode."""
+    if isinstance(value, enum.Enum):  # before int/str: IntEnum and StrEnum members must stay distinguishable
+        return {"enum": f"{type(value).__module__}.{type(value).__qualname__}.{value.name}"}
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
         return {"float": value.hex()}
     if isinstance(value, tuple | list):
         return [canonical(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return {"enum": f"{type(value).__module__}.{type(value).__qualname__}.{value.name}"}
     if isinstance(value, type):
         return {"type": f"{value.__module__}.{value.__qualname__}"}
     raise TypeError(f"cannot canonicalise compile-key value {value!r} of type {type(value).__name__}")

@@ -67,9 +67,9 @@ def parse_skus(src: TomlSource) -> dict[str, Sku]:
             if key not in SKU_FIELDS:
                 raise src.fail(header, key, f"unknown field; allowed: {', '.join(SKU_FIELDS)}")
         for key, typ in SKU_FIELDS.items():
-            if key == "description":
-                continue
             if key not in table:
+                if key == "description":
+                    continue
                 raise src.fail(header, None, f"missing field {key!r}")
             if not isinstance(table[key], typ) or isinstance(table[key], bool):
                 raise src.fail(header, key, f"expected {typ.__name__}, got {table[key]!r}")

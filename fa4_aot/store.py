@@ -164,13 +164,10 @@ class Store:
 
     def get_entry(self, kernel_key: str) -> Entry | None:
         """The entry for `kernel_key`, or None when the store has none. Never raises for a missing entry."""
-        path = self.entry_path(kernel_key)
         try:
-            return Entry.from_json(path.read_text())
+            return _read_entry(self.entry_path(kernel_key))
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError) as e:
-            raise StoreError(f"unreadable index entry {path}: {e}; delete it and rebuild") from e
 
     def has_entry(self, kernel_key: str) -> bool:
         return self.entry_path(kernel_key).is_file()
@@ -180,7 +177,7 @@ class Store:
         if not index.is_dir():
             return
         for path in sorted(index.glob("??/*.json")):
-            entry = Entry.from_json(path.read_text())
+            entry = _read_entry(path)
             if sku is None or entry.sku == sku:
                 yield entry
 
@@ -217,12 +214,15 @@ class Store:
                 report.dangling_entries.append(entry.kernel_key)
         return report
 
-    def gc(self, dry_run: bool = False) -> GcReport:
-        """Remove objects that no entry references, and temp files left by killed writers."""
+    def gc(self, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
+        """Remove objects that no entry references and are older than `min_age` seconds, and temp files
+        left by writers that are no longer running. A builder writes an object before its entry, so a
+        gc concurrent with builds needs a min_age longer than one compile (the CLI defaults to an hour)."""
         report = GcReport()
         live = {e.object_digest for e in self.entries()}
+        cutoff = time.time() - min_age
         for name, path in self._object_files():
-            if name not in live:
+            if name not in live and path.stat().st_mtime <= cutoff:
                 report.removed_objects.append(name)
                 report.bytes_freed += path.stat().st_size
                 if not dry_run:
@@ -233,6 +233,15 @@ class Store:
                 if not dry_run:
                     tmp.unlink(missing_ok=True)
         return report
+
+
+def _read_entry(path: Path) -> Entry:
+    """Parse one index file; raises FileNotFoundError if absent, StoreError if unreadable."""
+    text = path.read_text()
+    try:
+        return Entry.from_json(text)
+    except (ValueError, TypeError) as e:
+        raise StoreError(f"unreadable index entry {path}: {e}; delete it and rebuild") from e
 
 
 def _pid_of(tmp: Path) -> int | None:

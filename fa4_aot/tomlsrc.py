@@ -20,7 +20,9 @@ class TomlSource:
         try:
             self.data: dict[str, Any] = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{self.path}: not valid TOML: {e}") from e
+            line = re.search(r"at line (\d+)", str(e))
+            where = f"{self.path}:{line.group(1)}" if line else str(self.path)
+            raise ConfigError(f"{where}: not valid TOML: {e}") from e
         self.lines = text.splitlines()
 
     def where(self, header: str, field: str | None = None, index: int = 0) -> str:

@@ -173,7 +173,7 @@ def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[
     t = {**DEFAULTS, **table}
     if not isinstance(t["name"], str) or not t["name"]:
         raise fail("name", "expected a non-empty string")
-    if t["shapes"] not in shapes:
+    if not isinstance(t["shapes"], str) or t["shapes"] not in shapes:
         raise fail("shapes", f"unknown shape grid {t['shapes']!r}; defined: {', '.join(shapes) or 'none'}")
     return Variant(
         name=t["name"],

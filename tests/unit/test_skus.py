@@ -145,9 +145,7 @@ PARSE_ERRORS = [
     _case("cuda-major-11", GOOD.replace("cuda_major = 13", "cuda_major = 11  # HERE"),
      ["'cuda_major'", "allowed values: 12, 13"]),
     _case("zero-sms", GOOD.replace("sm_count = 132", "sm_count = 0  # HERE"), ["'sm_count'", "must be positive"]),
-    _case("description-type", GOOD + "description = 141  # HERE\n", ["'description'", "expected str"],
-          marks=pytest.mark.xfail(strict=True, reason="skus.py parse_skus (line 70): the `continue` for "
-                                  "description also skips its type check, so description = 141 loads")),
+    _case("description-type", GOOD + "description = 141  # HERE\n", ["'description'", "expected str"]),
 ]
 
 

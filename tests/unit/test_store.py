@@ -131,8 +131,6 @@ def test_entries_filter_by_sku(tmp_path: Path) -> None:
     assert list(store.entries(sku="gb200")) == []
 
 
-@pytest.mark.xfail(strict=True, reason="store.py Store.entries: a corrupt index file escapes as JSONDecodeError "
-                   "(so `fa4-aot verify`/`list` die with a traceback); get_entry wraps the same error in StoreError")
 def test_corrupt_index_entry_is_a_store_error(tmp_path: Path) -> None:
     store = Store(tmp_path)
     entry = make_entry(store, b"kernel bytes")
