@@ -57,7 +57,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "sku": self.sku, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
-            "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed, "seconds": round(self.seconds, 2),
+            "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
+            "seconds": round(self.seconds, 2),
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
         }
@@ -87,39 +88,59 @@ def build(
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
     work = [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
     report = Report(sku=sku.name, calls=len(work))
+    jobs = max(1, jobs)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max(1, jobs), mp_context=context, initializer=_init_worker,
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
                              initargs=(sku, str(store.root))) as pool:
-        chunks = [work[i::max(1, jobs)] for i in range(max(1, jobs))]
-        offsets = [list(range(i, len(work), max(1, jobs))) for i in range(max(1, jobs))]
-        planned: dict[str, Planned] = {}
-        for chunk_offsets, future in zip(offsets, [pool.submit(_plan_task, c) for c in chunks], strict=True):
-            kernels, failures = future.result()
-            for family, ident, kernel_key, local in kernels:
-                index = chunk_offsets[local]
-                if kernel_key not in planned or index < planned[kernel_key].call_index:
-                    planned[kernel_key] = Planned(family, ident, kernel_key, index)
-            for local, error in failures:
-                name, call = work[chunk_offsets[local]]
-                report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
-        todo: dict[int, list[Planned]] = {}
-        for p in sorted(planned.values(), key=lambda p: p.kernel_key):
-            name, call = work[p.call_index]
-            if store.has_entry(p.kernel_key) or dry_run:
-                status = "present" if store.has_entry(p.kernel_key) else "planned"
-                report.results.append(Result(status, p.family, p.kernel_key, name, call.describe()))
-            else:
-                todo.setdefault(p.call_index, []).append(p)
-        total = sum(len(v) for v in todo.values())
-        futures = [pool.submit(_compile_task, *work[i], [(p.family, p.ident, p.kernel_key) for p in ps])
-                   for i, ps in todo.items()]
-        for future in as_completed(futures):
-            for result in future.result():
-                report.results.append(result)
-                if progress:
-                    progress(sum(r.status != "present" for r in report.results), total, result)
+        planned = _plan(pool, work, jobs, report)
+        todo = _triage(planned, work, store, report, dry_run)
+        _compile(pool, todo, work, report, progress)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, report: Report) -> list[Planned]:
+    """Every distinct kernel of `work`, each attributed to the first call that needs it."""
+    offsets = [list(range(i, len(work), jobs)) for i in range(jobs)]
+    futures = [pool.submit(_plan_task, [work[i] for i in chunk]) for chunk in offsets]
+    planned: dict[str, Planned] = {}
+    for chunk, future in zip(offsets, futures, strict=True):
+        kernels, failures = future.result()
+        for family, ident, kernel_key, local in kernels:
+            index = chunk[local]
+            if kernel_key not in planned or index < planned[kernel_key].call_index:
+                planned[kernel_key] = Planned(family, ident, kernel_key, index)
+        for local, error in failures:
+            name, call = work[chunk[local]]
+            report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
+    return sorted(planned.values(), key=lambda p: p.kernel_key)
+
+
+def _triage(planned: list[Planned], work: list[tuple[str, Call]], store: Store, report: Report,
+            dry_run: bool) -> dict[int, list[Planned]]:
+    """Record kernels already stored (or, in a dry run, all of them); group the rest by the call that builds them."""
+    todo: dict[int, list[Planned]] = {}
+    for p in planned:
+        name, call = work[p.call_index]
+        if store.has_entry(p.kernel_key) or dry_run:
+            status = "present" if store.has_entry(p.kernel_key) else "planned"
+            report.results.append(Result(status, p.family, p.kernel_key, name, call.describe()))
+        else:
+            todo.setdefault(p.call_index, []).append(p)
+    return todo
+
+
+def _compile(pool: ProcessPoolExecutor, todo: dict[int, list[Planned]], work: list[tuple[str, Call]],
+             report: Report, progress: Callable[[int, int, Result], None] | None) -> None:
+    total, done = sum(len(v) for v in todo.values()), 0
+    futures = [pool.submit(_compile_task, *work[i], [(p.family, p.ident, p.kernel_key) for p in ps])
+               for i, ps in todo.items()]
+    for future in as_completed(futures):
+        for result in future.result():
+            report.results.append(result)
+            done += 1
+            if progress:
+                progress(done, total, result)
 
 
 # -- worker side: everything below runs in spawned processes configured for one SKU ----------------
@@ -162,7 +183,8 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
     sku: Sku = _worker["sku"]
     by_ident = {(f, ident): kk for f, ident, kk in wanted}
     results: dict[str, Result] = {}
-    asked = [len(target.hardware_calls())]  # kernels compile one after another: queries since the last belong to this one
+    # kernels compile one after another, so the HardwareInfo queries since the last one belong to this one
+    asked = [len(target.hardware_calls())]
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
         from . import keys

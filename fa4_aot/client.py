@@ -107,7 +107,8 @@ class StoreCache(_store_cache_base()):  # type: ignore[misc]
                 f"kernel {kernel_key[:16]}… ({self.family}) for SKU {inst.sku.name} is not in {inst.store.root}; "
                 f"needed by: {what}. Add a [[variants]] entry covering it to variants.toml and run "
                 f"`fa4-aot build --sku {inst.sku.name}`, or use fa4_aot.install(mode=\"fallback\")",
-                sku=inst.sku.name, family=self.family, kernel_key=kernel_key, compile_key=keys.dumps(keys.canonical(key)),
+                sku=inst.sku.name, family=self.family, kernel_key=kernel_key,
+                compile_key=keys.dumps(keys.canonical(key)),
             )
         inst.stats.misses.append(kernel_key)
         inst.store.record_miss(Miss(kernel_key=kernel_key, family=self.family, compile_key=keys.canonical(key),
@@ -220,7 +221,8 @@ def _call_from(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None, *, cau
     if layout == "paged" and page_size <= 0:
         raise ValueError("layout='paged' needs page_size")
     return Call(
-        layout=layout, pass_=("bwd_det" if deterministic else "bwd") if training else ("fwd_lse" if return_lse else "fwd"),
+        layout=layout,
+        pass_=("bwd_det" if deterministic else "bwd") if training else ("fwd_lse" if return_lse else "fwd"),
         dtype=names[dtype], head_dim=q_shape[3], head_dim_v=k_shape[3],
         mask="causal" if causal else "local" if local else "full",
         window=(int(window_size[0]), int(window_size[1])) if local else (0, 0),  # type: ignore[arg-type]

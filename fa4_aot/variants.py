@@ -127,8 +127,13 @@ def load(path: Path) -> Matrix:
     return Matrix(path=Path(path), skus=skus, shapes=shapes, variants=tuple(variants))
 
 
-def _int_list(src: TomlSource, header: str, field: str, value: Any, index: int = 0, minimum: int = 1) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_list(src: TomlSource, header: str, field: str, value: Any, index: int = 0,
+              minimum: int = 1) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(_is_int(v) for v in value):
         raise src.fail(header, field, f"expected a non-empty list of integers, got {value!r}", index)
     if any(v < minimum for v in value):
         raise src.fail(header, field, f"values must be >= {minimum}, got {value!r}", index)
@@ -232,7 +237,8 @@ def _gqa(fail: Any, value: Any, shapes: Shapes) -> tuple[int | str, ...]:
 
 
 def _floats(fail: Any, field: str, value: Any) -> tuple[float, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in value):
+    numbers = isinstance(value, list) and all((_is_int(v) or isinstance(v, float)) and v >= 0 for v in value)
+    if not value or not numbers:
         raise fail(field, f"expected a non-empty list of non-negative numbers, got {value!r}")
     return tuple(float(v) for v in value)
 

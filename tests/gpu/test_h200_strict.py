@@ -147,5 +147,5 @@ def test_aot_output_equals_jit_output(compile_counter):
         out_jit = flash_attn_func(q, k, v, causal=True, deterministic=True)[0]
         grads_jit = torch.autograd.grad(out_jit.float().sum(), (q, k, v))
     assert torch.equal(out_aot, out_jit)
-    for a, j in zip(grads_aot, grads_jit):
+    for a, j in zip(grads_aot, grads_jit, strict=True):
         assert torch.equal(a, j)

@@ -1,0 +1,39 @@
+"""The service's one configuration object, read from FA4_AOT_* environment variables at construction time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fa4_aot.config import default_cache_dir
+
+
+class Settings(BaseSettings):
+    """Service settings. Every field can be set as FA4_AOT_<FIELD> (e.g. FA4_AOT_DB_URL) or passed directly.
+
+    `db_url` defaults to a SQLite file inside the store, so `fa4-aot build && fa4-aot serve` needs nothing
+    else; for a shared deployment use `postgresql+psycopg://user@host:port/dbname`.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FA4_AOT_", extra="ignore")
+
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="The kernel store that holds the bytes.")
+    db_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite:///<cache_dir>/fa4-aot.db.")
+    require_read_token: bool = Field(default=False, description="Reads under /v1 need a read/publish/admin token.")
+    max_body_bytes: int = Field(default=512 * 2**20, gt=0, description="Largest accepted object upload, in bytes.")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8700, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _default_db_url(self) -> Settings:
+        if self.db_url is None:
+            self.db_url = f"sqlite:///{self.cache_dir / 'fa4-aot.db'}"
+        return self
+
+    @property
+    def database_url(self) -> str:
+        """`db_url` with its default applied (never None after validation)."""
+        assert self.db_url is not None
+        return self.db_url

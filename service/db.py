@@ -1,0 +1,89 @@
+"""Engines, sessions and migrations for a database URL (SQLite or PostgreSQL).
+
+Supported URLs: `sqlite:///<path>` and `postgresql+psycopg://user[:password]@host:port/dbname`.
+The schema is owned by Alembic (service/migrations); `migrate(url)` brings any database to head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from fa4_aot.errors import Fa4AotError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+class DatabaseError(Fa4AotError):
+    """The database URL cannot be used (unsupported driver, unreachable server)."""
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`. SQLite gets a busy timeout, WAL and enforced foreign keys, and its folder is created.
+
+    Raises DatabaseError for a URL that is neither SQLite nor PostgreSQL.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        return create_engine(url, pool_pre_ping=True)
+    raise DatabaseError(
+        f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
+        "use sqlite:///<path> or postgresql+psycopg://user@host:port/dbname"
+    )
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_for(url: str) -> Iterator[Session]:
+    """A session on a fresh engine for `url`, closed (and the engine disposed) on exit. Commits are explicit."""
+    engine = make_engine(url)
+    try:
+        with session_factory(engine)() as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config for `url` without an alembic.ini: the migrations ship inside the package."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["url"] = url  # env.py reads it here, so passwords never go through ini interpolation
+    return cfg
+
+
+def migrate(url: str) -> None:
+    """Upgrade the database at `url` to the newest schema (idempotent). Creates a SQLite file's folder."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            cfg = alembic_config(url)
+            cfg.attributes["connection"] = connection
+            command.upgrade(cfg, "head")
+    finally:
+        engine.dispose()

@@ -1,0 +1,108 @@
+"""SQLAlchemy 2 ORM models: metadata and digests only; object bytes live in the store on disk.
+
+JSON-valued columns (compile_key, toolchain, hardware_queries) hold canonical JSON text, so the same
+schema works on SQLite and PostgreSQL and values round-trip exactly.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, TypeDecorator
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend (SQLite drops the zone; this puts it back)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware UTC datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Object(Base):
+    """A stored object: the row exists only once its bytes are complete and verified on disk."""
+
+    __tablename__ = "objects"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class Sku(Base):
+    """A GPU SKU's target facts; a kernel's facts must agree with its SKU row."""
+
+    __tablename__ = "skus"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    arch: Mapped[str] = mapped_column(String(32))
+    sm_count: Mapped[int] = mapped_column(Integer)
+    l2_bytes: Mapped[int] = mapped_column(BigInteger)
+    cuda_major: Mapped[int] = mapped_column(Integer)
+
+
+class Kernel(Base):
+    """One index entry of the store: which object holds the kernel for `kernel_key`, and how it was made."""
+
+    __tablename__ = "kernels"
+
+    kernel_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    object_digest: Mapped[str] = mapped_column(ForeignKey("objects.digest"), index=True)
+    sku: Mapped[str] = mapped_column(ForeignKey("skus.name"), index=True)
+    family: Mapped[str] = mapped_column(String(128))
+    compile_key: Mapped[str] = mapped_column(Text)
+    toolchain: Mapped[str] = mapped_column(Text)
+    variant: Mapped[str] = mapped_column(Text)
+    call: Mapped[str] = mapped_column(Text)
+    compile_seconds: Mapped[float] = mapped_column(Float)
+    hardware_queries: Mapped[str] = mapped_column(Text)
+    # The entry's own timestamp, verbatim (e.g. 2025-01-31T12:00:00Z), so entries round-trip exactly.
+    created: Mapped[str] = mapped_column(String(40))
+
+
+class Token(Base):
+    """An API token. Only the sha256 of the plaintext is stored."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    created: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Miss(Base):
+    """A kernel that clients needed and the store lacked, with how often it was reported."""
+
+    __tablename__ = "misses"
+
+    kernel_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sku: Mapped[str] = mapped_column(String(64), index=True)
+    family: Mapped[str] = mapped_column(String(128))
+    compile_key: Mapped[str] = mapped_column(Text)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    first_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)

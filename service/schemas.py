@@ -1,0 +1,103 @@
+"""Pydantic request and response models of the HTTP API (apart from the ORM models in models.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+HEX64 = r"^[0-9a-f]{64}$"
+SKU_NAME = r"^[a-z0-9][a-z0-9-]*$"
+
+Hex64 = Annotated[str, Field(pattern=HEX64, min_length=64, max_length=64, description="64 lowercase hex digits")]
+SkuName = Annotated[str, Field(pattern=SKU_NAME, min_length=1, max_length=64, description="e.g. h200, b200")]
+Scope = Literal["read", "publish", "admin"]
+
+
+class ErrorBody(BaseModel):
+    """Every error the service returns: one line saying what failed and how to fix it."""
+
+    detail: str
+
+
+class Health(BaseModel):
+    status: str = Field(examples=["ok"])
+    db: str = Field(examples=["ok"])
+
+
+class SkuFacts(BaseModel):
+    """A SKU's target facts: what is baked into its kernels."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    name: SkuName
+    arch: str = Field(pattern=r"^sm_[0-9a-z]+$", max_length=32, examples=["sm_90a"])
+    sm_count: int = Field(gt=0, lt=2**31)
+    l2_bytes: int = Field(gt=0, lt=2**63)
+    cuda_major: int = Field(gt=0, lt=1000)
+
+
+class SkuSummary(SkuFacts):
+    kernels: int = Field(description="Kernels the service holds for this SKU.")
+
+
+class ManifestKernel(BaseModel):
+    kernel_key: Hex64
+    object_digest: Hex64
+    size: int
+    family: str
+
+
+class Manifest(BaseModel):
+    """Everything a client of one SKU may fetch, sorted by kernel key. Served with a strong ETag."""
+
+    sku: SkuFacts
+    kernels: list[ManifestKernel]
+
+
+class KernelIn(BaseModel):
+    """An index entry to publish (fa4_aot.store.Entry's fields; `created` defaults to now)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kernel_key: Hex64
+    object_digest: Hex64
+    size: int = Field(ge=0, lt=2**63)
+    family: str = Field(min_length=1, max_length=128)
+    compile_key: Any
+    sku: SkuName
+    arch: str = Field(pattern=r"^sm_[0-9a-z]+$", max_length=32, examples=["sm_90a"])
+    sm_count: int = Field(gt=0, lt=2**31)
+    l2_bytes: int = Field(gt=0, lt=2**63)
+    cuda_major: int = Field(gt=0, lt=1000)
+    toolchain: dict[str, str]
+    variant: str = Field(max_length=4096)
+    call: str = Field(max_length=65536)
+    compile_seconds: float = Field(ge=0, allow_inf_nan=False)
+    hardware_queries: list[Any] = Field(default_factory=list)
+    created: str | None = Field(default=None, max_length=40, examples=["2025-01-31T12:00:00Z"])
+
+
+class KernelOut(KernelIn):
+    created: str  # type: ignore[assignment]
+
+
+class ObjectOut(BaseModel):
+    digest: Hex64
+    size: int
+
+
+class MissIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kernel_key: Hex64
+    sku: SkuName
+    family: str = Field(min_length=1, max_length=128)
+    compile_key: Any
+
+
+class MissOut(MissIn):
+    count: int
+    first_seen: datetime
+    last_seen: datetime
