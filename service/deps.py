@@ -1,0 +1,63 @@
+"""FastAPI dependencies: settings, store, a database session per request, and bearer-token checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from fa4_aot.store import Store
+
+from . import crud
+from .config import Settings
+
+bearer = HTTPBearer(auto_error=False, description="A token from `fa4-aot token create --scope read|publish|admin`.")
+READ_SCOPES = frozenset({"read", "publish", "admin"})
+PUBLISH_SCOPES = frozenset({"publish", "admin"})
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def get_store(request: Request) -> Store:
+    return request.app.state.store  # type: ignore[no-any-return]
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    """One session per request, closed (rolling back anything uncommitted) when the request ends."""
+    with request.app.state.sessions() as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[Store, Depends(get_store)]
+SessionDep = Annotated[Session, Depends(get_db)]
+CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def check_token(session: Session, credentials: HTTPAuthorizationCredentials | None, allowed: frozenset[str]) -> None:
+    """Raise 401 (with WWW-Authenticate) without a bearer token, 403 for an unknown, revoked or too weak one."""
+    if credentials is None:
+        raise HTTPException(401, "missing bearer token: send `Authorization: Bearer <token>` with a token from "
+                                 "`fa4-aot token create`", headers={"WWW-Authenticate": "Bearer"})
+    token = crud.find_token(session, plaintext=credentials.credentials)
+    if token is None or token.revoked:
+        raise HTTPException(403, "unknown or revoked token; create a new one with `fa4-aot token create`")
+    if token.scope not in allowed:
+        raise HTTPException(403, f"token {token.name!r} has scope {token.scope!r}; this request needs one of "
+                                 f"{', '.join(sorted(allowed))}: create one with `fa4-aot token create --scope`")
+
+
+def require_read(session: SessionDep, settings: SettingsDep, credentials: CredentialsDep) -> None:
+    """Reads are open unless FA4_AOT_REQUIRE_READ_TOKEN is on; then any read, publish or admin token."""
+    if settings.require_read_token:
+        check_token(session, credentials, READ_SCOPES)
+
+
+def require_publish(session: SessionDep, credentials: CredentialsDep) -> None:
+    """Writes need a publish or admin token, always."""
+    check_token(session, credentials, PUBLISH_SCOPES)
