@@ -1,32 +1,35 @@
 """Run FA4 from the store: `install()` makes FA4's compile caches read kernels from the store for the
 detected SKU; `load()` plans a call signature, loads every kernel it needs, and returns a callable.
 
-Strict mode never compiles: a kernel the store lacks raises KernelMissing naming the SKU, the call
-and the command that adds it. Fallback mode lets FA4 compile it, records the miss in the store (see
-`fa4-aot misses`) and goes on.
+A kernel missing from the local store is fetched from the server when FA4_AOT_SERVER is set (see
+remote.py). Strict mode never compiles: a kernel neither has raises KernelMissing naming the SKU, the
+call and the command that adds it. Fallback mode lets FA4 compile it, records the miss (locally for
+`fa4-aot misses`, and on the server for `fa4-aot build --from-misses`) and goes on.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import keys
+from . import calls, keys
 from .calls import Call
 from .errors import KernelMissing
+from .remote import Remote, RemoteError, server_from_env
 from .skus import Sku, detect_device, select
 from .store import Miss, Store
 
 MODES = ("strict", "fallback")
-_current_call = threading.local()  # what load()/AttentionFn is running, for error messages
+FETCH_THREADS = 8
 
 
 @dataclass
 class Stats:
     loaded: int = 0  # kernels read from the store into this process
+    fetched: int = 0  # kernels downloaded from the server into the store
     compiled: int = 0  # kernels FA4 compiled itself (fallback mode only)
     misses: list[str] = field(default_factory=list)  # kernel keys the store lacked
 
@@ -37,7 +40,25 @@ class Installation:
     store: Store
     mode: str
     trace: list[str]
+    remote: Remote | None = None
+    remote_error: str = ""  # why the server could not help, for strict mode's message
     stats: Stats = field(default_factory=Stats)
+
+    def fetch(self, kernel_key: str) -> bool:
+        """Download `kernel_key` from the server into the store. False (never raises) when there is no server,
+        the server lacks it or cannot be reached; the reason is kept for error messages."""
+        if self.remote is None:
+            return False
+        try:
+            found = self.remote.fetch_kernel(kernel_key, self.store) is not None
+        except RemoteError as e:
+            self.remote_error = str(e)
+            return False
+        if found:
+            self.stats.fetched += 1
+        else:
+            self.remote_error = f"{self.remote.url} has no kernel {kernel_key[:16]}… for {self.sku.name} either"
+        return found
 
 
 _installed: Installation | None = None
@@ -62,7 +83,8 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
         return _installed
     matrix = variants.load(variants_file or config.default_variants_file())
     sku, trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
-    installation = Installation(sku=sku, store=store, mode=mode, trace=trace)
+    installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=server_from_env())
+    calls.capture()
     caches.install(lambda family, _old: StoreCache(family, installation))
     _installed = installation
     return installation
@@ -87,6 +109,8 @@ class StoreCache(_store_cache_base()):  # type: ignore[misc]
             return True
         kernel_key = keys.kernel_key(self.family, key, self.inst.sku)
         entry = self.inst.store.get_entry(kernel_key)
+        if entry is None and self.inst.fetch(kernel_key):
+            entry = self.inst.store.get_entry(kernel_key)
         if entry is not None:
             self.cache[key] = load_object(self.inst.store.verified_object_path(entry.object_digest))
             self.inst.stats.loaded += 1
@@ -100,19 +124,23 @@ class StoreCache(_store_cache_base()):  # type: ignore[misc]
 
     def _miss(self, key: Any, kernel_key: str) -> None:
         inst = self.inst
-        call = getattr(_current_call, "value", None)
+        call = calls.current()
         what = call.describe() if call else f"{self.family} compile key {keys.dumps(keys.canonical(key))[:200]}"
+        miss = Miss(kernel_key=kernel_key, family=self.family, compile_key=keys.canonical(key), sku=inst.sku.name,
+                    call=call.to_dict() if call else None)
+        if inst.remote is not None:
+            inst.remote.report_miss(asdict(miss))
         if inst.mode == "strict":
+            server = f" nor on the server ({inst.remote_error})" if inst.remote else ""
             raise KernelMissing(
-                f"kernel {kernel_key[:16]}… ({self.family}) for SKU {inst.sku.name} is not in {inst.store.root}; "
-                f"needed by: {what}. Add a [[variants]] entry covering it to variants.toml and run "
+                f"kernel {kernel_key[:16]}… ({self.family}) for SKU {inst.sku.name} is not in {inst.store.root}"
+                f"{server}; needed by: {what}. Add a [[variants]] entry covering it to variants.toml and run "
                 f"`fa4-aot build --sku {inst.sku.name}`, or use fa4_aot.install(mode=\"fallback\")",
                 sku=inst.sku.name, family=self.family, kernel_key=kernel_key,
                 compile_key=keys.dumps(keys.canonical(key)),
             )
         inst.stats.misses.append(kernel_key)
-        inst.store.record_miss(Miss(kernel_key=kernel_key, family=self.family, compile_key=keys.canonical(key),
-                                    sku=inst.sku.name))
+        inst.store.record_miss(miss)
 
 
 def load_object(path: Path) -> Any:
@@ -147,13 +175,10 @@ class AttentionFn:
             "return_lse": c.pass_ == "fwd_lse",
         }
         flags.update(kwargs)
-        _current_call.value = c
-        try:
+        with calls.running(c):
             if c.layout == "dense":
                 return flash_attn_func(q, k, v, **flags)
             return flash_attn_varlen_func(q, k, v, **flags)
-        finally:
-            _current_call.value = None
 
 
 def load(
@@ -187,18 +212,19 @@ def load(
     call = _call_from(q_shape, k_shape, causal=causal, dtype=dtype, window_size=window_size, softcap=softcap,
                       sink=learnable_sink, num_splits=num_splits, layout=layout, page_size=page_size,
                       training=training, deterministic=deterministic, return_lse=return_lse)
-    needed = plan.kernels_for(call)
     from . import caches
 
+    needed = plan.kernels_for(call)
+    kernel_keys = [keys.kernel_key(family, key, inst.sku) for (family, _), key in needed.items()]
+    absent = [kk for kk in kernel_keys if not inst.store.has_entry(kk)]
+    if absent and inst.remote is not None:
+        with ThreadPoolExecutor(min(FETCH_THREADS, len(absent))) as pool:
+            list(pool.map(inst.fetch, absent))
     functions = caches.fa4_functions()
-    _current_call.value = call
-    try:
-        for family, _ident in needed:
-            key = needed[(family, _ident)]
+    with calls.running(call):
+        for (family, _), key in needed.items():
             functions[family].compile_cache.__contains__(key)  # loads, or raises/records the miss
-    finally:
-        _current_call.value = None
-    return AttentionFn(call, inst, [keys.kernel_key(f, needed[(f, i)], inst.sku) for f, i in needed])
+    return AttentionFn(call, inst, kernel_keys)
 
 
 def _call_from(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None, *, causal: bool, dtype: Any,

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,7 @@ class Miss:
     family: str
     compile_key: Any
     sku: str
+    call: dict[str, Any] | None = None  # the Call that needed it, when the client could tell (calls.capture)
     when: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
@@ -132,6 +133,11 @@ class Store:
         if not (path.is_file() and path.stat().st_size == len(data) and sha256_file(path) == digest):
             atomic_write(path, data)
         return digest
+
+    def put_stream(self, digest: str, chunks: Iterable[bytes], *, size: int | None = None, source: str) -> None:
+        """Store bytes arriving in chunks (a download) under `digest`, checking sha256 and size while they
+        stream and before the rename: on a mismatch nothing is stored and IntegrityError names `source`."""
+        atomic_write(self.object_path(digest), _verifying(chunks, digest, size, source))
 
     def has_object(self, digest: str) -> bool:
         return self.object_path(digest).is_file()
@@ -233,6 +239,21 @@ class Store:
                 if not dry_run:
                     tmp.unlink(missing_ok=True)
         return report
+
+
+def _verifying(chunks: Iterable[bytes], digest: str, size: int | None, source: str) -> Iterator[bytes]:
+    h, got = hashlib.sha256(), 0
+    for chunk in chunks:
+        h.update(chunk)
+        got += len(chunk)
+        yield chunk
+    actual = h.hexdigest()
+    if actual != digest or (size is not None and got != size):
+        raise IntegrityError(
+            f"{source} sent {got} bytes hashing to {actual}, expected {size if size is not None else '?'} bytes "
+            f"hashing to {digest}; nothing was stored (retry, and `fa4-aot verify` the source if it persists)",
+            expected=digest, actual=actual, source=source,
+        )
 
 
 def _read_entry(path: Path) -> Entry:

@@ -1,0 +1,159 @@
+"""The HTTP side of the client: talk to an fa4-aot server (service/), fetch kernels into the local store,
+publish local kernels to it.
+
+Reads are retried with exponential backoff on timeouts, connection errors and 5xx. A download streams
+into a temp file beside its target, hashed while it streams, and is renamed only when the digest and size
+match; a per-object file lock plus a re-check after taking it make the ranks of one node download each
+object once. Configuration is read at call time: FA4_AOT_SERVER, FA4_AOT_TOKEN, FA4_AOT_OFFLINE.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+import httpx
+
+from .errors import Fa4AotError
+from .store import Entry, Store, check_hex, sha256_file
+
+RETRIES = 4
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
+
+
+class RemoteError(Fa4AotError):
+    """The server could not be reached or refused a request; the message names the server and the fix."""
+
+
+def server_from_env() -> Remote | None:
+    """The configured server, or None when FA4_AOT_SERVER is unset or FA4_AOT_OFFLINE=1."""
+    url = os.environ.get("FA4_AOT_SERVER")
+    if not url or os.environ.get("FA4_AOT_OFFLINE") == "1":
+        return None
+    return Remote(url, token=os.environ.get("FA4_AOT_TOKEN"))
+
+
+class Remote:
+    def __init__(self, url: str, token: str | None = None, retries: int = RETRIES) -> None:
+        self.url = url.rstrip("/")
+        self.retries = retries
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- transport ----------------------------------------------------------------------------
+    def _request(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
+        """One request with retries on transient failures; raises RemoteError for anything not in `ok`."""
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._client.request(method, path, **kwargs)
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                if attempt == self.retries:
+                    raise RemoteError(f"cannot reach {self.url} ({type(e).__name__}: {e}); check FA4_AOT_SERVER "
+                                      "or set FA4_AOT_OFFLINE=1 to use the local store only") from e
+            else:
+                if response.status_code < 500 or attempt == self.retries:
+                    return _check(response, ok, self.url)
+            time.sleep(min(8.0, 0.2 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    # -- reads --------------------------------------------------------------------------------
+    def skus(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/skus").json()
+
+    def manifest(self, sku: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/skus/{sku}/manifest").json()
+
+    def kernel(self, kernel_key: str) -> Entry | None:
+        """The server's entry for `kernel_key`, or None when it has none."""
+        response = self._request("GET", f"/v1/kernels/{check_hex(kernel_key, 'kernel key')}", ok=(200, 404))
+        if response.status_code == 404:
+            return None
+        return Entry(**{k: v for k, v in response.json().items() if k in Entry.__dataclass_fields__})
+
+    def has_object(self, digest: str) -> bool:
+        return self._request("HEAD", f"/v1/objects/{check_hex(digest)}", ok=(200, 404)).status_code == 200
+
+    def misses(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/misses").json()
+
+    def fetch_object(self, digest: str, store: Store, size: int | None = None) -> bool:
+        """Make `store` hold object `digest`, downloading it unless present. Returns True if it downloaded.
+        Concurrent callers on one store download once: the second finds the object after the lock."""
+        if _valid(store, digest):
+            return False
+        with store.lock(digest):
+            if _valid(store, digest):
+                return False
+            for attempt in range(self.retries + 1):
+                try:
+                    with self._client.stream("GET", f"/v1/objects/{digest}") as response:
+                        _check(response, (200,), self.url)
+                        store.put_stream(digest, response.iter_bytes(1 << 20), size=size,
+                                         source=f"{self.url}/v1/objects/{digest}")
+                    return True
+                except (httpx.TimeoutException, httpx.TransportError) as e:
+                    if attempt == self.retries:
+                        raise RemoteError(f"download of {digest} from {self.url} failed: {e}") from e
+                    time.sleep(min(8.0, 0.2 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    def fetch_kernel(self, kernel_key: str, store: Store) -> Entry | None:
+        """Fetch kernel `kernel_key` (object, then index entry) into `store`; None if the server lacks it."""
+        entry = self.kernel(kernel_key)
+        if entry is None:
+            return None
+        self.fetch_object(entry.object_digest, store, entry.size)
+        store.put_entry(entry)
+        return entry
+
+    # -- writes -------------------------------------------------------------------------------
+    def push_entry(self, entry: Entry, store: Store) -> bool:
+        """Publish one local kernel: upload its object unless the server has it (HEAD first), then its entry.
+        Returns True if the object was uploaded."""
+        uploaded = False
+        if not self.has_object(entry.object_digest):
+            data = store.read_object(entry.object_digest)
+            self._request("PUT", f"/v1/objects/{entry.object_digest}", ok=(200, 201), content=data,
+                          headers={"Content-Type": "application/octet-stream"})
+            uploaded = True
+        self._request("POST", "/v1/kernels", ok=(200, 201), json=asdict(entry))
+        return uploaded
+
+    def report_miss(self, doc: dict[str, Any]) -> None:
+        """Tell the server about a kernel this client lacked. Best effort: runs on a daemon thread, gives up
+        after MISS_REPORT_TIMEOUT seconds, and never raises."""
+
+        def send() -> None:
+            try:
+                httpx.post(f"{self.url}/v1/misses", json=doc, headers=self._client.headers,
+                           timeout=MISS_REPORT_TIMEOUT)
+            except httpx.HTTPError:
+                pass
+
+        threading.Thread(target=send, name="fa4-aot-miss-report", daemon=True).start()
+
+
+def _valid(store: Store, digest: str) -> bool:
+    path = store.object_path(digest)
+    return path.is_file() and sha256_file(path) == digest
+
+
+def _check(response: httpx.Response, ok: tuple[int, ...], url: str) -> httpx.Response:
+    if response.status_code in ok:
+        return response
+    if response.status_code == 401:
+        raise RemoteError(f"{url} wants a token: set FA4_AOT_TOKEN (create one with `fa4-aot token create`)")
+    if response.status_code == 403:
+        raise RemoteError(f"{url} refused the token for {response.request.method} {response.request.url.path}: "
+                          "it is revoked or lacks the scope (publishing needs --scope publish)")
+    response.read()
+    detail = response.text[:300]
+    raise RemoteError(f"{response.request.method} {response.request.url} -> {response.status_code}: {detail}")
