@@ -1,26 +1,31 @@
 """First-call latency and kernel time: AOT from the store vs FA4's own JIT, side by side, on a GPU.
 
 Each first-call figure is a fresh Python process (as a new rank of a job would be): time from the
-first FA4 call to its result, after torch, FA4 and (for AOT) fa4_aot.install() are imported. Kernel
-time: the same call timed with CUDA events, AOT-loaded vs JIT-compiled kernels, in one process.
+first FA4 call to its result, after torch, FA4 and (for AOT) fa4_aot.install() are imported. With
+--server, a third mode starts each process with an empty local cache and FA4_AOT_SERVER set, so its
+first call downloads the kernels. Kernel time: the same call timed with CUDA events, AOT-loaded vs
+JIT-compiled kernels, in one process.
 
-    python bench/first_call.py --out bench/out/first_call.json   (needs the store built for this GPU's SKU)
+    python bench/first_call.py [--server URL] --out bench/out/first_call.json
+    (needs FA4_AOT_CACHE, or cache/, to hold the store built for this GPU's SKU)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 CHILD = r"""
 import sys, time, json, torch
 mode = sys.argv[1]
 from flash_attn.cute import flash_attn_func
-if mode == "aot":
+if mode in ("aot", "server"):
     import fa4_aot
     fa4_aot.install("strict")
 q, k, v = (torch.randn(2, 4096, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -36,10 +41,13 @@ print(json.dumps({"fwd_first_ms": (t1 - t0) * 1e3, "fwd_bwd_first_ms": (t2 - t0)
 """
 
 
-def first_calls(mode: str, repeats: int) -> list[dict[str, float]]:
+def first_calls(mode: str, repeats: int, server: str | None = None) -> list[dict[str, float]]:
     runs = []
     for _ in range(repeats):
-        out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True)
+        env = dict(os.environ)
+        if mode == "server":
+            env.update(FA4_AOT_CACHE=tempfile.mkdtemp(prefix="fa4-aot-empty-"), FA4_AOT_SERVER=server or "")
+        out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=env)
         if out.returncode:
             sys.exit(f"{mode} child failed:\n{out.stderr[-3000:]}")
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -79,11 +87,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--server", help="also time processes that start with an empty cache and this server")
     parser.add_argument("--out")
     args = parser.parse_args()
     started = time.time()
     aot = first_calls("aot", args.repeats)
     jit = first_calls("jit", args.repeats)
+    remote = first_calls("server", args.repeats, args.server) if args.server else None
     med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
     kt = kernel_times(args.iters)
     import torch
@@ -92,8 +102,11 @@ def main() -> None:
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "repeats": args.repeats,
         "aot_fwd_first_ms": med(aot, "fwd_first_ms"), "jit_fwd_first_ms": med(jit, "fwd_first_ms"),
         "aot_fwd_bwd_first_ms": med(aot, "fwd_bwd_first_ms"), "jit_fwd_bwd_first_ms": med(jit, "fwd_bwd_first_ms"),
-        **kt, "wall_s": time.time() - started, "aot_runs": aot, "jit_runs": jit,
+        **kt, "wall_s": time.time() - started, "aot_runs": aot, "jit_runs": jit, "server_runs": remote,
     }
+    if remote:
+        result["server_fwd_first_ms"] = med(remote, "fwd_first_ms")
+        result["server_fwd_bwd_first_ms"] = med(remote, "fwd_bwd_first_ms")
     rows = [
         ("first fwd call, fresh process (ms)", result["aot_fwd_first_ms"], result["jit_fwd_first_ms"]),
         ("first fwd+bwd, fresh process (ms)", result["aot_fwd_bwd_first_ms"], result["jit_fwd_bwd_first_ms"]),
@@ -102,6 +115,11 @@ def main() -> None:
     print(f"{'measure':<48}{'AOT':>12}{'JIT':>12}{'JIT/AOT':>10}")
     for name, a, j in rows:
         print(f"{name:<48}{a:>12.3f}{j:>12.3f}{j / a:>10.1f}")
+    if remote:
+        for key, label in (("fwd_first_ms", "first fwd"), ("fwd_bwd_first_ms", "first fwd+bwd")):
+            s, a, j = result[f"server_{key}"], result[f"aot_{key}"], result[f"jit_{key}"]
+            print(f"{label}: server (empty cache) {s:.1f} ms, local store {a:.1f} ms, JIT {j:.1f} ms "
+                  f"(JIT/server {j / s:.0f}x)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

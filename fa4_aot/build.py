@@ -84,9 +84,21 @@ def build(
     """Build every kernel of `variants` (default: all) for `sku` into `store`. Never raises for a kernel
     that fails to compile: it is in the report, which the caller turns into an exit status. With
     `dry_run`, plan only: kernels the store lacks are reported as "planned"."""
-    started = time.perf_counter()
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
     work = [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
+    return build_calls(sku, store, work, jobs=jobs, progress=progress, dry_run=dry_run)
+
+
+def build_calls(
+    sku: Sku,
+    store: Store,
+    work: list[tuple[str, Call]],
+    jobs: int = 1,
+    progress: Callable[[int, int, Result], None] | None = None,
+    dry_run: bool = False,
+) -> Report:
+    """Build the kernels of explicit (label, call) pairs, e.g. the calls clients reported missing."""
+    started = time.perf_counter()
     report = Report(sku=sku.name, calls=len(work))
     jobs = max(1, jobs)
     context = multiprocessing.get_context("spawn")

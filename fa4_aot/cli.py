@@ -69,17 +69,20 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--sku", required=True, help="Target SKU from `fa4-aot skus`, e.g. h200 or b200.")
+@click.option("--sku", help="Target SKU from `fa4-aot skus`, e.g. h200 or b200 (required unless --from-misses).")
 @click.option("--variants", "variants_file", type=click.Path(dir_okay=False, path_type=Path), envvar="FA4_AOT_VARIANTS",
               help="Variant matrix (default: variants.toml).")
 @click.option("--only", multiple=True, metavar="NAME", help="Build only these [[variants]] entries (repeatable).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 256),
               help="Compiler processes; each needs about 1.5 GB of memory.")
 @click.option("--dry-run", is_flag=True, help="Plan only: count the kernels and show the calls FA4 rejects.")
+@click.option("--from-misses", is_flag=True, help="Build the calls clients reported missing to --server, then push.")
+@click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
+@click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses ($FA4_AOT_TOKEN).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: counts, kernel keys, failures.")
 @click.pass_context
-def build(ctx: click.Context, sku: str, variants_file: Path | None, only: tuple[str, ...], jobs: int,
-          dry_run: bool, as_json: bool) -> None:
+def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
+          dry_run: bool, from_misses: bool, server: str | None, token: str | None, as_json: bool) -> None:
     """Cross-compile FA4 kernels for one SKU into the store (no GPU needed).
 
     Every [[variants]] entry is crossed with its shape grid and run through FA4's own dispatch on fake
@@ -89,6 +92,11 @@ def build(ctx: click.Context, sku: str, variants_file: Path | None, only: tuple[
     from . import build as build_mod
 
     matrix = _matrix(variants_file)
+    if from_misses:
+        _build_misses(ctx, matrix, server, token, jobs, as_json)
+        return
+    if not sku:
+        raise click.UsageError("--sku is required (or --from-misses with --server)")
     target = matrix.sku(sku)
     chosen = matrix.select(list(only))
     store = _store(ctx)
@@ -111,6 +119,22 @@ def build(ctx: click.Context, sku: str, variants_file: Path | None, only: tuple[
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
     _emit(as_json, report.to_dict(), "\n".join([*lines, summary]))
     if report.failed:
+        sys.exit(1)
+
+
+def _build_misses(ctx: click.Context, matrix: Any, server: str | None, token: str | None, jobs: int,
+                  as_json: bool) -> None:
+    from .remote import Remote
+    from .transfer import rebuild_misses
+
+    if not server:
+        raise click.UsageError("--from-misses needs --server (or FA4_AOT_SERVER)")
+    reports = rebuild_misses(matrix, _store(ctx), Remote(server, token=token), jobs=jobs)
+    docs = [r.to_dict() for r in reports]
+    lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
+             f"{d['failed']} failed; pushed to {server}" for d in docs] or [f"{server} reports no buildable misses"]
+    _emit(as_json, docs, "\n".join(lines))
+    if any(d["failed"] for d in docs):
         sys.exit(1)
 
 
@@ -175,6 +199,8 @@ def misses(ctx: click.Context, as_json: bool) -> None:
     rows.append(f"{len(found)} miss(es)")
     _emit(as_json, [asdict(m) for m in found], "\n".join(rows))
 
+
+from . import cli_server  # noqa: E402,F401  (registers serve, token, push, pull on `main`)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,140 @@
+"""Object GETs per second and latency: the fa4-aot server vs nginx serving the same files, side by side.
+
+Both serve the store's objects under the same URL shape (/v1/objects/<digest>); wrk (Debian package
+`wrk`) requests random objects of the store at 1, 16, 64 and 256 concurrent connections for each. Then
+the time for `fa4-aot pull` to mirror the whole SKU into an empty cache. Everything runs on 127.0.0.1.
+
+    python bench/serve_load.py --sku h200 [--seconds 8] [--out FILE]   (needs nginx and wrk on PATH)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from fa4_aot import config
+from fa4_aot.store import Store
+
+LUA = """
+local paths = {}
+for line in io.lines("%s") do paths[#paths + 1] = line end
+math.randomseed(os.time())
+request = function() return wrk.format("GET", paths[math.random(#paths)]) end
+"""
+NGINX = """
+daemon off; worker_processes 1; pid %(tmp)s/nginx.pid; error_log %(tmp)s/error.log; user root;
+events { worker_connections 1024; }
+http {
+  access_log off; sendfile on; tcp_nopush on;
+  client_body_temp_path %(tmp)s; proxy_temp_path %(tmp)s; fastcgi_temp_path %(tmp)s;
+  uwsgi_temp_path %(tmp)s; scgi_temp_path %(tmp)s;
+  server {
+    listen 127.0.0.1:%(port)d;
+    location ~ ^/v1/objects/([0-9a-f]{2})([0-9a-f]{62})$ {
+      alias %(root)s/objects/$1/$2;
+      default_type application/octet-stream;
+      add_header Cache-Control "public, max-age=31536000, immutable";
+    }
+  }
+}
+"""
+
+
+def wait_up(url: str, proc: subprocess.Popen) -> None:
+    for _ in range(300):
+        if proc.poll() is not None:
+            sys.exit(f"{url} exited: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    sys.exit(f"{url} did not come up")
+
+
+def wrk(url: str, script: Path, connections: int, seconds: int) -> dict[str, float]:
+    threads = min(2, connections)
+    out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
+                          url], capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    lat = {p: _ms(re.search(rf"^\s+{p}%\s+([\d.]+\w+)", out, re.M).group(1)) for p in ("50", "99")}  # type: ignore
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rps": rps, "p50_ms": lat["50"], "p99_ms": lat["99"], "non_2xx": int(errors.group(1)) if errors else 0}
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(\w+)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sku", default="h200")
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    for tool in ("nginx", "wrk"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is not on PATH: apt-get install {tool}")
+    store = Store(config.default_cache_dir())
+    digests = sorted({e.object_digest for e in store.entries(args.sku)})
+    if not digests:
+        sys.exit(f"no {args.sku} kernels in {store.root}: run `fa4-aot build --sku {args.sku}` first")
+    tmp = Path(tempfile.mkdtemp(prefix="fa4-aot-bench-"))
+    (tmp / "paths").write_text("".join(f"/v1/objects/{d}\n" for d in digests))
+    script = tmp / "random.lua"
+    script.write_text(LUA % (tmp / "paths"))
+    ours_port, nginx_port = 8771, 8772
+    (tmp / "nginx.conf").write_text(NGINX % {"tmp": tmp, "port": nginx_port, "root": store.root.resolve()})
+    env = {**os.environ, "FA4_AOT_CACHE": str(store.root)}
+    ours = subprocess.Popen([sys.executable, "-m", "fa4_aot.cli", "serve", "--port", str(ours_port), "--db",
+                             f"sqlite:///{tmp}/bench.db"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    nginx = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")], stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        wait_up(f"http://127.0.0.1:{ours_port}/healthz", ours)
+        wait_up(f"http://127.0.0.1:{nginx_port}/", nginx)
+        rows = []
+        for c in (1, 16, 64, 256):
+            a = wrk(f"http://127.0.0.1:{ours_port}", script, c, args.seconds)
+            b = wrk(f"http://127.0.0.1:{nginx_port}", script, c, args.seconds)
+            rows.append({"connections": c, "fa4_aot": a, "nginx": b})
+        started = time.perf_counter()
+        pull = subprocess.run([sys.executable, "-m", "fa4_aot.cli", "--cache-dir", str(tmp / "pulled"), "pull",
+                               "--server", f"http://127.0.0.1:{ours_port}", "--sku", args.sku, "--json"],
+                              capture_output=True, text=True, check=True)
+        pull_s = time.perf_counter() - started
+    finally:
+        ours.terminate()
+        nginx.terminate()
+    report(rows, json.loads(pull.stdout), pull_s, len(digests), args)
+
+
+def report(rows: list[dict], pulled: dict, pull_s: float, objects: int, args: argparse.Namespace) -> None:
+    print(f"{'conns':>5} | {'fa4-aot req/s':>13} {'p50 ms':>8} {'p99 ms':>8} | {'nginx req/s':>11} {'p50 ms':>8} "
+          f"{'p99 ms':>8} | {'fa4-aot/nginx':>13}")
+    for r in rows:
+        a, b = r["fa4_aot"], r["nginx"]
+        print(f"{r['connections']:>5} | {a['rps']:>13.0f} {a['p50_ms']:>8.2f} {a['p99_ms']:>8.2f} | {b['rps']:>11.0f} "
+              f"{b['p50_ms']:>8.2f} {b['p99_ms']:>8.2f} | {a['rps'] / b['rps']:>13.2f}")
+    print(f"pull of {args.sku}: {pulled['fetched']} kernels, {pulled['bytes']} bytes in {pull_s:.2f} s "
+          f"({objects} objects served)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"sku": args.sku, "rows": rows, "pull": pulled, "pull_seconds": pull_s,
+                                        "cpus": os.cpu_count()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The `fa4-aot` commands that involve a server: serve, token, push, pull. Registered on cli.main."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .cli import _emit, _store, main
+
+
+def _remote(server: str, token: str | None):  # type: ignore[no-untyped-def]
+    from .remote import Remote
+
+    return Remote(server, token=token)
+
+
+def _progress(as_json: bool, verb: str):  # type: ignore[no-untyped-def]
+    def report(done: int, total: int, status: str) -> None:
+        if not as_json and (status != "ok" or done == total or done % 25 == 0):
+            click.echo(f"[{done}/{total}] {verb} {status}", err=True)
+
+    return report
+
+
+_server = click.option("--server", required=True, envvar="FA4_AOT_SERVER", help="Server URL ($FA4_AOT_SERVER).")
+_token = click.option("--token", envvar="FA4_AOT_TOKEN", help="Bearer token ($FA4_AOT_TOKEN).")
+_jobs = click.option("--jobs", "-j", default=8, show_default=True, type=click.IntRange(1, 64),
+                     help="Parallel transfers.")
+_json = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0 for all).")
+@click.option("--port", default=8700, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--db", "db_url", envvar="FA4_AOT_DB_URL",
+              help="SQLAlchemy URL (default: SQLite inside the cache dir); e.g. postgresql+psycopg://u@host/db.")
+@click.option("--require-read-token", is_flag=True, help="Reads need a token too (default: reads are open).")
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int, db_url: str | None, require_read_token: bool) -> None:
+    """Serve the store to a cluster over HTTP (FastAPI + uvicorn); the OpenAPI page is at /docs.
+
+    Kernels already in the store are indexed at start, so `fa4-aot build --sku h200 && fa4-aot serve`
+    is a working server. Publishing needs a token from `fa4-aot token create --scope publish`.
+    """
+    from service.config import Settings
+    from service.main import serve as run
+
+    run(Settings(cache_dir=ctx.obj["cache_dir"], db_url=db_url, host=host, port=port,
+                 require_read_token=require_read_token))
+
+
+@main.group()
+def token() -> None:
+    """Create and revoke the server's bearer tokens (run where the server's database is)."""
+
+
+@token.command("create")
+@click.option("--scope", type=click.Choice(["read", "publish", "admin"]), required=True)
+@click.option("--name", default="", help="A label for whoever gets the token.")
+@click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server database URL (default: the cache dir's).")
+@click.pass_context
+def token_create(ctx: click.Context, scope: str, name: str, db_url: str | None) -> None:
+    """Print a new token once; the database keeps only its hash."""
+    from service import crud, db
+    from service.config import Settings
+
+    url = Settings(cache_dir=ctx.obj["cache_dir"], db_url=db_url).database_url
+    db.migrate(url)
+    with db.session_for(url) as session:
+        click.echo(crud.create_token(session, name=name, scope=scope))
+
+
+@main.command()
+@_server
+@_token
+@click.option("--sku", help="Only this SKU's kernels (default: all).")
+@_jobs
+@_json
+@click.pass_context
+def push(ctx: click.Context, server: str, token: str | None, sku: str | None, jobs: int, as_json: bool) -> None:
+    """Publish local kernels to a server, uploading only the objects it lacks (HEAD first)."""
+    from .transfer import push as run
+
+    result = run(_store(ctx), _remote(server, token), sku, jobs, _progress(as_json, "push"))
+    _emit(as_json, result.to_dict(), f"pushed {result.kernels} kernel(s) to {server}: {result.objects_sent} "
+          f"object(s) uploaded ({result.bytes} bytes), {len(result.failures)} failed")
+    if result.failures:
+        sys.exit(1)
+
+
+@main.command()
+@_server
+@_token
+@click.option("--sku", required=True, help="SKU to mirror.")
+@_jobs
+@_json
+@click.pass_context
+def pull(ctx: click.Context, server: str, token: str | None, sku: str, jobs: int, as_json: bool) -> None:
+    """Mirror a SKU's kernels from a server into the local store (verified), e.g. for an air-gapped copy."""
+    from .transfer import pull as run
+
+    store = _store(ctx)
+    result = run(store, _remote(server, token), sku, jobs, _progress(as_json, "pull"))
+    _emit(as_json, result.to_dict(), f"pulled {result.fetched} of {result.kernels} missing kernel(s) of {sku} "
+          f"({result.bytes} bytes) into {Path(store.root)}, {len(result.failures)} failed")
+    if result.failures:
+        sys.exit(1)
