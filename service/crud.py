@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from fa4_aot.store import Entry
 
 from . import models, schemas
-from .errors import Conflict, TokenNotFound
+from .errors import Conflict, InvalidInput, TokenNotFound
 from .models import utcnow
 
 T = TypeVar("T")
@@ -55,12 +55,13 @@ def hash_token(plaintext: str) -> str:
 def create_token(session: Session, *, name: str, scope: str) -> str:
     """Create a token and return its plaintext, which is shown only here: the database keeps its sha256.
 
-    `scope` is read (GET/HEAD, misses), publish (also PUT objects, POST kernels) or admin (everything).
+    `scope` is read (GET/HEAD, misses), publish (also PUT objects, POST kernels) or admin (everything);
+    `name` is a label (may be empty, at most 128 characters) that revoke_token selects by. Raises InvalidInput.
     """
     if scope not in SCOPES:
-        raise ValueError(f"invalid token scope {scope!r}: expected one of {', '.join(SCOPES)}")
-    if not name or len(name) > 128:
-        raise ValueError(f"invalid token name {name!r}: expected 1 to 128 characters")
+        raise InvalidInput(f"invalid token scope {scope!r}: expected one of {', '.join(SCOPES)}")
+    if len(name) > 128:
+        raise InvalidInput(f"invalid token name {name[:20]!r}...: expected at most 128 characters")
     plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
     session.add(models.Token(name=name, token_hash=hash_token(plaintext), scope=scope, created=utcnow()))
     session.commit()
@@ -192,14 +193,14 @@ def publish_kernel(session: Session, *, kernel: schemas.KernelIn) -> tuple[Entry
         if row is None:
             row = models.Kernel(kernel_key=kernel.kernel_key, created=created)
             session.add(row)
-        _fill_kernel(row, kernel)
+        fill_kernel(row, kernel)
         session.flush()
         return _entry(kernel, row.created), is_new
 
     return retrying(session, work)
 
 
-def _fill_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
+def fill_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
     row.object_digest = kernel.object_digest
     row.sku = kernel.sku
     row.family = kernel.family
@@ -223,10 +224,12 @@ def record_miss(session: Session, *, miss: schemas.MissIn) -> None:
     stmt = dialect.insert(models.Miss).values(
         kernel_key=miss.kernel_key, sku=miss.sku, family=miss.family,
         compile_key=canonical_json(miss.compile_key), count=1, first_seen=now, last_seen=now,
+        call=None if miss.call is None else canonical_json(miss.call),
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=[models.Miss.kernel_key],
-        set_={"count": models.Miss.count + 1, "last_seen": stmt.excluded.last_seen},
+        set_={"count": models.Miss.count + 1, "last_seen": stmt.excluded.last_seen,
+              "call": func.coalesce(stmt.excluded.call, models.Miss.call)},
     )
     session.execute(stmt)
     session.commit()
@@ -236,6 +239,7 @@ def list_misses(session: Session) -> list[schemas.MissOut]:
     rows = session.scalars(select(models.Miss).order_by(models.Miss.count.desc(), models.Miss.kernel_key)).all()
     return [schemas.MissOut(kernel_key=m.kernel_key, sku=m.sku, family=m.family,
                             compile_key=json.loads(m.compile_key), count=m.count,
+                            call=None if m.call is None else json.loads(m.call),
                             first_seen=m.first_seen, last_seen=m.last_seen) for m in rows]
 
 

@@ -39,5 +39,9 @@ class DigestMismatch(ServiceError):
     status_code = 422
 
 
+class InvalidInput(Fa4AotError, ValueError):
+    """An argument of a library call (not an HTTP request) is malformed; the message names the allowed values."""
+
+
 class TokenNotFound(Fa4AotError, LookupError):
     """No active token has the given name (raised by crud.revoke_token)."""

@@ -103,6 +103,9 @@ class Miss(Base):
     sku: Mapped[str] = mapped_column(String(64), index=True)
     family: Mapped[str] = mapped_column(String(128))
     compile_key: Mapped[str] = mapped_column(Text)
+    # JSON of the call that needed the kernel (fa4_aot.calls), when the client could describe it: what
+    # `fa4-aot build --from-misses` plans from. The latest described call wins.
+    call: Mapped[str | None] = mapped_column(Text, nullable=True)
     count: Mapped[int] = mapped_column(Integer, default=1)
     first_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 HEX64 = r"^[0-9a-f]{64}$"
 SKU_NAME = r"^[a-z0-9][a-z0-9-]*$"
@@ -13,6 +13,20 @@ SKU_NAME = r"^[a-z0-9][a-z0-9-]*$"
 Hex64 = Annotated[str, Field(pattern=HEX64, min_length=64, max_length=64, description="64 lowercase hex digits")]
 SkuName = Annotated[str, Field(pattern=SKU_NAME, min_length=1, max_length=64, description="e.g. h200, b200")]
 Scope = Literal["read", "publish", "admin"]
+
+
+def _storable(value: str) -> str:
+    """Text every database can store: valid UTF-8 (no lone surrogates) and no NUL, which PostgreSQL refuses."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it holds an unpaired surrogate)") from None
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable)]
 
 
 class ErrorBody(BaseModel):
@@ -34,7 +48,7 @@ class SkuFacts(BaseModel):
     name: SkuName
     arch: str = Field(pattern=r"^sm_[0-9a-z]+$", max_length=32, examples=["sm_90a"])
     sm_count: int = Field(gt=0, lt=2**31)
-    l2_bytes: int = Field(gt=0, lt=2**63)
+    l2_bytes: int = Field(gt=0, lt=2**53)
     cuda_major: int = Field(gt=0, lt=1000)
 
 
@@ -63,24 +77,24 @@ class KernelIn(BaseModel):
 
     kernel_key: Hex64
     object_digest: Hex64
-    size: int = Field(ge=0, lt=2**63)
-    family: str = Field(min_length=1, max_length=128)
+    size: int = Field(ge=0, lt=2**53)
+    family: Text = Field(min_length=1, max_length=128)
     compile_key: Any
     sku: SkuName
     arch: str = Field(pattern=r"^sm_[0-9a-z]+$", max_length=32, examples=["sm_90a"])
     sm_count: int = Field(gt=0, lt=2**31)
-    l2_bytes: int = Field(gt=0, lt=2**63)
+    l2_bytes: int = Field(gt=0, lt=2**53)
     cuda_major: int = Field(gt=0, lt=1000)
     toolchain: dict[str, str]
-    variant: str = Field(max_length=4096)
-    call: str = Field(max_length=65536)
+    variant: Text = Field(max_length=4096)
+    call: Text = Field(max_length=65536)
     compile_seconds: float = Field(ge=0, allow_inf_nan=False)
     hardware_queries: list[Any] = Field(default_factory=list)
-    created: str | None = Field(default=None, max_length=40, examples=["2025-01-31T12:00:00Z"])
+    created: Text | None = Field(default=None, max_length=40, examples=["2025-01-31T12:00:00Z"])
 
 
 class KernelOut(KernelIn):
-    created: str  # type: ignore[assignment]
+    created: str
 
 
 class ObjectOut(BaseModel):
@@ -89,12 +103,16 @@ class ObjectOut(BaseModel):
 
 
 class MissIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A kernel a client lacked (fa4_aot.store.Miss). Other fields, such as the client's `when`, are ignored:
+    the server's clock stamps first_seen and last_seen."""
+
+    model_config = ConfigDict(extra="ignore")
 
     kernel_key: Hex64
     sku: SkuName
-    family: str = Field(min_length=1, max_length=128)
+    family: Text = Field(min_length=1, max_length=128)
     compile_key: Any
+    call: dict[str, Any] | None = Field(default=None, description="The call that needed it (fa4_aot.calls)")
 
 
 class MissOut(MissIn):

@@ -89,12 +89,12 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
         if n == 0 or size == 0:
             raise _unsatisfiable(size)
         return max(0, size - n), size - 1
-    start, end = int(first), int(last) if last else size - 1
-    if end < start:
+    start, end = int(first), int(last) if last else None
+    if end is not None and end < start:
         return None
     if start >= size:
         raise _unsatisfiable(size)
-    return start, min(end, size - 1)
+    return start, size - 1 if end is None else min(end, size - 1)
 
 
 def _unsatisfiable(size: int) -> RangeNotSatisfiable:

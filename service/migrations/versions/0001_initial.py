@@ -62,6 +62,7 @@ def upgrade() -> None:
         sa.Column("sku", sa.String(64), nullable=False),
         sa.Column("family", sa.String(128), nullable=False),
         sa.Column("compile_key", sa.Text(), nullable=False),
+        sa.Column("call", sa.Text(), nullable=True),
         sa.Column("count", sa.Integer(), nullable=False),
         sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),

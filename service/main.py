@@ -1,0 +1,117 @@
+"""The FastAPI application: `create_app(settings)` wires everything; `serve(settings)` runs it under uvicorn.
+
+On startup the database is migrated to the newest schema, dead uploads' temp files are removed and the
+on-disk store is imported, so `fa4-aot build --sku h200 && fa4-aot serve` serves the local build.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from fa4_aot.errors import StoreError
+from fa4_aot.store import Store
+
+from . import db, openapi, sync
+from .config import Settings
+from .errors import ServiceError
+from .limits import JsonBodyLimit
+from .metrics import Metrics, MetricsMiddleware
+from .routes import health, kernels, metrics, misses, objects, skus
+
+log = logging.getLogger("service")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new app for `settings` (default: Settings() from FA4_AOT_* variables). Connects to nothing until
+    it starts; each app has its own engine, store handle and metrics registry."""
+    settings = settings or Settings()
+    app = FastAPI(title="fa4-aot artifact service", version="1", lifespan=_lifespan,
+                  description="FlashAttention-4 kernels compiled ahead of time, per GPU SKU.")
+    app.state.settings = settings
+    app.state.store = Store(settings.cache_dir)
+    app.state.engine = db.make_engine(settings.database_url)
+    app.state.sessions = db.session_factory(app.state.engine)
+    app.state.metrics = Metrics()
+    app.add_middleware(JsonBodyLimit)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts the 413s too
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(StoreError, _store_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(405, openapi.method_not_allowed)
+    for module in (health, metrics, skus, kernels, objects, misses):
+        app.include_router(module.router)
+    app.openapi = openapi.builder(app)  # type: ignore[method-assign]
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """Factory for `uvicorn --factory service.main:app_from_env`: settings from FA4_AOT_* variables."""
+    return create_app(Settings())
+
+
+def serve(settings: Settings) -> None:
+    """Run the service in this process until interrupted (blocks), on settings.host:settings.port."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    await run_in_threadpool(_prepare, app)
+    try:
+        yield
+    finally:
+        app.state.engine.dispose()
+
+
+def _prepare(app: FastAPI) -> None:
+    """Migrate the database, clear dead uploads' temp files and import the on-disk store."""
+    settings: Settings = app.state.settings
+    db.migrate(settings.database_url)
+    store: Store = app.state.store
+    removed = sync.remove_dead_temp_files(store)
+    with app.state.sessions() as session:
+        report = sync.import_store(session, store)
+    log.info("store %s: imported %d kernels (%d new objects), removed %d stale temp files",
+             store.root, report.kernels, report.objects, removed)
+    for line in report.skipped:
+        log.warning("skipped store entry %s", line)
+
+
+async def _service_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _store_error(_request: Request, exc: Exception) -> Response:
+    return JSONResponse({"detail": str(exc)}, status_code=400)
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    """Malformed path parameters and headers are 400 with one line; body errors keep FastAPI's 422 list."""
+    assert isinstance(exc, RequestValidationError)
+    errs = exc.errors()
+    if errs and all(e["loc"][0] in ("path", "header", "query") for e in errs):
+        name = str(errs[0]["loc"][-1])
+        expected = _EXPECTED.get(name, errs[0]["msg"])
+        return JSONResponse({"detail": f"invalid {name} {errs[0].get('input')!r}: {expected}"}, status_code=400)
+    # FastAPI's own handler echoes the input with ensure_ascii=False, which cannot encode a lone surrogate.
+    body = json.dumps({"detail": jsonable_encoder(errs)}, ensure_ascii=True)
+    return Response(body, status_code=422, media_type="application/json")
+
+
+_EXPECTED = {
+    "digest": "expected the object's sha256 as 64 lowercase hex digits",
+    "kernel_key": "expected 64 lowercase hex digits (see `fa4-aot list`)",
+    "sku": "expected a SKU name matching [a-z0-9][a-z0-9-]*, at most 64 characters (see GET /v1/skus)",
+}

@@ -1,0 +1,63 @@
+"""Prometheus metrics of one app: a private registry (two apps in a process never share counters) and the
+ASGI middleware that counts requests by route template, status and bytes sent."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class Metrics:
+    """The app's metric objects, registered in their own CollectorRegistry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("fa4_aot_http_requests", "HTTP requests by method, route template and status",
+                                ["method", "route", "status"], registry=self.registry)
+        self.bytes_sent = Counter("fa4_aot_http_response_bytes", "Response body bytes sent, by route template",
+                                  ["route"], registry=self.registry)
+        self.latency = Histogram("fa4_aot_http_request_duration_seconds", "Request latency by route template",
+                                 ["route"], registry=self.registry,
+                                 buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60))
+        self.objects = Gauge("fa4_aot_objects", "Objects held", registry=self.registry)
+        self.kernels = Gauge("fa4_aot_kernels", "Kernels held", registry=self.registry)
+        self.misses = Gauge("fa4_aot_misses", "Distinct kernels reported missing", registry=self.registry)
+
+    def set_counts(self, counts: dict[str, int]) -> None:
+        self.objects.set(counts["objects"])
+        self.kernels.set(counts["kernels"])
+        self.misses.set(counts["misses"])
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware (streams pass through untouched). Unmatched paths share the label `<unmatched>`,
+    so probing random URLs cannot grow the label set."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        state: dict[str, Any] = {"status": 500, "sent": 0}
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                state["sent"] += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "<unmatched>"
+            self.metrics.requests.labels(scope["method"], route, str(state["status"])).inc()
+            self.metrics.bytes_sent.labels(route).inc(state["sent"])
+            self.metrics.latency.labels(route).observe(time.perf_counter() - started)

@@ -1,0 +1,47 @@
+"""Kernel metadata: read one entry, publish one (object first, then this)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Response, status
+
+from .. import crud
+from ..deps import SessionDep, StoreDep, require_publish, require_read
+from ..errors import NotFound
+from ..openapi import PUBLISH, READ
+from ..schemas import HEX64, KernelIn, KernelOut
+from . import READ_ERRORS, errors
+
+router = APIRouter(prefix="/v1/kernels", tags=["kernels"])
+KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, description="64 lowercase hex")]
+
+
+@router.get("/{kernel_key}", response_model=KernelOut, responses=errors(*READ_ERRORS, 404),
+            dependencies=[Depends(require_read)], openapi_extra=READ)
+def get_kernel(kernel_key: KeyPath, session: SessionDep) -> KernelOut:
+    """The kernel's index entry: every field of fa4_aot.store.Entry."""
+    found = crud.get_kernel(session, kernel_key=kernel_key)
+    if found is None:
+        raise NotFound(f"no kernel {kernel_key}; GET /v1/skus/<sku>/manifest lists the kernels of a SKU")
+    return found
+
+
+@router.post(
+    "",
+    response_model=KernelOut,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": KernelOut, "description": "Already published (updated if it differed)"},
+               **errors(400, 401, 403, 409, 413)},
+    dependencies=[Depends(require_publish)],
+    openapi_extra=PUBLISH,
+)
+def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, response: Response) -> KernelOut:
+    """Publish an index entry whose object was uploaded before: 201 when new, 200 when it existed. The
+    database row is committed first, then the store's index entry is written (the entry is the commit marker
+    readers of the store trust). 409 when the object is missing, its size differs or the SKU's facts clash."""
+    entry, is_new = crud.publish_kernel(session, kernel=kernel)
+    store.put_entry(entry)
+    response.status_code = status.HTTP_201_CREATED if is_new else status.HTTP_200_OK
+    return KernelOut(**asdict(entry))

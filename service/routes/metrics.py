@@ -1,0 +1,20 @@
+"""Prometheus scrape endpoint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .. import crud
+from ..deps import SessionDep
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}})
+def metrics(request: Request, session: SessionDep) -> Response:
+    """Request counters, bytes sent, latency histogram, and gauges of objects, kernels and misses."""
+    collected = request.app.state.metrics
+    collected.set_counts(crud.counts(session))
+    return Response(generate_latest(collected.registry), media_type=CONTENT_TYPE_LATEST)

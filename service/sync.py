@@ -1,0 +1,86 @@
+"""Startup import: make the database serve what `fa4-aot build` already put into the on-disk store."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy.orm import Session
+
+from fa4_aot.errors import StoreError
+from fa4_aot.store import Entry, Store
+
+from . import crud, models, schemas
+from .errors import Conflict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ImportReport:
+    kernels: int = 0
+    objects: int = 0
+    skipped: list[str] = field(default_factory=list)  # one line per entry left out, saying why
+
+
+def import_store(session: Session, store: Store) -> ImportReport:
+    """Upsert every index entry of `store` (objects, SKUs, kernels) into the database and commit.
+
+    An object row is added only when its file exists with the entry's size. Entries that cannot be served
+    (unreadable, missing object, SKU facts that clash with the database) are skipped and named in the
+    report; this never raises for one bad entry, so one corrupt file cannot keep the service down.
+    """
+    report = ImportReport()
+    for entry in _entries(store, report):
+        try:
+            _import_entry(session, store, entry, report)
+        except (Conflict, ValueError) as e:
+            report.skipped.append(f"{entry.kernel_key}: {e}")
+    session.commit()
+    return report
+
+
+def _entries(store: Store, report: ImportReport) -> list[Entry]:
+    index = store.root / "index"
+    entries = []
+    for path in sorted(index.glob("??/*.json")) if index.is_dir() else []:
+        try:
+            entry = store.get_entry(path.stem)  # validates the name as a kernel key first
+        except StoreError as e:
+            report.skipped.append(f"{path}: {e}")
+            continue
+        if entry is not None:
+            entries.append(entry)
+    return entries
+
+
+def _import_entry(session: Session, store: Store, entry: Entry, report: ImportReport) -> None:
+    """Raises Conflict (SKU facts) or ValueError (entry fails validation, object missing or short) before
+    adding anything to the session, so a skipped entry leaves no partial rows."""
+    kernel = schemas.KernelIn.model_validate(asdict(entry))
+    path = store.object_path(entry.object_digest)
+    if not path.is_file() or path.stat().st_size != entry.size:
+        raise ValueError(f"object {entry.object_digest} is missing or not {entry.size} bytes; run `fa4-aot verify`")
+    crud.ensure_sku(session, facts=crud.sku_facts(kernel))
+    if session.get(models.Object, entry.object_digest) is None:
+        session.add(models.Object(digest=entry.object_digest, size=entry.size, created=models.utcnow()))
+        report.objects += 1
+    row = session.get(models.Kernel, entry.kernel_key)
+    if row is None:
+        row = models.Kernel(kernel_key=entry.kernel_key)
+        session.add(row)
+    crud.fill_kernel(row, kernel)
+    row.created = entry.created
+    session.flush()
+    report.kernels += 1
+
+
+def remove_dead_temp_files(store: Store) -> int:
+    """Remove temp files that killed writers (e.g. an interrupted upload) left in the store. Removes no object:
+    Store.gc with an infinite min_age keeps every object and clears only dead writers' `.tmp` files."""
+    try:
+        return store.gc(min_age=math.inf).removed_temp_files
+    except StoreError as e:
+        log.warning("could not clean temp files in %s: %s", store.root, e)
+        return 0

@@ -1,0 +1,190 @@
+"""Real servers and databases for the service tests: a uvicorn subprocess per server, and a throwaway
+PostgreSQL cluster started from the system's initdb/pg_ctl. Nothing here is mocked."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service import crud, db
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kernel_doc(data: bytes, *, key: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """A POST /v1/kernels body for an object holding `data` (key derived from the bytes unless given)."""
+    doc = {
+        "kernel_key": key or hashlib.sha256(b"key:" + data).hexdigest(),
+        "object_digest": hashlib.sha256(data).hexdigest(), "size": len(data),
+        "family": "FlashAttentionForwardSm90", "compile_key": ["fwd", 128, True, {"float": "0x1.0p-3"}, None],
+        **H200, "toolchain": {"flash-attn-4": "4.0.0b36"}, "variant": "train", "call": "fwd dense bf16 d=128",
+        "compile_seconds": 1.5, "hardware_queries": [["sm_count", 132]],
+    }
+    return {**doc, **overrides}
+
+
+@dataclass
+class Server:
+    """A uvicorn process serving service.main:app_from_env with FA4_AOT_* settings from `env`."""
+
+    cache_dir: Path
+    db_url: str
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> Server:
+        """Start (or restart) the process on a fresh port and wait until /healthz answers 200."""
+        self.port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "FA4_AOT_CACHE_DIR": str(self.cache_dir),
+               "FA4_AOT_DB_URL": self.db_url, **self.env}
+        cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.main:app_from_env", "--host", "127.0.0.1",
+               "--port", str(self.port), "--log-level", "warning"]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"server did not answer /healthz in {timeout}s:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the process (no graceful shutdown) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def client(self, scope: str | None = None, **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.tokens[scope]}"} if scope else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
+
+
+def prepare_database(db_url: str) -> dict[str, str]:
+    """Migrate the database and create one token per scope, plus a revoked one; returns their plaintexts."""
+    db.migrate(db_url)
+    with db.session_for(db_url) as session:
+        tokens = {scope: crud.create_token(session, name=f"test-{scope}", scope=scope)
+                  for scope in ("read", "publish", "admin")}
+        tokens["revoked"] = crud.create_token(session, name="test-revoked", scope="admin")
+        crud.revoke_token(session, name="test-revoked")
+    return tokens
+
+
+class Postgres:
+    """A private PostgreSQL cluster in a temp folder, on a free port, trusting local connections."""
+
+    def __init__(self) -> None:
+        self.bin = _postgres_bin()
+        self.root = Path(tempfile.mkdtemp(prefix="fa4-aot-pg-"))  # under /tmp: the postgres user can reach it
+        self.port = free_port()
+        self.databases = 0
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_user:
+            shutil.chown(self.root, "postgres", "postgres")
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run([*self.as_user, str(self.bin / tool), *args], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        """Raises RuntimeError with the server log when the cluster cannot start."""
+        data, log = self.root / "data", self.root / "log"
+        try:
+            self._run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+            opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -F"
+            self._run("pg_ctl", "-D", str(data), "-w", "-t", "60", "-l", str(log), "-o", opts, "start")
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+            detail = getattr(e, "stderr", b"") or b""
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{e}: {detail.decode(errors='replace')} {tail}") from e
+
+    def new_database(self) -> str:
+        """A fresh, empty database; returns its SQLAlchemy URL."""
+        import psycopg
+
+        self.databases += 1
+        name = f"fa4_{self.databases}"
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
+                             autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
+
+    def stop(self) -> None:
+        try:
+            self._run("pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "stop")
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _postgres_bin() -> Path:
+    """The newest /usr/lib/postgresql/*/bin holding initdb, else the folder of `initdb` on PATH."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                   key=lambda p: [int(x) for x in Path(p).parts[-3].split(".") if x.isdigit()])
+    if found:
+        return Path(found[-1]).parent
+    on_path = shutil.which("initdb")
+    if on_path:
+        return Path(on_path).parent
+    raise FileNotFoundError("no initdb under /usr/lib/postgresql/*/bin or on PATH (apt-get install postgresql)")
+
+
+Launch = Callable[..., "Server"]  # the `launch` fixture: launch(cache_dir=None, start=True, **settings)
+
+
+def raw_request(server: Server, method: str, target: str, body: bytes = b"",
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """Send `target` byte for byte (no client-side normalisation of `..` or %2F) and return (status, body)."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: 127.0.0.1:{server.port}", "Connection: close",
+             f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), payload
+
+
+def store_files(cache_dir: Path) -> list[str]:
+    """Every file under the store's objects/ and index/ folders, temp files included."""
+    return sorted(str(p.relative_to(cache_dir)) for folder in ("objects", "index")
+                  for p in (cache_dir / folder).rglob("*") if p.is_file())
+
+
+def row_counts(db_url: str) -> dict[str, int]:
+    with db.session_for(db_url) as session:
+        return {**crud.counts(session), "skus": len(crud.list_skus(session))}

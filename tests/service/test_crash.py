@@ -1,0 +1,62 @@
+"""A server SIGKILLed in the middle of an upload leaves no object row, no object file and no kernel row;
+after a restart on the same store and database the temp file is gone and a re-push succeeds."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+
+from service_helpers import Launch, Server, kernel_doc, row_counts
+
+from fa4_aot.store import Store
+
+
+def _start_upload(server: Server, digest: str, data: bytes, sent: int) -> socket.socket:
+    """Open a PUT that declares all of `data` but sends only its first `sent` bytes."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    head = (f"PUT /v1/objects/{digest} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(data)}\r\n"
+            f"Authorization: Bearer {server.tokens['publish']}\r\nContent-Type: application/octet-stream\r\n\r\n")
+    s.sendall(head.encode() + data[:sent])
+    return s
+
+
+def _wait_for_temp(folder: os.PathLike[str], sent: int, timeout: float = 10.0) -> None:
+    """Wait until the server has written the sent bytes into its temp file, so the kill lands mid-write."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        temps = list(os.scandir(folder)) if os.path.isdir(folder) else []
+        if any(t.name.endswith(".tmp") and t.stat().st_size >= sent for t in temps):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the server wrote no {sent}-byte temp file in {folder} within {timeout}s")
+
+
+def test_sigkill_mid_upload(launch: Launch) -> None:
+    server: Server = launch()
+    data = os.urandom(8 * 2**20)
+    digest = hashlib.sha256(data).hexdigest()
+    store = Store(server.cache_dir)
+    folder = store.object_path(digest).parent
+    sock = _start_upload(server, digest, data, sent=2**20)
+    try:
+        _wait_for_temp(folder, 2**20)
+        server.kill()
+    finally:
+        sock.close()
+
+    assert not store.has_object(digest)
+    assert [p.name for p in folder.iterdir()] and all(p.name.endswith(".tmp") for p in folder.iterdir())
+    server.start()  # same store, same database
+    assert list(folder.iterdir()) == [], "startup should remove the dead upload's temp file"
+    assert row_counts(server.db_url)["objects"] == 0 and row_counts(server.db_url)["kernels"] == 0
+    doc = kernel_doc(data)
+    with server.client("publish") as c:
+        assert c.get(f"/v1/objects/{digest}").status_code == 404
+        assert c.post("/v1/kernels", json=doc).status_code == 409
+        assert c.get(f"/v1/kernels/{doc['kernel_key']}").status_code == 404
+        assert c.put(f"/v1/objects/{digest}", content=data).status_code == 201
+        assert c.post("/v1/kernels", json=doc).status_code == 201
+        assert c.get(f"/v1/objects/{digest}").content == data
+    assert store.read_object(digest) == data and store.get_entry(doc["kernel_key"]) is not None
