@@ -97,7 +97,7 @@ def main() -> None:
     ours_port, nginx_port = 8771, 8772
     (tmp / "nginx.conf").write_text(NGINX % {"tmp": tmp, "port": nginx_port, "root": store.root.resolve()})
     env = {**os.environ, "FA4_AOT_CACHE": str(store.root)}
-    ours = subprocess.Popen([sys.executable, "-m", "fa4_aot.cli", "serve", "--port", str(ours_port), "--db",
+    ours = subprocess.Popen([sys.executable, "-m", "fa4_aot", "serve", "--port", str(ours_port), "--db",
                              f"sqlite:///{tmp}/bench.db"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     nginx = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")], stderr=subprocess.PIPE,
@@ -111,7 +111,7 @@ def main() -> None:
             b = wrk(f"http://127.0.0.1:{nginx_port}", script, c, args.seconds)
             rows.append({"connections": c, "fa4_aot": a, "nginx": b})
         started = time.perf_counter()
-        pull = subprocess.run([sys.executable, "-m", "fa4_aot.cli", "--cache-dir", str(tmp / "pulled"), "pull",
+        pull = subprocess.run([sys.executable, "-m", "fa4_aot", "--cache-dir", str(tmp / "pulled"), "pull",
                                "--server", f"http://127.0.0.1:{ours_port}", "--sku", args.sku, "--json"],
                               capture_output=True, text=True, check=True)
         pull_s = time.perf_counter() - started

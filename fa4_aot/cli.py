@@ -201,6 +201,3 @@ def misses(ctx: click.Context, as_json: bool) -> None:
 
 
 from . import cli_server  # noqa: E402,F401  (registers serve, token, push, pull on `main`)
-
-if __name__ == "__main__":
-    main()

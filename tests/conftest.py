@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+TINY_VARIANTS = ROOT / "tests" / "data" / "tiny_variants.toml"
 
 
 def _has_cuda() -> bool:
@@ -35,5 +36,5 @@ def run_cli(*args: str, cache: Path | None = None, env: dict[str, str] | None = 
     full_env = {**os.environ, **(env or {})}
     if cache is not None:
         full_env["FA4_AOT_CACHE"] = str(cache)
-    return subprocess.run([sys.executable, "-m", "fa4_aot.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fa4_aot", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=ROOT)

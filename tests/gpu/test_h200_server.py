@@ -57,7 +57,7 @@ def server():
     if not store:
         pytest.skip("set FA4_AOT_CACHE to a store built for this GPU's SKU")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "fa4_aot.cli", "--cache-dir", store, "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "fa4_aot", "--cache-dir", store, "serve", "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):

@@ -16,48 +16,15 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.store import Store
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow
 
-VARIANTS = """
-[skus.h200]
-arch = "sm_90a"
-sm_count = 132
-l2_bytes = 62914560
-cuda_major = 13
-
-[skus.b200]
-arch = "sm_100a"
-sm_count = 148
-l2_bytes = 132644864
-cuda_major = 13
-
-[shapes.one]
-batch = [1]
-seqlen_q = [512]
-heads = [16]
-
-[[variants]]
-name = "det-bwd"
-shapes = "one"
-passes = ["bwd_det"]
-head_dims = [128]
-
-[[variants]]
-name = "full-fwd"
-shapes = "one"
-passes = ["fwd"]
-masks = ["full"]
-head_dims = [64]
-"""
 
 
 @pytest.fixture(scope="module")
-def variants_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("variants") / "variants.toml"
-    path.write_text(VARIANTS)
-    return path
+def variants_file() -> Path:
+    return TINY_VARIANTS
 
 
 def build(store: Path, variants: Path, sku: str, *only: str) -> dict:
@@ -118,7 +85,7 @@ def test_killed_build_leaves_no_partial_entry(tmp_path: Path, variants_file: Pat
     store = tmp_path / "store"
     env = {**os.environ, "FA4_AOT_CACHE": str(store)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fa4_aot.cli", "build", "--sku", "h200", "--variants", str(variants_file),
+        [sys.executable, "-m", "fa4_aot", "build", "--sku", "h200", "--variants", str(variants_file),
          "--only", "det-bwd"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )

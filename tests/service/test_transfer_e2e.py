@@ -1,0 +1,128 @@
+"""End to end on a CPU: real builds for h200 and b200, pushed to a real server, pulled back, fetched by clients.
+
+Runs against both databases (the `server` fixture is parametrized over SQLite and PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from service_helpers import Server, free_port
+
+from fa4_aot import keys
+from fa4_aot.calls import Call
+from fa4_aot.client import Installation, StoreCache
+from fa4_aot.errors import KernelMissing
+from fa4_aot.remote import Remote, server_from_env
+from fa4_aot.skus import Sku
+from fa4_aot.store import Store
+from tests.conftest import ROOT, TINY_VARIANTS, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding a deterministic-backward set for h200 and a persistent forward for b200 (real compiles)."""
+    store = tmp_path_factory.mktemp("built")
+    for sku, only in (("h200", "det-bwd"), ("b200", "full-fwd")):
+        result = run_cli("build", "--sku", sku, "--variants", str(TINY_VARIANTS), "--only", only, "--json",
+                         cache=store)
+        assert result.returncode == 0, result.stderr[-2000:]
+    return store
+
+
+def push(server: Server, store: Path) -> dict:
+    result = run_cli("push", "--server", server.url, "--token", server.tokens["publish"], "--json", cache=store)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+def object_gets(server: Server) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    pattern = r'fa4_aot_http_requests_total\{method="GET",route="/v1/objects/\{digest\}",status="200"\} ([\d.e+]+)'
+    return sum(float(m) for m in re.findall(pattern, text))
+
+
+def test_push_then_pull_into_an_empty_cache_is_byte_identical(server: Server, built: Path, tmp_path: Path) -> None:
+    local = list(Store(built).entries())
+    first = push(server, built)
+    assert first["failures"] == [] and first["kernels"] == len(local)
+    assert push(server, built)["objects_sent"] == 0  # HEAD first: nothing is uploaded twice
+    mirror = tmp_path / "mirror"
+    for sku in ("h200", "b200"):
+        result = run_cli("pull", "--server", server.url, "--sku", sku, "--json", cache=mirror)
+        assert result.returncode == 0 and json.loads(result.stdout)["failures"] == []
+    pulled = Store(mirror)
+    assert {e.kernel_key for e in pulled.entries()} == {e.kernel_key for e in local}
+    for entry in local:
+        assert pulled.get_entry(entry.kernel_key).object_digest == entry.object_digest
+        assert pulled.read_object(entry.object_digest) == Store(built).read_object(entry.object_digest)
+    assert pulled.verify().ok
+
+
+def test_eight_processes_pulling_one_sku_download_each_object_once(server: Server, built: Path,
+                                                                   tmp_path: Path) -> None:
+    push(server, built)
+    objects = {e.object_digest for e in Store(built).entries("h200")}
+    before = object_gets(server)
+    cache = tmp_path / "shared-node-cache"
+    cmd = [sys.executable, "-m", "fa4_aot", "--cache-dir", str(cache), "pull", "--server", server.url,
+           "--sku", "h200", "--json"]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(8)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    assert object_gets(server) - before == len(objects)
+    store = Store(cache)
+    assert store.verify().ok and {e.object_digest for e in store.entries()} == objects
+    assert not [p for p in cache.rglob(".*") if p.is_file()]  # no temp file left behind
+
+
+def _h200(facts: dict) -> Sku:
+    return Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
+
+
+def test_client_fetches_verified_kernels_and_degrades_when_the_server_is_down(
+        server: Server, built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    push(server, built)
+    entry = next(Store(built).entries("h200"))
+    sku = _h200({})
+    inst = Installation(sku=sku, store=Store(tmp_path / "a"), mode="strict", trace=[], remote=Remote(server.url))
+    assert inst.fetch(entry.kernel_key) and inst.stats.fetched == 1
+    assert Store(tmp_path / "a").verified_object_path(entry.object_digest).is_file()
+    assert not inst.fetch("f" * 64) and "has no kernel" in inst.remote_error
+
+    down = Remote(f"http://127.0.0.1:{free_port()}", retries=0)
+    inst = Installation(sku=sku, store=Store(tmp_path / "b"), mode="strict", trace=[], remote=down)
+    key = ("no", "such", "kernel")
+    with pytest.raises(KernelMissing) as info:
+        key in StoreCache("_flash_attn_fwd", inst)  # noqa: B015
+    assert "cannot reach http://127.0.0.1" in str(info.value) and "SKU h200" in str(info.value)
+    assert info.value.kernel_key == keys.kernel_key("_flash_attn_fwd", key, sku)
+
+    monkeypatch.setenv("FA4_AOT_SERVER", server.url)
+    assert server_from_env() is not None
+    monkeypatch.setenv("FA4_AOT_OFFLINE", "1")
+    assert server_from_env() is None
+
+
+def test_build_from_misses_builds_the_reported_call_and_pushes_it(server: Server, tmp_path: Path) -> None:
+    call = Call(layout="dense", pass_="fwd", dtype="bf16", head_dim=64, head_dim_v=64, mask="full", window=(0, 0),
+                softcap=0.0, sink=False, num_splits=1, batch=1, seqlen_q=512, seqlen_k=512, heads_q=16, heads_kv=16)
+    miss = {"kernel_key": "e" * 64, "family": "_flash_attn_fwd", "compile_key": [], "sku": "b200",
+            "call": call.to_dict()}
+    assert httpx.post(f"{server.url}/v1/misses", json=miss).status_code == 202
+    result = run_cli("build", "--from-misses", "--server", server.url, "--token", server.tokens["publish"],
+                     "--variants", str(TINY_VARIANTS), "--json", cache=tmp_path / "builder")
+    assert result.returncode == 0, result.stderr[-2000:]
+    [report] = [r for r in json.loads(result.stdout) if r["sku"] == "b200"]
+    assert report["failed"] == 0 and report["kernels"] >= 1
+    manifest = httpx.get(f"{server.url}/v1/skus/b200/manifest").json()
+    assert set(report["kernel_keys"]) <= {k["kernel_key"] for k in manifest["kernels"]}
