@@ -4,7 +4,7 @@ Both serve the store's objects under the same URL shape (/v1/objects/<digest>); 
 `wrk`) requests random objects of the store at 1, 16, 64 and 256 concurrent connections for each. Then
 the time for `fa4-aot pull` to mirror the whole SKU into an empty cache. Everything runs on 127.0.0.1.
 
-    python bench/serve_load.py --sku h200 [--seconds 8] [--out FILE]   (needs nginx and wrk on PATH)
+    python bench/serve_load.py --sku h200 [--seconds 8] [--workers 1] [--out FILE]   (needs nginx and wrk)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ math.randomseed(os.time())
 request = function() return wrk.format("GET", paths[math.random(#paths)]) end
 """
 NGINX = """
-daemon off; worker_processes 1; pid %(tmp)s/nginx.pid; error_log %(tmp)s/error.log; user root;
+daemon off; worker_processes %(workers)d; pid %(tmp)s/nginx.pid; error_log %(tmp)s/error.log; user root;
 events { worker_connections 1024; }
 http {
   access_log off; sendfile on; tcp_nopush on;
@@ -40,7 +40,7 @@ http {
   uwsgi_temp_path %(tmp)s; scgi_temp_path %(tmp)s;
   server {
     listen 127.0.0.1:%(port)d;
-    location ~ ^/v1/objects/([0-9a-f]{2})([0-9a-f]{62})$ {
+    location ~ "^/v1/objects/([0-9a-f]{2})([0-9a-f]{62})$" {
       alias %(root)s/objects/$1/$2;
       default_type application/octet-stream;
       add_header Cache-Control "public, max-age=31536000, immutable";
@@ -64,8 +64,12 @@ def wait_up(url: str, proc: subprocess.Popen) -> None:
 
 def wrk(url: str, script: Path, connections: int, seconds: int) -> dict[str, float]:
     threads = min(2, connections)
-    out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
-                          url], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     lat = {p: _ms(re.search(rf"^\s+{p}%\s+([\d.]+\w+)", out, re.M).group(1)) for p in ("50", "99")}  # type: ignore
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -81,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sku", default="h200")
     parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=1, help="processes for each server (nginx workers too)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     for tool in ("nginx", "wrk"):
@@ -95,13 +100,31 @@ def main() -> None:
     script = tmp / "random.lua"
     script.write_text(LUA % (tmp / "paths"))
     ours_port, nginx_port = 8771, 8772
-    (tmp / "nginx.conf").write_text(NGINX % {"tmp": tmp, "port": nginx_port, "root": store.root.resolve()})
+    (tmp / "nginx.conf").write_text(
+        NGINX % {"tmp": tmp, "port": nginx_port, "root": store.root.resolve(), "workers": args.workers}
+    )
     env = {**os.environ, "FA4_AOT_CACHE": str(store.root)}
-    ours = subprocess.Popen([sys.executable, "-m", "fa4_aot", "serve", "--port", str(ours_port), "--db",
-                             f"sqlite:///{tmp}/bench.db"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    nginx = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")], stderr=subprocess.PIPE,
-                             text=True)
+    ours = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fa4_aot",
+            "serve",
+            "--port",
+            str(ours_port),
+            "--db",
+            f"sqlite:///{tmp}/bench.db",
+            "--workers",
+            str(args.workers),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    nginx = subprocess.Popen(
+        ["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")], stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_up(f"http://127.0.0.1:{ours_port}/healthz", ours)
         wait_up(f"http://127.0.0.1:{nginx_port}/", nginx)
@@ -111,9 +134,24 @@ def main() -> None:
             b = wrk(f"http://127.0.0.1:{nginx_port}", script, c, args.seconds)
             rows.append({"connections": c, "fa4_aot": a, "nginx": b})
         started = time.perf_counter()
-        pull = subprocess.run([sys.executable, "-m", "fa4_aot", "--cache-dir", str(tmp / "pulled"), "pull",
-                               "--server", f"http://127.0.0.1:{ours_port}", "--sku", args.sku, "--json"],
-                              capture_output=True, text=True, check=True)
+        pull = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fa4_aot",
+                "--cache-dir",
+                str(tmp / "pulled"),
+                "pull",
+                "--server",
+                f"http://127.0.0.1:{ours_port}",
+                "--sku",
+                args.sku,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         pull_s = time.perf_counter() - started
     finally:
         ours.terminate()
@@ -122,18 +160,35 @@ def main() -> None:
 
 
 def report(rows: list[dict], pulled: dict, pull_s: float, objects: int, args: argparse.Namespace) -> None:
-    print(f"{'conns':>5} | {'fa4-aot req/s':>13} {'p50 ms':>8} {'p99 ms':>8} | {'nginx req/s':>11} {'p50 ms':>8} "
-          f"{'p99 ms':>8} | {'fa4-aot/nginx':>13}")
+    print(
+        f"{'conns':>5} | {'fa4-aot req/s':>13} {'p50 ms':>8} {'p99 ms':>8} | {'nginx req/s':>11} {'p50 ms':>8} "
+        f"{'p99 ms':>8} | {'fa4-aot/nginx':>13}"
+    )
     for r in rows:
         a, b = r["fa4_aot"], r["nginx"]
-        print(f"{r['connections']:>5} | {a['rps']:>13.0f} {a['p50_ms']:>8.2f} {a['p99_ms']:>8.2f} | {b['rps']:>11.0f} "
-              f"{b['p50_ms']:>8.2f} {b['p99_ms']:>8.2f} | {a['rps'] / b['rps']:>13.2f}")
-    print(f"pull of {args.sku}: {pulled['fetched']} kernels, {pulled['bytes']} bytes in {pull_s:.2f} s "
-          f"({objects} objects served)")
+        print(
+            f"{r['connections']:>5} | {a['rps']:>13.0f} {a['p50_ms']:>8.2f} {a['p99_ms']:>8.2f} | {b['rps']:>11.0f} "
+            f"{b['p50_ms']:>8.2f} {b['p99_ms']:>8.2f} | {a['rps'] / b['rps']:>13.2f}"
+        )
+    print(
+        f"pull of {args.sku}: {pulled['fetched']} kernels, {pulled['bytes']} bytes in {pull_s:.2f} s "
+        f"({objects} objects served)"
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"sku": args.sku, "rows": rows, "pull": pulled, "pull_seconds": pull_s,
-                                        "cpus": os.cpu_count()}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "sku": args.sku,
+                    "workers": args.workers,
+                    "rows": rows,
+                    "pull": pulled,
+                    "pull_seconds": pull_s,
+                    "cpus": os.cpu_count(),
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,11 @@ _json = click.option("--json", "as_json", is_flag=True, help="Print one JSON doc
 @click.option("--db", "db_url", envvar="FA4_AOT_DB_URL",
               help="SQLAlchemy URL (default: SQLite inside the cache dir); e.g. postgresql+psycopg://u@host/db.")
 @click.option("--require-read-token", is_flag=True, help="Reads need a token too (default: reads are open).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Server processes (about one per core for a busy cluster).")
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int, db_url: str | None, require_read_token: bool) -> None:
+def serve(ctx: click.Context, host: str, port: int, db_url: str | None, require_read_token: bool,
+          workers: int) -> None:
     """Serve the store to a cluster over HTTP (FastAPI + uvicorn); the OpenAPI page is at /docs.
 
     Kernels already in the store are indexed at start, so `fa4-aot build --sku h200 && fa4-aot serve`
@@ -48,7 +51,7 @@ def serve(ctx: click.Context, host: str, port: int, db_url: str | None, require_
     from service.main import serve as run
 
     run(Settings(cache_dir=ctx.obj["cache_dir"], db_url=db_url, host=host, port=port,
-                 require_read_token=require_read_token))
+                 require_read_token=require_read_token, workers=workers))
 
 
 @main.group()

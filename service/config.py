@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=512 * 2**20, gt=0, description="Largest accepted object upload, in bytes.")
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
+    prepare_on_start: bool = Field(default=True, description="Migrate and import the store when the app starts; "
+                                                             "serve() does it once before starting several workers.")
 
     @model_validator(mode="after")
     def _default_db_url(self) -> Settings:

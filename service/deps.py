@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from fa4_aot.store import Store
 
@@ -19,11 +20,13 @@ READ_SCOPES = frozenset({"read", "publish", "admin"})
 PUBLISH_SCOPES = frozenset({"publish", "admin"})
 
 
-def get_settings(request: Request) -> Settings:
+# Plain lookups are `async def` so that FastAPI does not hop to its threadpool for them (it runs sync
+# dependencies there): object reads, the hot path, then touch no thread and no database.
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def get_store(request: Request) -> Store:
+async def get_store(request: Request) -> Store:
     return request.app.state.store  # type: ignore[no-any-return]
 
 
@@ -52,10 +55,17 @@ def check_token(session: Session, credentials: HTTPAuthorizationCredentials | No
                                  f"{', '.join(sorted(allowed))}: create one with `fa4-aot token create --scope`")
 
 
-def require_read(session: SessionDep, settings: SettingsDep, credentials: CredentialsDep) -> None:
-    """Reads are open unless FA4_AOT_REQUIRE_READ_TOKEN is on; then any read, publish or admin token."""
+async def require_read(request: Request, settings: SettingsDep, credentials: CredentialsDep) -> None:
+    """Reads are open unless FA4_AOT_REQUIRE_READ_TOKEN is on; then any read, publish or admin token.
+    Open reads open no database session."""
     if settings.require_read_token:
-        check_token(session, credentials, READ_SCOPES)
+        await run_in_threadpool(_check_in_session, request, credentials, READ_SCOPES)
+
+
+def _check_in_session(request: Request, credentials: HTTPAuthorizationCredentials | None,
+                      allowed: frozenset[str]) -> None:
+    with request.app.state.sessions() as session:
+        check_token(session, credentials, allowed)
 
 
 def require_publish(session: SessionDep, credentials: CredentialsDep) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -60,27 +61,37 @@ def app_from_env() -> FastAPI:
 
 
 def serve(settings: Settings) -> None:
-    """Run the service in this process until interrupted (blocks), on settings.host:settings.port."""
+    """Run the service until interrupted (blocks), on settings.host:settings.port. With several workers the
+    database is migrated and the store imported once here, then each worker builds its app from FA4_AOT_*
+    variables (uvicorn starts workers as fresh processes)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+        return
+    prepare(settings)
+    os.environ.update({f"FA4_AOT_{name.upper()}": str(value) for name, value in settings.model_dump().items()
+                       if value is not None and name not in ("host", "port", "workers")})
+    os.environ["FA4_AOT_PREPARE_ON_START"] = "false"
+    uvicorn.run("service.main:app_from_env", factory=True, host=settings.host, port=settings.port,
+                workers=settings.workers, log_level="info")
 
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    await run_in_threadpool(_prepare, app)
+    if app.state.settings.prepare_on_start:
+        await run_in_threadpool(prepare, app.state.settings)
     try:
         yield
     finally:
         app.state.engine.dispose()
 
 
-def _prepare(app: FastAPI) -> None:
+def prepare(settings: Settings) -> None:
     """Migrate the database, clear dead uploads' temp files and import the on-disk store."""
-    settings: Settings = app.state.settings
     db.migrate(settings.database_url)
-    store: Store = app.state.store
+    store = Store(settings.cache_dir)
     removed = sync.remove_dead_temp_files(store)
-    with app.state.sessions() as session:
+    with db.session_for(settings.database_url) as session:
         report = sync.import_store(session, store)
     log.info("store %s: imported %d kernels (%d new objects), removed %d stale temp files",
              store.root, report.kernels, report.objects, removed)
