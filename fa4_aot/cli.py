@@ -200,4 +200,4 @@ def misses(ctx: click.Context, as_json: bool) -> None:
     _emit(as_json, [asdict(m) for m in found], "\n".join(rows))
 
 
-from . import cli_server  # noqa: E402,F401  (registers serve, token, push, pull on `main`)
+from . import cli_server, cli_trust  # noqa: E402,F401  (register serve, token, push, pull, keys, sign, revoke)

@@ -88,7 +88,8 @@ def push(ctx: click.Context, server: str, token: str | None, sku: str | None, jo
 
     result = run(_store(ctx), _remote(server, token), sku, jobs, _progress(as_json, "push"))
     _emit(as_json, result.to_dict(), f"pushed {result.kernels} kernel(s) to {server}: {result.objects_sent} "
-          f"object(s) uploaded ({result.bytes} bytes), {len(result.failures)} failed")
+          f"object(s) uploaded ({result.bytes} bytes), {result.manifests} signed manifest(s), "
+          f"{len(result.failures)} failed")
     if result.failures:
         sys.exit(1)
 

@@ -19,8 +19,10 @@ from . import calls, keys
 from .calls import Call
 from .errors import KernelMissing
 from .remote import Remote, RemoteError, server_from_env
+from .signing import TrustError
 from .skus import Sku, detect_device, select
 from .store import Miss, Store
+from .trust import Trust
 
 MODES = ("strict", "fallback")
 FETCH_THREADS = 8
@@ -40,25 +42,33 @@ class Installation:
     store: Store
     mode: str
     trace: list[str]
+    trust: Trust
     remote: Remote | None = None
     remote_error: str = ""  # why the server could not help, for strict mode's message
     stats: Stats = field(default_factory=Stats)
 
     def fetch(self, kernel_key: str) -> bool:
-        """Download `kernel_key` from the server into the store. False (never raises) when there is no server,
-        the server lacks it or cannot be reached; the reason is kept for error messages."""
+        """Download `kernel_key` from the server into the store, if the trust policy accepts it. False (never
+        raises) when there is no server, it lacks the kernel, cannot be reached or the kernel is not trusted;
+        the reason is kept for error messages."""
         if self.remote is None:
             return False
+        self.remote_error = self.trust.refuse_remote()
+        if self.remote_error:
+            return False
         try:
-            found = self.remote.fetch_kernel(kernel_key, self.store) is not None
-        except RemoteError as e:
+            entry = self.remote.kernel(kernel_key)
+            if entry is None:
+                self.remote_error = f"{self.remote.url} has no kernel {kernel_key[:16]}… for {self.sku.name} either"
+                return False
+            self.trust.check(entry)  # before a byte is downloaded
+            self.remote.fetch_object(entry.object_digest, self.store, entry.size)
+            self.store.put_entry(entry)
+        except (RemoteError, TrustError) as e:
             self.remote_error = str(e)
             return False
-        if found:
-            self.stats.fetched += 1
-        else:
-            self.remote_error = f"{self.remote.url} has no kernel {kernel_key[:16]}… for {self.sku.name} either"
-        return found
+        self.stats.fetched += 1
+        return True
 
 
 _installed: Installation | None = None
@@ -83,7 +93,9 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
         return _installed
     matrix = variants.load(variants_file or config.default_variants_file())
     sku, trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
-    installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=server_from_env())
+    remote = server_from_env()
+    installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=remote,
+                                trust=Trust.from_env(sku, store, remote))
     calls.capture()
     caches.install(lambda family, _old: StoreCache(family, installation))
     _installed = installation
@@ -111,12 +123,22 @@ class StoreCache(_store_cache_base()):  # type: ignore[misc]
         entry = self.inst.store.get_entry(kernel_key)
         if entry is None and self.inst.fetch(kernel_key):
             entry = self.inst.store.get_entry(kernel_key)
-        if entry is not None:
+        if entry is not None and self._trusted(entry):
             self.cache[key] = load_object(self.inst.store.verified_object_path(entry.object_digest))
             self.inst.stats.loaded += 1
             return True
         self._miss(key, kernel_key)
         return False
+
+    def _trusted(self, entry: Any) -> bool:
+        """Strict mode raises TrustError for a kernel no trusted manifest lists; fallback treats it as a miss."""
+        try:
+            self.inst.trust.check(entry)
+        except TrustError:
+            if self.inst.mode == "strict":
+                raise
+            return False
+        return True
 
     def __setitem__(self, key: Any, fn: Any) -> None:
         self.cache[key] = fn

@@ -84,6 +84,23 @@ class Remote:
     def misses(self) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/misses").json()
 
+    def signed_manifests(self, sku: str) -> list[dict[str, Any]]:
+        """The signed manifest envelopes the server holds for `sku` (unverified: see trust.py)."""
+        response = self._request("GET", f"/v1/skus/{sku}/manifests", ok=(200, 404))
+        return [] if response.status_code == 404 else response.json()["manifests"]
+
+    def revocations(self) -> Any:
+        from .signing import Revocations
+
+        doc = self._request("GET", "/v1/revocations").json()
+        return Revocations(set(doc["keys"]), set(doc["manifests"]))
+
+    def push_manifest(self, sku: str, envelope: dict[str, Any]) -> None:
+        self._request("PUT", f"/v1/skus/{sku}/manifests", ok=(200, 201), json=envelope)
+
+    def revoke(self, kind: str, ident: str, reason: str) -> None:
+        self._request("POST", "/v1/revocations", ok=(200, 201), json={"kind": kind, "id": ident, "reason": reason})
+
     def fetch_object(self, digest: str, store: Store, size: int | None = None) -> bool:
         """Make `store` hold object `digest`, downloading it unless present. Returns True if it downloaded.
         Concurrent callers on one store download once: the second finds the object after the lock."""

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import signing
 from .build import Report, build_calls
 from .calls import Call
 from .remote import Remote
@@ -21,6 +22,7 @@ class Transfer:
     kernels: int = 0  # kernels considered
     objects_sent: int = 0  # push: objects uploaded (the rest the server already had)
     fetched: int = 0  # pull: kernels downloaded (the rest were already local)
+    manifests: int = 0  # signed manifests pushed or pulled
     bytes: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -45,6 +47,11 @@ def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, pr
             r.bytes += entry.size
 
     _run(entries, one, jobs, result, progress, count)
+    if not result.failures:  # manifests name kernels, so they go after every kernel is on the server
+        for name in sorted({e.sku for e in entries}):
+            for envelope in signing.local(store, name):
+                remote.push_manifest(name, envelope)
+                result.manifests += 1
     return result
 
 
@@ -63,6 +70,9 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
         r.bytes += k["size"]
 
     _run(wanted, one, jobs, result, progress, count)
+    for envelope in remote.signed_manifests(sku):  # kept unverified here: clients verify before loading
+        signing.save(store, envelope)
+        result.manifests += 1
     return result
 
 

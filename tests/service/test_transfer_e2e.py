@@ -22,6 +22,7 @@ from fa4_aot.errors import KernelMissing
 from fa4_aot.remote import Remote, server_from_env
 from fa4_aot.skus import Sku
 from fa4_aot.store import Store
+from fa4_aot.trust import Trust
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow
@@ -94,13 +95,19 @@ def test_client_fetches_verified_kernels_and_degrades_when_the_server_is_down(
     push(server, built)
     entry = next(Store(built).entries("h200"))
     sku = _h200({})
-    inst = Installation(sku=sku, store=Store(tmp_path / "a"), mode="strict", trace=[], remote=Remote(server.url))
+    remote, store = Remote(server.url), Store(tmp_path / "a")
+    refused = Installation(sku=sku, store=store, mode="strict", trace=[], remote=remote,
+                           trust=Trust(sku, store, remote, {}))
+    assert not refused.fetch(entry.kernel_key) and "FA4_AOT_TRUSTED_KEYS" in refused.remote_error  # the default
+    inst = Installation(sku=sku, store=store, mode="strict", trace=[], remote=remote,
+                        trust=Trust(sku, store, remote, {}, insecure=True))
     assert inst.fetch(entry.kernel_key) and inst.stats.fetched == 1
     assert Store(tmp_path / "a").verified_object_path(entry.object_digest).is_file()
     assert not inst.fetch("f" * 64) and "has no kernel" in inst.remote_error
 
     down = Remote(f"http://127.0.0.1:{free_port()}", retries=0)
-    inst = Installation(sku=sku, store=Store(tmp_path / "b"), mode="strict", trace=[], remote=down)
+    inst = Installation(sku=sku, store=Store(tmp_path / "b"), mode="strict", trace=[], remote=down,
+                        trust=Trust(sku, Store(tmp_path / "b"), down, {}, insecure=True))
     key = ("no", "such", "kernel")
     with pytest.raises(KernelMissing) as info:
         key in StoreCache("_flash_attn_fwd", inst)  # noqa: B015

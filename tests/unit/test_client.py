@@ -16,13 +16,15 @@ from fa4_aot.client import Installation, StoreCache
 from fa4_aot.errors import IntegrityError, KernelMissing
 from fa4_aot.skus import Sku
 from fa4_aot.store import Entry, Store
+from fa4_aot.trust import Trust
 
 SKU = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
 KEY = (True, 128, "bf16-ish", None)
 
 
 def _installation(tmp_path: Path, mode: str) -> Installation:
-    return Installation(sku=SKU, store=Store(tmp_path), mode=mode, trace=[])
+    store = Store(tmp_path)
+    return Installation(sku=SKU, store=store, mode=mode, trace=[], trust=Trust(SKU, store, None, {}))
 
 
 def _publish(store: Store, key: tuple, data: bytes) -> Entry:

@@ -1,0 +1,96 @@
+"""The client's trust policy: may this process load a kernel, and may it take kernels from the server?
+
+With trusted keys (FA4_AOT_TRUSTED_KEYS), every kernel, local or remote, must be listed with its object
+digest by a valid manifest signed by one of them (signing.verify); manifests come from the local store
+and the server, revocations from FA4_AOT_REVOKED (a file) and the server. Without trusted keys the local
+store is trusted (a build host's or an operator's own cache) and remote kernels are refused, unless
+FA4_AOT_INSECURE=1 accepts them unverified (with a warning once per process). Digests are re-checked by
+the store on every load either way.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from . import signing
+from .signing import Revocations, TrustError
+from .skus import Sku
+from .store import Entry, Store
+
+_warned = False
+
+
+class Trust:
+    def __init__(self, sku: Sku, store: Store, remote: Any, trusted: dict[str, signing.PublicKey],
+                 insecure: bool = False, revoked: Revocations | None = None) -> None:
+        self.sku, self.store, self.remote = sku, store, remote
+        self.trusted, self.insecure = trusted, insecure
+        self.revoked = revoked or Revocations()
+        self._allowed: dict[str, str] | None = None
+        self.rejected: list[str] = []  # why manifests were not accepted, for error messages
+
+    @classmethod
+    def from_env(cls, sku: Sku, store: Store, remote: Any) -> Trust:
+        """Read FA4_AOT_TRUSTED_KEYS, FA4_AOT_INSECURE and FA4_AOT_REVOKED now (config at call time)."""
+        revoked_file = os.environ.get("FA4_AOT_REVOKED")
+        revoked = Revocations.parse(Path(revoked_file).read_text()) if revoked_file else Revocations()
+        return cls(sku, store, remote, signing.trusted_keys(os.environ.get("FA4_AOT_TRUSTED_KEYS")),
+                   insecure=os.environ.get("FA4_AOT_INSECURE") == "1", revoked=revoked)
+
+    @property
+    def enforced(self) -> bool:
+        return bool(self.trusted)
+
+    def allowed(self) -> dict[str, str]:
+        """kernel key -> object digest over every valid manifest (computed once; server manifests that verify
+        are kept in the local store so that a later offline process trusts the same kernels)."""
+        if self._allowed is None:
+            envelopes = [(e, False) for e in signing.local(self.store, self.sku.name)]
+            revoked = self.revoked
+            if self.remote is not None:
+                revoked = revoked.merge(self.remote.revocations())
+                envelopes += [(e, True) for e in self.remote.signed_manifests(self.sku.name)]
+            self._allowed = {}
+            for envelope, remote in envelopes:
+                try:
+                    manifest = signing.verify(envelope, self.trusted, self.sku, revoked)
+                except TrustError as e:
+                    self.rejected.append(str(e))
+                    continue
+                self._allowed.update(manifest["kernels"])
+                if remote:
+                    signing.save(self.store, envelope)
+        return self._allowed
+
+    def check(self, entry: Entry) -> None:
+        """Raise TrustError unless `entry` may be loaded (always passes when no keys are trusted)."""
+        if not self.enforced:
+            return
+        listed = self.allowed().get(entry.kernel_key)
+        if listed == entry.object_digest:
+            return
+        why = "; ".join(self.rejected[:3]) or "no signed manifest for this SKU was found locally or on the server"
+        what = "is not listed" if listed is None else f"is listed with object {listed}, not {entry.object_digest}"
+        raise TrustError(
+            f"kernel {entry.kernel_key} ({entry.family}, SKU {self.sku.name}) {what} by any valid manifest signed "
+            f"by a key in FA4_AOT_TRUSTED_KEYS ({why}); sign the build with `fa4-aot sign --sku {self.sku.name}` "
+            "and push it"
+        )
+
+    def refuse_remote(self) -> str:
+        """Why remote kernels may not be used ('' when they may)."""
+        global _warned
+        if self.enforced:
+            return ""
+        if not self.insecure:
+            return ("remote kernels are refused without trusted keys: set FA4_AOT_TRUSTED_KEYS to the build's "
+                    "public key (`fa4-aot keys generate`, `fa4-aot sign`), or FA4_AOT_INSECURE=1 to accept them "
+                    "unverified")
+        if not _warned:
+            warnings.warn("FA4_AOT_INSECURE=1: loading kernels from the server without signature checks",
+                          stacklevel=3)
+            _warned = True
+        return ""
