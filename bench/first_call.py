@@ -25,7 +25,7 @@ CHILD = r"""
 import sys, time, json, torch
 mode = sys.argv[1]
 from flash_attn.cute import flash_attn_func
-if mode in ("aot", "server"):
+if mode != "jit":
     import fa4_aot
     fa4_aot.install("strict")
 q, k, v = (torch.randn(2, 4096, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -41,12 +41,19 @@ print(json.dumps({"fwd_first_ms": (t1 - t0) * 1e3, "fwd_bwd_first_ms": (t2 - t0)
 """
 
 
-def first_calls(mode: str, repeats: int, server: str | None = None) -> list[dict[str, float]]:
+def first_calls(mode: str, repeats: int, server: str | None = None, trusted: str | None = None
+                ) -> list[dict[str, float]]:
+    """Fresh processes in `mode`: jit; aot (local store); server (empty cache + server); a `-verified` suffix
+    sets FA4_AOT_TRUSTED_KEYS (signature checks on), otherwise server modes set FA4_AOT_INSECURE=1."""
     runs = []
     for _ in range(repeats):
-        env = dict(os.environ)
-        if mode == "server":
+        env = {k: v for k, v in os.environ.items() if k not in ("FA4_AOT_TRUSTED_KEYS", "FA4_AOT_INSECURE")}
+        if mode.startswith("server"):
             env.update(FA4_AOT_CACHE=tempfile.mkdtemp(prefix="fa4-aot-empty-"), FA4_AOT_SERVER=server or "")
+        if mode.endswith("-verified"):
+            env["FA4_AOT_TRUSTED_KEYS"] = trusted or ""
+        elif mode.startswith("server"):
+            env["FA4_AOT_INSECURE"] = "1"
         out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=env)
         if out.returncode:
             sys.exit(f"{mode} child failed:\n{out.stderr[-3000:]}")
@@ -88,12 +95,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--server", help="also time processes that start with an empty cache and this server")
+    parser.add_argument("--trusted-keys", help="also time every AOT mode with signature checks on (the public key "
+                                               "line whose signed manifest is in the store and on the server)")
     parser.add_argument("--out")
     args = parser.parse_args()
     started = time.time()
     aot = first_calls("aot", args.repeats)
     jit = first_calls("jit", args.repeats)
     remote = first_calls("server", args.repeats, args.server) if args.server else None
+    verified = {}
+    if args.trusted_keys:
+        verified["aot"] = first_calls("aot-verified", args.repeats, trusted=args.trusted_keys)
+        if args.server:
+            verified["server"] = first_calls("server-verified", args.repeats, args.server, args.trusted_keys)
     med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
     kt = kernel_times(args.iters)
     import torch
@@ -104,6 +118,10 @@ def main() -> None:
         "aot_fwd_bwd_first_ms": med(aot, "fwd_bwd_first_ms"), "jit_fwd_bwd_first_ms": med(jit, "fwd_bwd_first_ms"),
         **kt, "wall_s": time.time() - started, "aot_runs": aot, "jit_runs": jit, "server_runs": remote,
     }
+    for name, runs in verified.items():
+        result[f"{name}_verified_runs"] = runs
+        for key in ("fwd_first_ms", "fwd_bwd_first_ms"):
+            result[f"{name}_verified_{key}"] = med(runs, key)
     if remote:
         result["server_fwd_first_ms"] = med(remote, "fwd_first_ms")
         result["server_fwd_bwd_first_ms"] = med(remote, "fwd_bwd_first_ms")
@@ -120,6 +138,10 @@ def main() -> None:
             s, a, j = result[f"server_{key}"], result[f"aot_{key}"], result[f"jit_{key}"]
             print(f"{label}: server (empty cache) {s:.1f} ms, local store {a:.1f} ms, JIT {j:.1f} ms "
                   f"(JIT/server {j / s:.0f}x)")
+    for name in verified:
+        for key, label in (("fwd_first_ms", "first fwd"), ("fwd_bwd_first_ms", "first fwd+bwd")):
+            on, off = result[f"{name}_verified_{key}"], result[f"{name}_{key}"]
+            print(f"{label}, {name}: signature checks on {on:.1f} ms, off {off:.1f} ms ({(on / off - 1) * 100:+.1f}%)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
