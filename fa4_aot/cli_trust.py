@@ -43,9 +43,9 @@ def sign(ctx: click.Context, sku: str, key_path: Path, expires_days: float, vari
     from . import signing
 
     store = _store(ctx)
+    target = _matrix(variants_file).sku(sku)
     key = signing.load_private(key_path)
-    envelope = signing.sign(signing.manifest_of(store, _matrix(variants_file).sku(sku), expires_days), key,
-                            key_path.stem)
+    envelope = signing.sign(signing.manifest_of(store, target, expires_days), key, key_path.stem)
     path = signing.save(store, envelope)
     doc = {"manifest_id": signing.manifest_id(envelope), "key_id": envelope["key_id"], "path": str(path),
            "kernels": len(envelope["manifest"]["kernels"]), "expires": envelope["manifest"]["expires"]}

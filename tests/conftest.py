@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+_BAD_INPUT = pytest.StashKey[dict[str, set[str]]]()
 ROOT = Path(__file__).resolve().parent.parent
 TINY_VARIANTS = ROOT / "tests" / "data" / "tiny_variants.toml"
 
@@ -21,13 +23,38 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "bad_input(category): a case of the bad-input suite (issue: Trust)")
+    config.stash[_BAD_INPUT] = {}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    counts: dict[str, set[str]] = config.stash[_BAD_INPUT]
+    for item in items:
+        marker = item.get_closest_marker("bad_input")
+        if marker:  # a case is one test id; a parametrized test run against two databases counts once
+            counts.setdefault(marker.args[0], set()).add(item.nodeid.split("[")[0] + _case_id(item))
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200 device machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _case_id(item: pytest.Item) -> str:
+    """The test's parameter id without the database it runs against."""
+    callspec = getattr(item, "callspec", None)
+    parts = callspec.id.split("-") if callspec else []
+    return "[" + "-".join(p for p in parts if p not in ("sqlite", "postgresql")) + "]"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    counts: dict[str, set[str]] = config.stash.get(_BAD_INPUT, {})
+    if counts:
+        parts = ", ".join(f"{name}: {len(cases)}" for name, cases in sorted(counts.items()))
+        total = sum(len(c) for c in counts.values())
+        terminalreporter.write_line(f"bad-input suite: {total} named cases collected ({parts})")
 
 
 def run_cli(*args: str, cache: Path | None = None, env: dict[str, str] | None = None,

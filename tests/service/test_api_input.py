@@ -30,6 +30,7 @@ def _check(server: Server, method: str, target: str, scope: str | None, body: by
         assert isinstance(detail, str) and detail, (target, payload)
 
 
+@pytest.mark.bad_input("HTTP")
 @pytest.mark.parametrize("bad", BAD_HEX)
 def test_malformed_digests_and_keys(server: Server, bad: str) -> None:
     before_files, before_rows = store_files(server.cache_dir), row_counts(server.db_url)
@@ -39,6 +40,7 @@ def test_malformed_digests_and_keys(server: Server, bad: str) -> None:
     assert row_counts(server.db_url) == before_rows
 
 
+@pytest.mark.bad_input("HTTP")
 @pytest.mark.parametrize("bad", BAD_SKU)
 def test_malformed_sku_names(server: Server, bad: str) -> None:
     before = row_counts(server.db_url)

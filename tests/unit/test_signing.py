@@ -75,6 +75,7 @@ REFUSALS = [
 ]
 
 
+@pytest.mark.bad_input("manifests")
 @pytest.mark.parametrize("name,mutate,revoke,now,message", REFUSALS, ids=[r[0] for r in REFUSALS])
 def test_manifest_refusals(setup: dict, name: str, mutate: Any, revoke: dict, now: dt.datetime,
                            message: str) -> None:
@@ -86,6 +87,7 @@ def test_manifest_refusals(setup: dict, name: str, mutate: Any, revoke: dict, no
         signing.verify(envelope, setup["trusted"], SKU, revoked, now=now)
 
 
+@pytest.mark.bad_input("manifests")
 def test_manifest_for_another_sku_is_refused(setup: dict) -> None:
     other = Sku(name="h100-sxm", arch="sm_90a", sm_count=132, l2_bytes=52428800, cuda_major=13)
     with pytest.raises(TrustError, match="not h100-sxm"):
@@ -103,6 +105,7 @@ def test_trusted_keys_from_env_forms(setup: dict, spec_kind: str) -> None:
     assert set(signing.trusted_keys(spec)) == {setup["public"].key_id}
 
 
+@pytest.mark.bad_input("manifests")
 @pytest.mark.parametrize("line", ["ssh-ed25519 AAAA", "fa4-aot-ed25519 not-base64!", "fa4-aot-ed25519 AAAA"])
 def test_bad_public_key_lines(line: str) -> None:
     with pytest.raises(TrustError, match="invalid public key"):

@@ -61,6 +61,7 @@ def test_select_tells_neighbours_apart(device: DeviceInfo, expected: str, neighb
     assert told_apart_by in line
 
 
+@pytest.mark.bad_input("SKU detection")
 @pytest.mark.parametrize(
     ("device", "in_message"),
     [
@@ -94,6 +95,7 @@ def test_forced_name_wins(device: DeviceInfo) -> None:
     assert trace == ["b200: forced by FA4_AOT_SKU"]
 
 
+@pytest.mark.bad_input("SKU detection")
 def test_unknown_forced_name_lists_known_skus() -> None:
     with pytest.raises(UnknownSku) as e:
         select(SKUS, device_like("h200"), forced="h300")
@@ -161,6 +163,7 @@ def _sku_file(tmp_path: Path, body: str | None) -> tuple[Path, int]:
     return path, line
 
 
+@pytest.mark.bad_input("variants.toml")
 @pytest.mark.parametrize(("body", "in_message"), PARSE_ERRORS)
 def test_sku_table_errors_name_file_line_field_and_allowed_values(
     tmp_path: Path, body: str | None, in_message: list[str]

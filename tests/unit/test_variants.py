@@ -166,6 +166,7 @@ BAD = [
 ]
 
 
+@pytest.mark.bad_input("variants.toml")
 @pytest.mark.parametrize(("text", "in_message"), BAD)
 def test_bad_entries_name_file_line_field_and_allowed_values(tmp_path: Path, text: str, in_message: list[str]) -> None:
     line = next(i for i, s in enumerate(text.splitlines(), 1) if s.endswith("# HERE"))
@@ -188,6 +189,7 @@ NOT_TOML = f'{GRIDS}\n[[variants]]\nname = "v"\npasses = [fwd]\n'  # a bare word
 NOT_TOML_LINE = NOT_TOML.splitlines().index("passes = [fwd]") + 1
 
 
+@pytest.mark.bad_input("variants.toml")
 def test_not_toml_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "variants.toml"
     path.write_text(NOT_TOML)
@@ -203,11 +205,13 @@ def test_not_toml_uses_file_colon_line(tmp_path: Path) -> None:
         variants.load(path)
 
 
+@pytest.mark.bad_input("variants.toml")
 def test_unknown_top_level_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown top-level key 'model'; allowed: skus, shapes, variants"):
         load(tmp_path, GRIDS + '\n[model]\nname = "x"\n')
 
 
+@pytest.mark.bad_input("variants.toml")
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read .*nope.toml"):
         variants.load(tmp_path / "nope.toml")
