@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import signing
+from .errors import Fa4AotError
 from .signing import Revocations, TrustError
 from .skus import Sku
 from .store import Entry, Store
@@ -51,8 +52,11 @@ class Trust:
             envelopes = [(e, False) for e in signing.local(self.store, self.sku.name)]
             revoked = self.revoked
             if self.remote is not None:
-                revoked = revoked.merge(self.remote.revocations())
-                envelopes += [(e, True) for e in self.remote.signed_manifests(self.sku.name)]
+                try:
+                    revoked = revoked.merge(self.remote.revocations())
+                    envelopes += [(e, True) for e in self.remote.signed_manifests(self.sku.name)]
+                except Fa4AotError as e:  # a server that is down must not stop local kernels from loading
+                    self.rejected.append(f"server manifests and revocations unavailable: {e}")
             self._allowed = {}
             for envelope, remote in envelopes:
                 try:
