@@ -59,20 +59,69 @@ def token() -> None:
     """Create and revoke the server's bearer tokens (run where the server's database is)."""
 
 
-@token.command("create")
-@click.option("--scope", type=click.Choice(["read", "publish", "admin"]), required=True)
-@click.option("--name", default="", help="A label for whoever gets the token.")
-@click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server database URL (default: the cache dir's).")
-@click.pass_context
-def token_create(ctx: click.Context, scope: str, name: str, db_url: str | None) -> None:
-    """Print a new token once; the database keeps only its hash."""
-    from service import crud, db
+_db = click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server database URL (default: the cache dir's).")
+
+
+def _session(ctx: click.Context, db_url: str | None):  # type: ignore[no-untyped-def]
+    from service import db
     from service.config import Settings
 
     url = Settings(cache_dir=ctx.obj["cache_dir"], db_url=db_url).database_url
     db.migrate(url)
-    with db.session_for(url) as session:
-        click.echo(crud.create_token(session, name=name, scope=scope))
+    return db.session_for(url)
+
+
+@token.command("create")
+@click.option("--scope", type=click.Choice(["read", "publish", "admin"]), required=True)
+@click.option("--name", default="", help="A label for whoever gets the token (unique among active tokens).")
+@click.option("--sku", "skus", multiple=True, help="Limit a publish token to these SKUs (repeatable).")
+@_db
+@click.pass_context
+def token_create(ctx: click.Context, scope: str, name: str, skus: tuple[str, ...], db_url: str | None) -> None:
+    """Print a new token once; the database keeps only its hash."""
+    from service import crud
+
+    with _session(ctx, db_url) as session:
+        click.echo(crud.create_token(session, name=name, scope=scope, skus=list(skus) or None))
+
+
+@token.command("rotate")
+@click.option("--name", required=True)
+@_db
+@click.pass_context
+def token_rotate(ctx: click.Context, name: str, db_url: str | None) -> None:
+    """Print a new token for NAME (same scope and SKUs) and revoke the old one."""
+    from service import crud
+
+    with _session(ctx, db_url) as session:
+        click.echo(crud.rotate_token(session, name=name))
+
+
+@token.command("revoke")
+@click.option("--name", required=True)
+@_db
+@click.pass_context
+def token_revoke(ctx: click.Context, name: str, db_url: str | None) -> None:
+    """Revoke every active token called NAME."""
+    from service import crud
+
+    with _session(ctx, db_url) as session:
+        click.echo(f"revoked {crud.revoke_token(session, name=name)} token(s) named {name!r}")
+
+
+@token.command("list")
+@_db
+@_json
+@click.pass_context
+def token_list(ctx: click.Context, db_url: str | None, as_json: bool) -> None:
+    """Every token's name, scope, SKUs and state (never the token itself)."""
+    from service import crud
+
+    with _session(ctx, db_url) as session:
+        rows = crud.list_tokens(session)
+    lines = [f"{r['name']:<24} {r['scope']:<8} {','.join(r['skus'] or ['*']):<20} "
+             f"{'revoked' if r['revoked'] else 'active':<8} {r['created']}" for r in rows]
+    _emit(as_json, rows, "\n".join(lines) or "no tokens")
 
 
 @main.command()

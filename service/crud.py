@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -47,36 +48,94 @@ def retrying(session: Session, work: Callable[[], T], attempts: int = 3) -> T:
     raise AssertionError("unreachable")
 
 
+# -- audit ----------------------------------------------------------------------------------------
+def record_audit(session: Session, *, actor: str, action: str, target: str, detail: dict[str, Any]) -> None:
+    """Add an audit entry to the session's transaction; it commits (or rolls back) with the write it records."""
+    session.add(models.AuditEntry(at=utcnow(), actor=actor, action=action, target=target,
+                                  detail=canonical_json(detail)))
+
+
+def list_audit(session: Session, *, after_id: int = 0, limit: int = 100) -> list[schemas.AuditEntry]:
+    """Entries with id > after_id, oldest first, at most `limit`."""
+    rows = session.scalars(select(models.AuditEntry).where(models.AuditEntry.id > after_id)
+                           .order_by(models.AuditEntry.id).limit(limit)).all()
+    return [schemas.AuditEntry(id=r.id, at=r.at, actor=r.actor, action=r.action, target=r.target,
+                               detail=json.loads(r.detail)) for r in rows]
+
+
 # -- tokens ---------------------------------------------------------------------------------------
 def hash_token(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
 
-def create_token(session: Session, *, name: str, scope: str) -> str:
+def token_label(token: models.Token) -> str:
+    """How the audit log names a token: its name, or #<id> for an unnamed one (the CLI's default name)."""
+    return token.name or f"#{token.id}"
+
+
+def token_skus(token: models.Token) -> list[str] | None:
+    """The SKUs a token may publish to, or None for every SKU."""
+    return None if token.skus is None else list(json.loads(token.skus))
+
+
+def create_token(session: Session, *, name: str, scope: str, skus: list[str] | None = None) -> str:
     """Create a token and return its plaintext, which is shown only here: the database keeps its sha256.
 
-    `scope` is read (GET/HEAD, misses), publish (also PUT objects, POST kernels) or admin (everything);
-    `name` is a label (may be empty, at most 128 characters) that revoke_token selects by. Raises InvalidInput.
+    `scope` is read (GET/HEAD, misses), publish (also PUT objects, POST kernels, PUT manifests) or admin
+    (everything, including revocations and the audit log); `name` is a label (may be empty, at most 128
+    characters) that revoke_token and rotate_token select by, unique among active tokens unless empty.
+    `skus` limits a publish token to kernels and manifests of those SKUs (None: every SKU). Raises InvalidInput.
     """
-    if scope not in SCOPES:
-        raise InvalidInput(f"invalid token scope {scope!r}: expected one of {', '.join(SCOPES)}")
-    if len(name) > 128:
-        raise InvalidInput(f"invalid token name {name[:20]!r}...: expected at most 128 characters")
-    plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    session.add(models.Token(name=name, token_hash=hash_token(plaintext), scope=scope, created=utcnow()))
+    _check_token_args(name, scope, skus)
+    if name and _active_tokens(session, name):
+        raise InvalidInput(f"an active token is already named {name!r}: rotate it with `fa4-aot token rotate "
+                           f"--name {name}`, revoke it with `fa4-aot token revoke --name {name}`, or pick another name")
+    stored = None if skus is None else canonical_json(sorted(set(skus)))
+    plaintext, token = _add_token(session, name=name, scope=scope, skus=stored)
+    record_audit(session, actor="cli", action="token.create", target=token_label(token),
+                 detail={"token_id": token.id, "scope": scope, "skus": token_skus(token)})
+    session.commit()
+    return plaintext
+
+
+def rotate_token(session: Session, *, name: str) -> str:
+    """Issue a new plaintext for the active token called `name` (same name, scope and SKUs) and revoke the old
+    one, in one transaction; returns the new plaintext. Raises TokenNotFound if no active token has that
+    name, InvalidInput if several do (tokens created before names were unique)."""
+    tokens = _active_tokens(session, name)
+    if not tokens:
+        raise TokenNotFound(f"no active token named {name!r}; list tokens with `fa4-aot token list`")
+    if len(tokens) > 1:
+        raise InvalidInput(f"{len(tokens)} active tokens are named {name!r}, so rotating is ambiguous: revoke them "
+                           f"with `fa4-aot token revoke --name {name}` and create one")
+    old = tokens[0]
+    old.revoked = True
+    plaintext, new = _add_token(session, name=old.name, scope=old.scope, skus=old.skus)
+    record_audit(session, actor="cli", action="token.rotate", target=token_label(new),
+                 detail={"token_id": new.id, "revoked_token_id": old.id, "scope": new.scope,
+                         "skus": token_skus(new)})
     session.commit()
     return plaintext
 
 
 def revoke_token(session: Session, *, name: str) -> int:
     """Revoke every active token called `name`; returns how many. Raises TokenNotFound if none is active."""
-    tokens = session.scalars(select(models.Token).where(models.Token.name == name, ~models.Token.revoked)).all()
+    tokens = _active_tokens(session, name)
     if not tokens:
         raise TokenNotFound(f"no active token named {name!r}; list tokens with `fa4-aot token list`")
     for token in tokens:
         token.revoked = True
+        record_audit(session, actor="cli", action="token.revoke", target=token_label(token),
+                     detail={"token_id": token.id, "scope": token.scope})
     session.commit()
     return len(tokens)
+
+
+def list_tokens(session: Session) -> list[dict[str, Any]]:
+    """Every token (never its plaintext or hash), oldest first: id, name, scope, skus, created, revoked."""
+    rows = session.scalars(select(models.Token).order_by(models.Token.id)).all()
+    return [{"id": t.id, "name": token_label(t), "scope": t.scope, "skus": token_skus(t),
+             "created": t.created.isoformat(), "revoked": t.revoked} for t in rows]
 
 
 def find_token(session: Session, *, plaintext: str) -> models.Token | None:
@@ -84,13 +143,43 @@ def find_token(session: Session, *, plaintext: str) -> models.Token | None:
     return session.scalar(select(models.Token).where(models.Token.token_hash == hash_token(plaintext)))
 
 
+def _active_tokens(session: Session, name: str) -> list[models.Token]:
+    query = select(models.Token).where(models.Token.name == name, ~models.Token.revoked).order_by(models.Token.id)
+    return list(session.scalars(query).all())
+
+
+def _add_token(session: Session, *, name: str, scope: str, skus: str | None) -> tuple[str, models.Token]:
+    plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = models.Token(name=name, token_hash=hash_token(plaintext), scope=scope, created=utcnow(), skus=skus)
+    session.add(token)
+    session.flush()  # assigns the id the audit entry names
+    return plaintext, token
+
+
+def _check_token_args(name: str, scope: str, skus: list[str] | None) -> None:
+    if scope not in SCOPES:
+        raise InvalidInput(f"invalid token scope {scope!r}: expected one of {', '.join(SCOPES)}")
+    if len(name) > 128:
+        raise InvalidInput(f"invalid token name {name[:20]!r}...: expected at most 128 characters")
+    if skus is None:
+        return
+    if scope != "publish":
+        raise InvalidInput(f"a SKU list limits what a token publishes, so it needs scope publish, not {scope!r}")
+    if not skus:
+        raise InvalidInput("empty SKU list: give at least one SKU, or none at all for a token valid for every SKU")
+    for sku in skus:
+        if not isinstance(sku, str) or len(sku) > 64 or not re.fullmatch(schemas.SKU_NAME, sku):
+            raise InvalidInput(f"invalid SKU name {sku!r}: expected [a-z0-9][a-z0-9-]*, at most 64 characters")
+
+
 # -- objects --------------------------------------------------------------------------------------
 def get_object(session: Session, *, digest: str) -> models.Object | None:
     return session.get(models.Object, digest)
 
 
-def record_object(session: Session, *, digest: str, size: int) -> bool:
-    """Record a verified object (its bytes must already be in the store). Returns True if the row is new."""
+def record_object(session: Session, *, digest: str, size: int, actor: str) -> bool:
+    """Record a verified object (its bytes must already be in the store). Returns True if the row is new;
+    only a new row is audited (as `actor`)."""
 
     def work() -> bool:
         row = session.get(models.Object, digest)
@@ -98,6 +187,7 @@ def record_object(session: Session, *, digest: str, size: int) -> bool:
             row.size = size
             return False
         session.add(models.Object(digest=digest, size=size, created=utcnow()))
+        record_audit(session, actor=actor, action="object.create", target=digest, detail={"size": size})
         session.flush()
         return True
 
@@ -174,9 +264,10 @@ def _facts_text(facts: schemas.SkuFacts) -> str:
     return f"arch={facts.arch} sm_count={facts.sm_count} l2_bytes={facts.l2_bytes} cuda_major={facts.cuda_major}"
 
 
-def publish_kernel(session: Session, *, kernel: schemas.KernelIn) -> tuple[Entry, bool]:
+def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str) -> tuple[Entry, bool]:
     """Create or update the kernel row (and its SKU row) and commit. Returns the store entry to write and
-    whether the row is new. Raises Conflict if the object is absent, its size differs, or SKU facts clash."""
+    whether the row is new. A new or changed row is audited as `actor` (an identical re-publish is not).
+    Raises Conflict if the object is absent, its size differs, or SKU facts clash."""
     created = kernel.created or utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def work() -> tuple[Entry, bool]:
@@ -194,6 +285,9 @@ def publish_kernel(session: Session, *, kernel: schemas.KernelIn) -> tuple[Entry
             row = models.Kernel(kernel_key=kernel.kernel_key, created=created)
             session.add(row)
         fill_kernel(row, kernel)
+        if is_new or session.is_modified(row):
+            record_audit(session, actor=actor, action="kernel.create" if is_new else "kernel.update",
+                         target=kernel.kernel_key, detail={"sku": kernel.sku, "object_digest": kernel.object_digest})
         session.flush()
         return _entry(kernel, row.created), is_new
 
@@ -244,6 +338,7 @@ def list_misses(session: Session) -> list[schemas.MissOut]:
 
 
 def counts(session: Session) -> dict[str, int]:
-    """Row counts for the metrics gauges."""
-    return {name: session.scalar(select(func.count()).select_from(model)) or 0
-            for name, model in (("objects", models.Object), ("kernels", models.Kernel), ("misses", models.Miss))}
+    """Row counts for the metrics gauges (not the audit log, which only grows and would make scrapes slow)."""
+    tables = (("objects", models.Object), ("kernels", models.Kernel), ("misses", models.Miss),
+              ("signed_manifests", models.SignedManifest), ("revocations", models.Revocation))
+    return {name: session.scalar(select(func.count()).select_from(model)) or 0 for name, model in tables}

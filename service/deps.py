@@ -12,12 +12,13 @@ from starlette.concurrency import run_in_threadpool
 
 from fa4_aot.store import Store
 
-from . import crud
+from . import crud, models
 from .config import Settings
 
 bearer = HTTPBearer(auto_error=False, description="A token from `fa4-aot token create --scope read|publish|admin`.")
 READ_SCOPES = frozenset({"read", "publish", "admin"})
 PUBLISH_SCOPES = frozenset({"publish", "admin"})
+ADMIN_SCOPES = frozenset({"admin"})
 
 
 # Plain lookups are `async def` so that FastAPI does not hop to its threadpool for them (it runs sync
@@ -42,8 +43,10 @@ SessionDep = Annotated[Session, Depends(get_db)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
-def check_token(session: Session, credentials: HTTPAuthorizationCredentials | None, allowed: frozenset[str]) -> None:
-    """Raise 401 (with WWW-Authenticate) without a bearer token, 403 for an unknown, revoked or too weak one."""
+def check_token(session: Session, credentials: HTTPAuthorizationCredentials | None,
+                allowed: frozenset[str]) -> models.Token:
+    """The request's token. Raises 401 (with WWW-Authenticate) without a bearer token, 403 for an unknown,
+    revoked or too weak one."""
     if credentials is None:
         raise HTTPException(401, "missing bearer token: send `Authorization: Bearer <token>` with a token from "
                                  "`fa4-aot token create`", headers={"WWW-Authenticate": "Bearer"})
@@ -53,6 +56,7 @@ def check_token(session: Session, credentials: HTTPAuthorizationCredentials | No
     if token.scope not in allowed:
         raise HTTPException(403, f"token {token.name!r} has scope {token.scope!r}; this request needs one of "
                                  f"{', '.join(sorted(allowed))}: create one with `fa4-aot token create --scope`")
+    return token
 
 
 async def require_read(request: Request, settings: SettingsDep, credentials: CredentialsDep) -> None:
@@ -68,6 +72,25 @@ def _check_in_session(request: Request, credentials: HTTPAuthorizationCredential
         check_token(session, credentials, allowed)
 
 
-def require_publish(session: SessionDep, credentials: CredentialsDep) -> None:
-    """Writes need a publish or admin token, always."""
-    check_token(session, credentials, PUBLISH_SCOPES)
+def require_publish(session: SessionDep, credentials: CredentialsDep) -> models.Token:
+    """Writes need a publish or admin token, always. Returns it (its name goes into the audit log)."""
+    return check_token(session, credentials, PUBLISH_SCOPES)
+
+
+def require_admin(session: SessionDep, credentials: CredentialsDep) -> models.Token:
+    """Revocations and the audit log need an admin token, always."""
+    return check_token(session, credentials, ADMIN_SCOPES)
+
+
+PublisherDep = Annotated[models.Token, Depends(require_publish)]
+AdminDep = Annotated[models.Token, Depends(require_admin)]
+
+
+def check_sku_allowed(token: models.Token, sku: str) -> None:
+    """403 when `token` is limited to a set of SKUs that does not hold `sku` (objects are not limited: they
+    are content-addressed, and no client fetches one that no kernel row names)."""
+    allowed = crud.token_skus(token)
+    if allowed is not None and sku not in allowed:
+        raise HTTPException(403, f"token {crud.token_label(token)!r} may publish only SKUs {', '.join(allowed)}, "
+                                 f"not {sku!r}: use a token for {sku} (`fa4-aot token create --scope publish "
+                                 f"--sku {sku}`)")

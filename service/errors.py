@@ -39,9 +39,15 @@ class DigestMismatch(ServiceError):
     status_code = 422
 
 
+class InvalidBody(ServiceError):
+    """A well-formed request whose body fails the service's checks (e.g. not a signed manifest)."""
+
+    status_code = 422
+
+
 class InvalidInput(Fa4AotError, ValueError):
     """An argument of a library call (not an HTTP request) is malformed; the message names the allowed values."""
 
 
 class TokenNotFound(Fa4AotError, LookupError):
-    """No active token has the given name (raised by crud.revoke_token)."""
+    """No active token has the given name (raised by crud.revoke_token and crud.rotate_token)."""

@@ -1,6 +1,7 @@
-"""A cap on JSON request bodies. Object uploads (PUT) stream to disk under their own limit
+"""A cap on JSON request bodies. Object uploads (PUT /v1/objects/...) stream to disk under their own limit
 (Settings.max_body_bytes, enforced in transfer.receive_object); everything else is small JSON that the
-framework reads into memory, so an open route such as POST /v1/misses must not accept megabytes."""
+framework reads into memory (signed manifests included), so an open route such as POST /v1/misses must not
+accept megabytes."""
 
 from __future__ import annotations
 
@@ -10,18 +11,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import TooLarge
 
 JSON_BODY_LIMIT = 1 << 20
+OBJECTS_PREFIX = "/v1/objects/"
 
 
 class JsonBodyLimit:
-    """Pure ASGI middleware: 413 for a declared Content-Length over `limit` on any non-PUT request; a chunked
-    body that grows past it fails while being read, before the handler sees it."""
+    """Pure ASGI middleware: 413 for a declared Content-Length over `limit` on any request but an object
+    upload; a chunked body that grows past it fails while being read, before the handler sees it."""
 
     def __init__(self, app: ASGIApp, limit: int = JSON_BODY_LIMIT) -> None:
         self.app = app
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "PUT":
+        if scope["type"] != "http" or (scope["method"] == "PUT" and scope["path"].startswith(OBJECTS_PREFIX)):
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
@@ -42,5 +44,5 @@ class JsonBodyLimit:
         await self.app(scope, limited, send)
 
     def _message(self) -> str:
-        return (f"request body over {self.limit} bytes; JSON bodies are index entries and miss reports, "
-                "which are far smaller: upload object bytes with PUT /v1/objects/<digest>")
+        return (f"request body over {self.limit} bytes; JSON bodies are index entries, signed manifests and miss "
+                "reports, which are far smaller: upload object bytes with PUT /v1/objects/<digest>")

@@ -25,11 +25,15 @@ class Metrics:
         self.objects = Gauge("fa4_aot_objects", "Objects held", registry=self.registry)
         self.kernels = Gauge("fa4_aot_kernels", "Kernels held", registry=self.registry)
         self.misses = Gauge("fa4_aot_misses", "Distinct kernels reported missing", registry=self.registry)
+        self.signed_manifests = Gauge("fa4_aot_signed_manifests", "Signed manifests held", registry=self.registry)
+        self.revocations = Gauge("fa4_aot_revocations", "Revoked keys and manifests", registry=self.registry)
 
     def set_counts(self, counts: dict[str, int]) -> None:
         self.objects.set(counts["objects"])
         self.kernels.set(counts["kernels"])
         self.misses.set(counts["misses"])
+        self.signed_manifests.set(counts["signed_manifests"])
+        self.revocations.set(counts["revocations"])
 
 
 class MetricsMiddleware:

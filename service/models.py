@@ -1,7 +1,7 @@
 """SQLAlchemy 2 ORM models: metadata and digests only; object bytes live in the store on disk.
 
-JSON-valued columns (compile_key, toolchain, hardware_queries) hold canonical JSON text, so the same
-schema works on SQLite and PostgreSQL and values round-trip exactly.
+JSON-valued columns (compile_key, toolchain, hardware_queries, token SKU lists, signed envelopes, audit details)
+hold canonical JSON text, so the same schema works on SQLite and PostgreSQL and values round-trip exactly.
 """
 
 from __future__ import annotations
@@ -9,7 +9,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, TypeDecorator
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -92,6 +103,8 @@ class Token(Base):
     scope: Mapped[str] = mapped_column(String(16))
     created: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    # JSON list of the SKU names a publish token may publish to; NULL means every SKU.
+    skus: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Miss(Base):
@@ -109,3 +122,45 @@ class Miss(Base):
     count: Mapped[int] = mapped_column(Integer, default=1)
     first_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class SignedManifest(Base):
+    """A signed SKU manifest envelope (fa4_aot.signing), stored verbatim as canonical JSON. The service checks
+    its shape and that it matches what the service holds; clients verify the signature."""
+
+    __tablename__ = "signed_manifests"
+
+    manifest_id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the manifest's canonical JSON
+    sku: Mapped[str] = mapped_column(ForeignKey("skus.name"), index=True)
+    key_id: Mapped[str] = mapped_column(String(64))
+    # The manifest's own timestamps, verbatim (e.g. 2026-11-30T12:00:00Z).
+    created: Mapped[str] = mapped_column(String(40))
+    expires: Mapped[str] = mapped_column(String(40))
+    envelope: Mapped[str] = mapped_column(Text)
+    uploaded_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class Revocation(Base):
+    """A revoked signing key (16 hex key id) or manifest (64 hex manifest id); clients refuse what it names."""
+
+    __tablename__ = "revocations"
+    __table_args__ = (UniqueConstraint("kind", "ident", name="uq_revocations_kind_ident"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "key" or "manifest"
+    ident: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text)
+    created: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class AuditEntry(Base):
+    """One successful write: who (a token's name, or "cli" for token administration), what, on which target."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(255))
+    detail: Mapped[str] = mapped_column(Text)

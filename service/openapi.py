@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 SCOPE_KEY = "x-fa4-aot-scope"
 READ: dict[str, Any] = {SCOPE_KEY: "read"}  # openapi_extra of routes behind deps.require_read
 PUBLISH: dict[str, Any] = {SCOPE_KEY: "publish"}  # openapi_extra of routes behind deps.require_publish
+ADMIN: dict[str, Any] = {SCOPE_KEY: "admin"}  # openapi_extra of routes behind deps.require_admin
 
 
 def builder(app: FastAPI) -> Callable[[], dict[str, Any]]:

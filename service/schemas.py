@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 HEX64 = r"^[0-9a-f]{64}$"
+KEY_ID = r"^[0-9a-f]{16}$"
 SKU_NAME = r"^[a-z0-9][a-z0-9-]*$"
 
 Hex64 = Annotated[str, Field(pattern=HEX64, min_length=64, max_length=64, description="64 lowercase hex digits")]
@@ -119,3 +121,78 @@ class MissOut(MissIn):
     count: int
     first_seen: datetime
     last_seen: datetime
+
+
+class Envelope(BaseModel):
+    """A signed SKU manifest (fa4_aot.signing): `signature` is Ed25519 over the canonical JSON of `manifest`,
+    which holds {"sku": {name, arch, sm_count, l2_bytes, cuda_major}, "kernels": {kernel_key: object_digest},
+    "toolchain", "created", "expires"}. Its id is the sha256 of that canonical JSON."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: str = Field(examples=["fa4-aot-manifest/1"])
+    manifest: dict[str, Any]
+    key_id: str = Field(description="First 16 hex digits of the sha256 of the raw public key")
+    public_key: str = Field(description="The raw 32-byte Ed25519 public key, base64")
+    signature: str = Field(description="Ed25519 signature of the manifest's canonical JSON, base64")
+
+
+class ManifestStored(BaseModel):
+    """What PUT /v1/skus/{sku}/manifests stored (or already held)."""
+
+    manifest_id: Hex64
+    sku: SkuName
+    key_id: str
+    kernels: int = Field(description="Kernels the manifest lists")
+    created: str
+    expires: str
+
+
+class SignedManifests(BaseModel):
+    manifests: list[Envelope] = Field(description="Every stored envelope of the SKU, newest `created` first")
+
+
+class RevocationIn(BaseModel):
+    """Revoke a signing key (its 16 hex key id) or one manifest (its 64 hex manifest id)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["key", "manifest"]
+    id: str = Field(max_length=64, description="16 lowercase hex for a key, 64 for a manifest")
+    reason: Text = Field(default="", max_length=500)
+
+    @model_validator(mode="after")
+    def _id_matches_kind(self) -> RevocationIn:
+        pattern, digits = (KEY_ID, 16) if self.kind == "key" else (HEX64, 64)
+        if not re.fullmatch(pattern, self.id):
+            raise ValueError(f"a {self.kind} id is {digits} lowercase hex digits, not {self.id!r}")
+        return self
+
+
+class RevocationOut(BaseModel):
+    kind: Literal["key", "manifest"]
+    id: str
+    reason: str
+    created: datetime
+
+
+class Revocations(BaseModel):
+    """Everything revoked: the ids by kind (what clients merge into their own list) and the full entries."""
+
+    keys: list[str]
+    manifests: list[str]
+    entries: list[RevocationOut]
+
+
+class AuditEntry(BaseModel):
+    id: int = Field(description="Increasing; pass the last one seen as after_id to page on")
+    at: datetime
+    actor: str = Field(description="The acting token's name (#<id> when unnamed), or \"cli\"")
+    action: str = Field(examples=["object.create", "kernel.create", "kernel.update", "manifest.store",
+                                  "revocation.add", "token.create", "token.rotate", "token.revoke"])
+    target: str
+    detail: dict[str, Any]
+
+
+class AuditLog(BaseModel):
+    entries: list[AuditEntry]

@@ -9,7 +9,7 @@ from ..schemas import ErrorBody
 _DESCRIPTIONS = {
     400: "Malformed id, header or body encoding (digests and keys: 64 lowercase hex; SKU names: [a-z0-9][a-z0-9-]*)",
     401: "Missing bearer token",
-    403: "Unknown, revoked or insufficient token",
+    403: "Unknown, revoked or insufficient token (or one limited to other SKUs)",
     404: "Not found",
     409: "Conflicts with what the service holds",
     413: "Body larger than the server's limit (objects: FA4_AOT_MAX_BODY_BYTES; JSON: 1 MiB)",

@@ -6,9 +6,13 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response, status
+from sqlalchemy.orm import Session
+
+from fa4_aot.errors import IntegrityError
+from fa4_aot.store import Store
 
 from .. import crud
-from ..deps import SessionDep, StoreDep, require_publish, require_read
+from ..deps import PublisherDep, SessionDep, StoreDep, check_sku_allowed, require_read
 from ..errors import NotFound
 from ..openapi import PUBLISH, READ
 from ..schemas import HEX64, KernelIn, KernelOut
@@ -34,14 +38,30 @@ def get_kernel(kernel_key: KeyPath, session: SessionDep) -> KernelOut:
     status_code=status.HTTP_201_CREATED,
     responses={200: {"model": KernelOut, "description": "Already published (updated if it differed)"},
                **errors(400, 401, 403, 409, 413)},
-    dependencies=[Depends(require_publish)],
     openapi_extra=PUBLISH,
 )
-def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, response: Response) -> KernelOut:
+def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, response: Response,
+                   token: PublisherDep) -> KernelOut:
     """Publish an index entry whose object was uploaded before: 201 when new, 200 when it existed. The
     database row is committed first, then the store's index entry is written (the entry is the commit marker
-    readers of the store trust). 409 when the object is missing, its size differs or the SKU's facts clash."""
-    entry, is_new = crud.publish_kernel(session, kernel=kernel)
+    readers of the store trust). 409 when the object is missing, its size differs or the SKU's facts clash;
+    403 when the token is limited to other SKUs."""
+    check_sku_allowed(token, kernel.sku)
+    _adopt_unrecorded_object(session, store, kernel.object_digest, actor=crud.token_label(token))
+    entry, is_new = crud.publish_kernel(session, kernel=kernel, actor=crud.token_label(token))
     store.put_entry(entry)
     response.status_code = status.HTTP_201_CREATED if is_new else status.HTTP_200_OK
     return KernelOut(**asdict(entry))
+
+
+def _adopt_unrecorded_object(session: Session, store: Store, digest: str, *, actor: str) -> None:
+    """Record an object file that has no row, after re-hashing it. A server killed between renaming a verified
+    upload into place and committing its row leaves such a file; object reads (HEAD included) go to the file,
+    so publishers take the object as uploaded and never send it again. A corrupt file is left to the 409."""
+    if crud.get_object(session, digest=digest) is not None or not store.has_object(digest):
+        return
+    try:
+        size = store.verified_object_path(digest).stat().st_size
+    except (IntegrityError, FileNotFoundError):
+        return
+    crud.record_object(session, digest=digest, size=size, actor=actor)

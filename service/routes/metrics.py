@@ -14,7 +14,8 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics", response_class=Response,
             responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}})
 def metrics(request: Request, session: SessionDep) -> Response:
-    """Request counters, bytes sent, latency histogram, and gauges of objects, kernels and misses."""
+    """Request counters, bytes sent, latency histogram, and gauges of objects, kernels, misses, signed
+    manifests and revocations."""
     collected = request.app.state.metrics
     collected.set_counts(crud.counts(session))
     return Response(generate_latest(collected.registry), media_type=CONTENT_TYPE_LATEST)

@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect
 from fa4_aot.store import Store
 
 from .. import crud
-from ..deps import SessionDep, SettingsDep, StoreDep, require_publish, require_read
+from ..deps import PublisherDep, SessionDep, SettingsDep, StoreDep, require_read
 from ..errors import NotFound, ServiceError, TooLarge
 from ..openapi import PUBLISH, READ
 from ..schemas import HEX64, ObjectOut
@@ -90,15 +90,16 @@ def _open(store: Store, digest: str) -> BinaryIO:
     response_model=ObjectOut,
     status_code=status.HTTP_201_CREATED,
     responses={200: {"model": ObjectOut, "description": "Already stored"}, **errors(400, 401, 403, 413, 422)},
-    dependencies=[Depends(require_publish)],
     openapi_extra={**PUBLISH, "requestBody": {"required": True, "content": _BINARY}},
 )
 async def put_object(
     digest: DigestPath, request: Request, response: Response, session: SessionDep, store: StoreDep,
-    settings: SettingsDep,
+    settings: SettingsDep, token: PublisherDep,
 ) -> ObjectOut:
     """Upload the raw bytes of object `digest`. The server hashes what it receives and stores nothing unless
-    it matches (422); 413 past FA4_AOT_MAX_BODY_BYTES; 201 when new, 200 when it already existed."""
+    it matches (422); 413 past FA4_AOT_MAX_BODY_BYTES; 201 when new, 200 when it already existed. Any publish
+    token may upload, including one limited to some SKUs: an object is unusable until a kernel names it."""
+    actor = crud.token_label(token)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise TooLarge(f"Content-Length {declared} exceeds the server's limit of {settings.max_body_bytes} bytes; "
@@ -107,6 +108,6 @@ async def put_object(
         size = await receive_object(store, digest, request.stream(), limit=settings.max_body_bytes)
     except ClientDisconnect:
         raise ServiceError("client disconnected before the whole body arrived; nothing was stored") from None
-    created = await run_in_threadpool(crud.record_object, session, digest=digest, size=size)
+    created = await run_in_threadpool(crud.record_object, session, digest=digest, size=size, actor=actor)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return ObjectOut(digest=digest, size=size)

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import func, select
 
-from service import crud, db
+from service import crud, db, models
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13}
@@ -186,5 +187,8 @@ def store_files(cache_dir: Path) -> list[str]:
 
 
 def row_counts(db_url: str) -> dict[str, int]:
+    """Rows of every table a request can write (the audit log and tokens included)."""
     with db.session_for(db_url) as session:
-        return {**crud.counts(session), "skus": len(crud.list_skus(session))}
+        extra = {name: session.scalar(select(func.count()).select_from(model)) or 0
+                 for name, model in (("audit", models.AuditEntry), ("tokens", models.Token))}
+        return {**crud.counts(session), **extra, "skus": len(crud.list_skus(session))}

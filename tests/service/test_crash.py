@@ -1,5 +1,6 @@
 """A server SIGKILLed in the middle of an upload leaves no object row, no object file and no kernel row;
-after a restart on the same store and database the temp file is gone and a re-push succeeds."""
+after a restart on the same store and database the temp file is gone and a re-push succeeds. One killed
+after the rename but before the commit leaves a file without a row, which publishing the kernel adopts."""
 
 from __future__ import annotations
 
@@ -60,3 +61,24 @@ def test_sigkill_mid_upload(launch: Launch) -> None:
         assert c.post("/v1/kernels", json=doc).status_code == 201
         assert c.get(f"/v1/objects/{digest}").content == data
     assert store.read_object(digest) == data and store.get_entry(doc["kernel_key"]) is not None
+
+
+def test_object_file_without_row_is_adopted_by_its_kernel(launch: Launch) -> None:
+    """The file is in place (so HEAD says 200 and a pusher skips the upload) but its row never committed."""
+    server: Server = launch()
+    data, corrupt = os.urandom(4096), os.urandom(4096)
+    doc, bad = kernel_doc(data), kernel_doc(corrupt)
+    store = Store(server.cache_dir)
+    store.put_object(data)
+    store.object_path(bad["object_digest"]).parent.mkdir(parents=True, exist_ok=True)
+    store.object_path(bad["object_digest"]).write_bytes(corrupt[::-1])  # a file whose bytes do not match its name
+    with server.client("publish") as c:
+        assert c.head(f"/v1/objects/{doc['object_digest']}").status_code == 200
+        assert row_counts(server.db_url)["objects"] == 0
+        assert c.post("/v1/kernels", json=bad).status_code == 409
+        assert c.post("/v1/kernels", json=doc).status_code == 201
+    with server.client("admin") as c:
+        log = c.get("/v1/audit").json()["entries"]
+    assert [(e["actor"], e["action"], e["target"]) for e in log[-2:]] == [
+        ("test-publish", "object.create", doc["object_digest"]), ("test-publish", "kernel.create", doc["kernel_key"])]
+    assert row_counts(server.db_url)["objects"] == 1 and store.get_entry(doc["kernel_key"]) is not None

@@ -1,0 +1,157 @@
+"""Signed manifests and revocations in the database, keyword-only like crud.py (whose conventions hold: writes
+commit themselves and are audited; reads never raise for a missing row).
+
+The service holds no trust: it checks that an envelope is well formed (fa4_aot.signing.check_shape) and agrees
+with what the service serves (SKU facts, kernel keys and object digests), never its signature; clients verify
+signatures against their own trusted keys and the revocations published here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from fa4_aot import signing
+from fa4_aot.errors import StoreError
+
+from . import models, schemas
+from .crud import canonical_json, record_audit, retrying
+from .errors import Conflict, InvalidBody
+from .models import utcnow
+
+_IN_CHUNK = 500  # kernel keys per IN (...) query: far below SQLite's and PostgreSQL's parameter limits
+
+
+# -- signed manifests -----------------------------------------------------------------------------
+def store_manifest(session: Session, *, sku: str, envelope: Any, actor: str) -> tuple[schemas.ManifestStored, bool]:
+    """Store a signed manifest of `sku` and commit; returns what is stored and whether it is new (only a new
+    one is audited). Raises InvalidBody (422) for a malformed envelope or one for another SKU, Conflict (409)
+    for an unknown SKU, other SKU facts, a kernel the service lacks or holds with another object digest, or an
+    envelope with this manifest id but another signature."""
+    manifest = _checked_shape(envelope, sku)
+    manifest_id = signing.manifest_id(envelope)
+    text = canonical_json(envelope)
+
+    def work() -> tuple[schemas.ManifestStored, bool]:
+        held = session.get(models.SignedManifest, manifest_id)
+        if held is not None:
+            if held.envelope != text:
+                raise Conflict(f"manifest {manifest_id} is already stored with a signature by key {held.key_id}; "
+                               "sign a new manifest (`fa4-aot sign`) to publish another signature")
+            return _stored(envelope, manifest_id), False
+        _check_facts(session, sku, manifest["sku"])
+        _check_kernels(session, manifest["kernels"])
+        session.add(models.SignedManifest(manifest_id=manifest_id, sku=sku, key_id=envelope["key_id"],
+                                          created=manifest["created"], expires=manifest["expires"], envelope=text,
+                                          uploaded_at=utcnow()))
+        record_audit(session, actor=actor, action="manifest.store", target=manifest_id,
+                     detail={"sku": sku, "key_id": envelope["key_id"], "kernels": len(manifest["kernels"])})
+        session.flush()
+        return _stored(envelope, manifest_id), True
+
+    return retrying(session, work)
+
+
+def list_manifests(session: Session, *, sku: str) -> list[dict[str, Any]]:
+    """Every stored envelope of `sku` (none for an unknown SKU), newest `created` first, then newest upload."""
+    rows = session.scalars(select(models.SignedManifest).where(models.SignedManifest.sku == sku)).all()
+    rows = sorted(rows, key=lambda r: (_parse_time(r.created), r.uploaded_at, r.manifest_id), reverse=True)
+    return [json.loads(r.envelope) for r in rows]
+
+
+def _checked_shape(envelope: Any, sku: str) -> dict[str, Any]:
+    """The manifest of a well-formed envelope for `sku`; InvalidBody naming the first problem otherwise."""
+    try:
+        manifest = signing.check_shape(envelope)
+    except (signing.TrustError, StoreError) as e:  # check_shape raises StoreError for a malformed hex id
+        raise InvalidBody(str(e)) from None
+    if manifest["sku"]["name"] != sku:
+        raise InvalidBody(f"the manifest is for SKU {manifest['sku']['name']!r}, not {sku!r}: "
+                          f"PUT it to /v1/skus/{manifest['sku']['name']}/manifests")
+    try:
+        raw = base64.b64decode(envelope["public_key"], validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != 32 or envelope["key_id"] != signing.key_id_of(raw):
+        raise InvalidBody(f"key_id {envelope['key_id'][:40]!r} does not name public_key: a key id is the first 16 "
+                          "hex digits of the sha256 of the 32-byte Ed25519 public key; sign with `fa4-aot sign`")
+    return manifest
+
+
+def _check_facts(session: Session, sku: str, facts: Any) -> None:
+    row = session.get(models.Sku, sku)
+    if row is None:
+        raise Conflict(f"unknown SKU {sku!r}: publish its kernels first (`fa4-aot push --sku {sku}`), then its "
+                       "manifest")
+    held = schemas.SkuFacts.model_validate(row).model_dump()
+    if facts != held:
+        raise Conflict(f"the manifest gives SKU {sku!r} the facts {canonical_json(facts)[:300]} but the service "
+                       f"holds {canonical_json(held)}; sign a manifest of the kernels built for this SKU")
+
+
+def _check_kernels(session: Session, kernels: dict[str, str]) -> None:
+    """Conflict naming the first kernel (by key) that the service lacks or holds with another object digest."""
+    keys = sorted(kernels)
+    held: dict[str, str] = {}
+    for i in range(0, len(keys), _IN_CHUNK):
+        query = select(models.Kernel.kernel_key, models.Kernel.object_digest).where(
+            models.Kernel.kernel_key.in_(keys[i:i + _IN_CHUNK]))
+        held.update({k: d for k, d in session.execute(query).all()})
+    for key in keys:
+        if key not in held:
+            raise Conflict(f"the manifest lists kernel {key}, which this service does not hold: push the kernels "
+                           "first (`fa4-aot push`), then the manifest")
+        if held[key] != kernels[key]:
+            raise Conflict(f"the manifest lists kernel {key} with object {kernels[key]}, but this service serves "
+                           f"object {held[key]} for it: sign a manifest of the kernels as published")
+
+
+def _stored(envelope: dict[str, Any], manifest_id: str) -> schemas.ManifestStored:
+    manifest = envelope["manifest"]
+    return schemas.ManifestStored(manifest_id=manifest_id, sku=manifest["sku"]["name"], key_id=envelope["key_id"],
+                                  kernels=len(manifest["kernels"]), created=manifest["created"],
+                                  expires=manifest["expires"])
+
+
+def _parse_time(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ")  # stored values passed signing.check_shape
+
+
+# -- revocations ----------------------------------------------------------------------------------
+def add_revocation(session: Session, *, revocation: schemas.RevocationIn, actor: str
+                   ) -> tuple[schemas.RevocationOut, bool]:
+    """Record a revocation and commit; returns the stored entry and whether it is new. Revoking something
+    already revoked keeps the first entry (and its reason) and audits nothing."""
+
+    def work() -> tuple[schemas.RevocationOut, bool]:
+        held = session.scalar(select(models.Revocation).where(models.Revocation.kind == revocation.kind,
+                                                              models.Revocation.ident == revocation.id))
+        if held is not None:
+            return _revocation_out(held), False
+        row = models.Revocation(kind=revocation.kind, ident=revocation.id, reason=revocation.reason,
+                                created=utcnow())
+        session.add(row)
+        record_audit(session, actor=actor, action="revocation.add", target=f"{revocation.kind}:{revocation.id}",
+                     detail={"kind": revocation.kind, "id": revocation.id, "reason": revocation.reason})
+        session.flush()
+        return _revocation_out(row), True
+
+    return retrying(session, work)
+
+
+def list_revocations(session: Session) -> schemas.Revocations:
+    rows = session.scalars(select(models.Revocation).order_by(models.Revocation.id)).all()
+    return schemas.Revocations(keys=sorted(r.ident for r in rows if r.kind == "key"),
+                               manifests=sorted(r.ident for r in rows if r.kind == "manifest"),
+                               entries=[_revocation_out(r) for r in rows])
+
+
+def _revocation_out(row: models.Revocation) -> schemas.RevocationOut:
+    return schemas.RevocationOut.model_validate({"kind": row.kind, "id": row.ident, "reason": row.reason,
+                                                 "created": row.created})
