@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .calls import Call
+from .fsutil import DiskFull
 from .skus import Sku
 from .store import Entry, Store
 from .variants import Matrix, Variant
@@ -148,7 +149,13 @@ def _compile(pool: ProcessPoolExecutor, todo: dict[int, list[Planned]], work: li
     futures = [pool.submit(_compile_task, *work[i], [(p.family, p.ident, p.kernel_key) for p in ps])
                for i, ps in todo.items()]
     for future in as_completed(futures):
-        for result in future.result():
+        try:
+            results = future.result()
+        except DiskFull:
+            for other in futures:
+                other.cancel()
+            raise
+        for result in results:
             report.results.append(result)
             done += 1
             if progress:
@@ -227,6 +234,8 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
                 with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Compiler(family, pending, done)):
                     calls.run(call)
             error = "FA4 did not ask for this kernel when the call was re-run"
+        except DiskFull:  # not this kernel's fault: every later write fails too, so the build stops
+            raise
         except Exception as e:
             error = _one_line(e)
     for (family, _ident), kk in by_ident.items():

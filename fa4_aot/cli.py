@@ -11,7 +11,7 @@ import click
 
 from . import config
 from .errors import Fa4AotError
-from .store import Store
+from .store import Store, VerifyReport
 
 
 class _Group(click.Group):
@@ -153,21 +153,51 @@ def list_(ctx: click.Context, sku: str | None, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--quarantine/--no-quarantine", default=True, show_default=True,
+              help="Move every bad object, bad or dangling entry and symlink to <cache>/quarantine/<time>/ so no "
+                   "load sees it (--no-quarantine: only report).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def verify(ctx: click.Context, as_json: bool) -> None:
-    """Re-hash every object and check every index entry. Exits 1 on any mismatch."""
-    report = _store(ctx).verify()
-    lines = [f"CORRUPT object {exp}: bytes hash to {act}" for exp, act in report.bad_objects]
-    lines += [f"DANGLING entry {k}: its object is missing" for k in report.dangling_entries]
-    lines.append(f"{report.objects_checked} objects, {report.entries_checked} entries checked: "
-                 + ("ok" if report.ok else f"{len(lines)} problem(s); rebuild with `fa4-aot build`"))
+def verify(ctx: click.Context, quarantine: bool, as_json: bool) -> None:
+    """Re-hash every object and check every index entry; quarantine what fails. Exits 1 on any problem."""
+    store = _store(ctx)
+    report = store.verify(quarantine=quarantine)
     doc = {"objects": report.objects_checked, "entries": report.entries_checked, "ok": report.ok,
            "bad_objects": [{"expected": e, "actual": a} for e, a in report.bad_objects],
-           "dangling_entries": report.dangling_entries}
-    _emit(as_json, doc, "\n".join(lines))
+           "dangling_entries": report.dangling_entries,
+           "bad_entries": [{"path": p, "reason": r} for p, r in report.bad_entries],
+           "symlinks": report.symlinks, "unexpected": report.unexpected,
+           "quarantined": [{"path": p, "to": to} for p, to in report.quarantined.items()],
+           "quarantine_dir": report.quarantine_dir}
+    _emit(as_json, doc, "\n".join(_verify_lines(store, report)))
     if not report.ok:
         sys.exit(1)
+
+
+def _verify_lines(store: Store, report: VerifyReport) -> list[str]:
+    def rel(path: Path) -> str:
+        return str(path.relative_to(store.root))
+
+    def went(path: str) -> str:
+        return f" -> quarantined to {report.quarantined[path]}" if path in report.quarantined else ""
+
+    lines = [f"CORRUPT object {exp}: bytes hash to {act}{went(rel(store.object_path(exp)))}"
+             for exp, act in report.bad_objects]
+    lines += [f"DANGLING entry {k}: its object is missing{went(rel(store.entry_path(k)))}"
+              for k in report.dangling_entries]
+    lines += [f"BAD entry {p}: {why}{went(p)}" for p, why in report.bad_entries]
+    lines += [f"SYMLINK {p}: refused, never followed{went(p)}" for p in report.symlinks]
+    problems = len(lines)
+    lines += [f"UNEXPECTED {p}: not a store name; no reader opens it (ignored)" for p in report.unexpected]
+    if report.ok:
+        verdict = "ok"
+    elif report.quarantine_dir:
+        verdict = (f"{problems} problem(s), moved to {report.quarantine_dir}; rebuild (`fa4-aot build`) or pull "
+                   "what they held")
+    else:
+        verdict = f"{problems} problem(s); `fa4-aot verify` quarantines them, then rebuild with `fa4-aot build`"
+    lines.append(f"{report.objects_checked} objects, {report.entries_checked} entries checked: {verdict}")
+    return lines
 
 
 @main.command()
@@ -178,7 +208,7 @@ def verify(ctx: click.Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def gc(ctx: click.Context, dry_run: bool, min_age: float, as_json: bool) -> None:
-    """Remove objects no index entry references, and temp files of dead writers."""
+    """Remove objects no index entry references, and temp files of dead writers (quarantine/ is left alone)."""
     report = _store(ctx).gc(dry_run=dry_run, min_age=min_age)
     verb = "would remove" if dry_run else "removed"
     doc = {"dry_run": dry_run, "objects": report.removed_objects, "temp_files": report.removed_temp_files,

@@ -1,56 +1,258 @@
-"""The one way fa4-aot writes files (atomic_write) and the one way it serialises work (FileLock)."""
+"""The one way fa4-aot writes files (atomic_write), the one way it opens files inside a store without following
+links (open_beneath), and the one way it serialises work (FileLock)."""
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
+import pwd
 import secrets
+import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import IO, Any
 
 from .errors import StoreError
 
 TMP_SUFFIX = ".tmp"
+FILE_MODE = 0o600  # owner-only: nobody else can swap the bytes a client loads
+DIR_MODE = 0o700
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK = 1 << 20
 
 
-def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
+class DiskFull(StoreError):
+    """A write ran out of space (ENOSPC, EFBIG, EDQUOT). Nothing partial was left behind. Picklable, so it
+    crosses from build workers to the CLI unchanged."""
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of the file at `path`; refuses (StoreError) to follow a symlink there."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise refuse_symlink(path) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        return hash_stream(f).hexdigest()
+
+
+def hash_stream(f: IO[bytes], keep: list[bytes] | None = None) -> Any:
+    """The sha256 object of everything left in `f`; appends the chunks to `keep` when given."""
+    h = hashlib.sha256()
+    while chunk := f.read(_CHUNK):
+        h.update(chunk)
+        if keep is not None:
+            keep.append(chunk)
+    return h
+
+
+def shown(path: Path | str) -> str:
+    """A path for messages: undecodable bytes in file names shown as \\x.. escapes, never a crash."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def disk_full(path: Path, e: OSError) -> DiskFull:
+    return DiskFull(f"no space left writing {path} ({os.strerror(e.errno or 0)}); nothing partial was kept: "
+                    "free space there, or point FA4_AOT_CACHE (--cache-dir) at a larger disk, and run it again")
+
+
+def make_dirs(folder: Path, mode: int = DIR_MODE) -> None:
+    """Create `folder` and any missing parents, each new one with exactly `mode` (umask does not widen or
+    narrow it); existing folders are left as they are. DiskFull when there is no room for a folder."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for new in reversed(missing):
+        try:
+            os.mkdir(new, mode)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            if e.errno in _DISK_FULL:
+                raise disk_full(new, e) from e
+            raise
+        os.chmod(new, mode)
+
+
+def check_folder(path: Path, st: os.stat_result, *, shared: bool) -> None:
+    """Raise StoreError unless folder `path` (its stat `st`) can only be changed by this user (or root): owned
+    by the effective uid or root, and writable by neither group nor others. With `shared` (a node-shared cache
+    owned by a service account), any owner and group write are allowed; world write never is."""
+    me, mode = os.geteuid(), stat.S_IMODE(st.st_mode)
+    elsewhere = "or point FA4_AOT_CACHE (--cache-dir) at a folder of your own"
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreError(f"store folder {path} is not a folder; move it away, {elsewhere}")
+    if st.st_uid not in (me, 0) and not shared:
+        raise StoreError(
+            f"store folder {path} is owned by uid {st.st_uid}{_user(st.st_uid)}, not by you (uid {me}{_user(me)}): "
+            f"its owner could swap the kernels this process loads; fix: `chown -R {me} {path}`, {elsewhere}, or "
+            "set FA4_AOT_SHARED_CACHE=1 if it is a node-shared cache run by a service account")
+    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not shared):
+        who = "everyone" if mode & stat.S_IWOTH else f"group {st.st_gid}"
+        shared_fix = "" if mode & stat.S_IWOTH else ", or set FA4_AOT_SHARED_CACHE=1 for a node-shared cache"
+        raise StoreError(f"store folder {path} has mode {mode:04o}, writable by {who}: they could swap the kernels "
+                         f"this process loads; fix: `chmod go-w {path}`, {elsewhere}{shared_fix}")
+
+
+def _user(uid: int) -> str:
+    try:
+        return f" ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return ""
+
+
+def open_dir_beneath(root: Path, parts: Sequence[str], *, create_mode: int | None = None) -> int:
+    """An fd for the folder `root/parts...`, opening every level below `root` with O_NOFOLLOW, so no link
+    below the root is followed and nothing can swap a level between the check and the open.
+
+    Missing levels raise FileNotFoundError, or are created with `create_mode` when given. A level that is a
+    symlink or not a folder raises StoreError naming it. The caller closes the fd.
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            created = False
+            if create_mode is not None:
+                try:
+                    os.mkdir(part, create_mode, dir_fd=fd)
+                    created = True
+                except FileExistsError:
+                    pass
+            child = _open_at(fd, part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, 0, root.joinpath(*parts[: i + 1]))
+            os.close(fd)
+            fd = child
+            if created:
+                os.fchmod(fd, create_mode)  # type: ignore[arg-type]  # exactly the mode, whatever the umask
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_beneath(root: Path, parts: Sequence[str], flags: int = os.O_RDONLY, mode: int = FILE_MODE) -> int:
+    """An fd for the file `root/parts...` opened with `flags`, following no link below `root` (the file
+    included). Raises FileNotFoundError when absent, StoreError for a symlink or a non-regular file."""
+    folder = open_dir_beneath(root, parts[:-1])
+    try:
+        fd = _open_at(folder, parts[-1], flags | _NOFOLLOW | os.O_NONBLOCK, mode, root.joinpath(*parts))
+    finally:
+        os.close(folder)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"{root.joinpath(*parts)} is not a regular file; move it out of the store "
+                         "(`fa4-aot verify` quarantines it)")
+    return fd
+
+
+def lstat_beneath(root: Path, parts: Sequence[str]) -> os.stat_result | None:
+    """lstat of `root/parts...` through O_NOFOLLOW folders; None when it (or a folder above it) is absent."""
+    try:
+        folder = open_dir_beneath(root, parts[:-1])
+    except FileNotFoundError:
+        return None
+    try:
+        return os.stat(parts[-1], dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(folder)
+
+
+def move_beneath(root: Path, src: Sequence[str], dst: Sequence[str], *, dir_mode: int = DIR_MODE) -> None:
+    """Rename `root/src...` to `root/dst...` (missing folders of dst made with `dir_mode`), following no link
+    below `root`: a symlink at `src` is moved as the link itself. FileNotFoundError when `src` is absent."""
+    src_dir = open_dir_beneath(root, src[:-1])
+    try:
+        dst_dir = open_dir_beneath(root, dst[:-1], create_mode=dir_mode)
+        try:
+            os.rename(src[-1], dst[-1], src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+        finally:
+            os.close(dst_dir)
+    finally:
+        os.close(src_dir)
+
+
+def refuse_symlink(path: Path) -> StoreError:
+    return StoreError(f"refusing symlink {path}: fa4-aot never follows links inside a store, since one could "
+                      "point a client at foreign bytes; remove it (`fa4-aot verify` quarantines it) and rebuild "
+                      "or pull what it stood for")
+
+
+def _open_at(folder: int, name: str, flags: int, mode: int, path: Path) -> int:
+    try:
+        return os.open(name, flags, mode, dir_fd=folder)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            raise refuse_symlink(path) from None
+        raise StoreError(f"{path} is not a folder; move it out of the store (`fa4-aot verify` "
+                         "quarantines it)") from None
+
+
+def atomic_write(path: Path, data: bytes | Iterable[bytes], *, root: Path | None = None, mode: int = FILE_MODE,
+                 dir_mode: int = DIR_MODE) -> None:
     """Write `data` to `path` so that readers see either the old file or the whole new one.
 
-    A unique temp file beside the target (same filesystem), fsync, os.replace, fsync of the folder;
-    the temp file is removed in `finally`, so a failed write leaves nothing behind. A process killed
-    mid-write leaves only a `.*.tmp` file, which no reader ever opens and `fa4-aot gc` removes.
+    A unique temp file beside the target (`.<name>.<pid>.<rand>.tmp`, same filesystem), fsync, os.replace,
+    fsync of the folder; the temp file is removed in `finally`, so a failed write leaves nothing behind. A
+    process killed mid-write leaves only a `.*.tmp` file, which no reader ever opens and `fa4-aot gc` removes.
+    The file gets exactly `mode`; missing folders get `dir_mode`. With `root` (a store root above `path`),
+    no link below it is followed, and a symlinked folder raises StoreError. Running out of space raises
+    DiskFull.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+    try:
+        if root is None:
+            make_dirs(path.parent, dir_mode)
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            folder = open_dir_beneath(root, path.parent.relative_to(root).parts, create_mode=dir_mode)
+        try:
+            _write_in(folder, path.name, data, mode)
+        finally:
+            os.close(folder)
+    except OSError as e:
+        if e.errno in _DISK_FULL:
+            raise disk_full(path, e) from e
+        raise
+
+
+def _write_in(folder: int, name: str, data: bytes | Iterable[bytes], mode: int) -> None:
+    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
     chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode, dir_fd=folder)
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, mode)  # exactly `mode`, whatever the umask
             for chunk in chunks:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        _fsync_dir(folder)
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            os.unlink(tmp, dir_fd=folder)
+        except FileNotFoundError:
+            pass
 
 
-def _fsync_dir(folder: Path) -> None:
+def _fsync_dir(folder: int) -> None:
     try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
+        os.fsync(folder)
     except OSError as e:  # some filesystems refuse fsync on a folder; the rename already happened
         if e.errno not in (errno.EINVAL, errno.EBADF):
             raise
-    finally:
-        os.close(fd)
 
 
 class FileLock:
@@ -58,17 +260,39 @@ class FileLock:
 
     Correctness never depends on it (writes are atomic renames); it only keeps two processes from doing
     the same compile or download at once. Waits up to `timeout` seconds, then raises StoreError naming
-    the lock file, which can be removed safely if no fa4-aot process is running.
+    the lock file, which can be removed safely if no fa4-aot process is running. With `root`, no link
+    below it is followed (as in atomic_write).
     """
 
-    def __init__(self, path: Path, timeout: float = 600.0) -> None:
+    def __init__(self, path: Path, timeout: float = 600.0, *, root: Path | None = None, mode: int = FILE_MODE,
+                 dir_mode: int = DIR_MODE) -> None:
         self.path = path
         self.timeout = timeout
+        self.root = root
+        self.mode = mode
+        self.dir_mode = dir_mode
         self._fd: int | None = None
 
+    def _open(self) -> int:
+        try:
+            if self.root is None:
+                make_dirs(self.path.parent, self.dir_mode)
+                return os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, self.mode)
+            parts = self.path.relative_to(self.root).parts
+            folder = open_dir_beneath(self.root, parts[:-1], create_mode=self.dir_mode)
+            try:
+                return _open_at(folder, parts[-1], os.O_RDWR | os.O_CREAT | _NOFOLLOW, self.mode, self.path)
+            finally:
+                os.close(folder)
+        except OSError as e:
+            if e.errno in _DISK_FULL:
+                raise disk_full(self.path, e) from e
+            if e.errno == errno.ELOOP:
+                raise refuse_symlink(self.path) from None
+            raise
+
     def __enter__(self) -> FileLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open()
         deadline = time.monotonic() + self.timeout
         while True:
             try:

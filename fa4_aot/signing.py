@@ -18,6 +18,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from .skus import Sku
 from .store import Store, check_hex
 
 FORMAT = "fa4-aot-manifest/1"
+_UTC_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 PUBLIC_PREFIX = "fa4-aot-ed25519"
 
 
@@ -215,7 +217,9 @@ def save(store: Store, envelope: dict[str, Any]) -> Path:
     """Keep an envelope in the store (manifests/<sku>/<manifest id>.json); idempotent."""
     manifest = check_shape(envelope)
     path = store.root / "manifests" / _sku_folder(manifest["sku"]["name"]) / f"{manifest_id(envelope)}.json"
-    atomic_write(path, json.dumps(envelope, sort_keys=True, indent=1).encode())
+    data = json.dumps(envelope, sort_keys=True, indent=1).encode()
+    if not (path.is_file() and not path.is_symlink() and path.read_bytes() == data):
+        atomic_write(path, data)
     return path
 
 
@@ -237,7 +241,11 @@ def _iso(t: dt.datetime) -> str:
 
 
 def _parse_time(value: Any, name: str) -> dt.datetime:
+    # A regex and fromisoformat rather than strptime, whose first use imports and compiles _strptime: this
+    # runs on a client's first kernel load.
+    if not isinstance(value, str) or not _UTC_TIME.fullmatch(value):
+        raise TrustError(f"manifest field {name!r} is {value!r}, not a UTC time like 2026-11-30T12:00:00Z")
     try:
-        return dt.datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+        return dt.datetime.fromisoformat(value)
     except ValueError as e:
-        raise TrustError(f"manifest field {name!r} is {value!r}, not a UTC time like 2026-11-30T12:00:00Z") from e
+        raise TrustError(f"manifest field {name!r} is {value!r}, not a valid time") from e

@@ -5,9 +5,18 @@ Layout under the root (cache/README.md shows it with an example):
     index/ab/<64 hex>.json one entry per kernel key: object digest plus readable metadata
     misses/<64 hex>.json   kernels a client needed and lacked (fallback mode), for `fa4-aot misses`
     locks/                 advisory locks that keep two processes from doing the same work
+    quarantine/<time>/     what `fa4-aot verify` moved out of the way (same relative paths), for a person to inspect
 
 Objects are written before their index entry, so an entry that exists is complete; every read
 re-hashes the object. All writes go through fsutil.atomic_write.
+
+Trust: a client runs the bytes it loads, so whoever can write the store can run code in every client. The
+store is therefore created owner-only (folders 0700, files 0600), and on first use each Store instance checks
+(check_root) that the root and its top folders belong to this user (or root) and are writable by neither group
+nor others. FA4_AOT_SHARED_CACHE=1 is the escape hatch for a node-shared cache owned by a service account:
+any owner and a group-writable root are accepted (never a world-writable one), and new folders get 2770 and
+files 0640 so the group can read and add to it. No link below the root is ever followed (every open goes
+level by level with O_NOFOLLOW); the root itself may be a symlink, resolved once at construction.
 """
 
 from __future__ import annotations
@@ -16,17 +25,35 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from . import maintenance
 from .errors import IntegrityError, StoreError
-from .fsutil import TMP_SUFFIX, FileLock, atomic_write
+from .fsutil import (
+    DIR_MODE,
+    FILE_MODE,
+    FileLock,
+    atomic_write,
+    check_folder,
+    hash_stream,
+    lstat_beneath,
+    make_dirs,
+    open_beneath,
+    refuse_symlink,
+    shown,
+)
+from .fsutil import sha256_file as sha256_file  # re-exported: callers hash object files by path
+from .maintenance import GcReport, VerifyReport, scan_fanout
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
+_FOLDERS = ("objects", "index", "misses", "locks")
+SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
 
 
 def check_hex(value: str, what: str = "digest") -> str:
@@ -34,14 +61,6 @@ def check_hex(value: str, what: str = "digest") -> str:
     if not isinstance(value, str) or not _HEX64.fullmatch(value):
         raise StoreError(f"invalid {what} {value!r}: expected 64 lowercase hex digits")
     return value
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -87,30 +106,60 @@ class Miss:
     when: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
-@dataclass
-class VerifyReport:
-    objects_checked: int = 0
-    entries_checked: int = 0
-    bad_objects: list[tuple[str, str]] = field(default_factory=list)  # (expected, actual)
-    dangling_entries: list[str] = field(default_factory=list)  # kernel keys whose object is absent
-
-    @property
-    def ok(self) -> bool:
-        return not self.bad_objects and not self.dangling_entries
-
-
-@dataclass
-class GcReport:
-    removed_objects: list[str] = field(default_factory=list)
-    removed_temp_files: int = 0
-    bytes_freed: int = 0
-
-
 class Store:
-    """A kernel store rooted at a folder. Cheap to construct; creates folders on first write."""
+    """A kernel store rooted at a folder. Cheap to construct; checks the root (check_root) on first use and
+    creates folders, owner-only, on first write. `shared=None` reads FA4_AOT_SHARED_CACHE (see the module)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+    def __init__(self, root: Path, *, shared: bool | None = None) -> None:
+        self.root = Path(root).resolve()  # a symlinked root is fine: resolved once, nothing below it is
+        self.shared = os.environ.get("FA4_AOT_SHARED_CACHE") == "1" if shared is None else shared
+        self.dir_mode, self.file_mode = (SHARED_DIR_MODE, SHARED_FILE_MODE) if self.shared else (DIR_MODE, FILE_MODE)
+        self._checked = False
+
+    # -- trust ---------------------------------------------------------------------------------
+    def check_root(self) -> None:
+        """Raise StoreError (naming the folder, its owner or mode, and the chmod/chown or FA4_AOT_CACHE fix)
+        unless the root and objects/, index/, misses/, locks/ are folders only this user can change (see the
+        module). Runs once per instance; a root that does not exist yet passes and is checked when it does."""
+        if self._checked:
+            return
+        try:
+            check_folder(self.root, os.stat(self.root), shared=self.shared)
+        except FileNotFoundError:
+            return
+        for name in _FOLDERS:
+            try:
+                st = os.lstat(self.root / name)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                raise refuse_symlink(self.root / name)
+            check_folder(self.root / name, st, shared=self.shared)
+        self._checked = True
+
+    def ready(self, *, create: bool = False) -> bool:
+        """Whether the root exists (with `create`, made owner-only first), after check_root passed."""
+        if create and not self.root.exists():
+            make_dirs(self.root, self.dir_mode)
+        self.check_root()
+        return self._checked
+
+    def _write(self, path: Path, data: bytes | Iterable[bytes]) -> None:
+        self.ready(create=True)
+        self._is_file(path)  # a symlink there is refused, not silently replaced: someone put it there
+        atomic_write(path, data, root=self.root, mode=self.file_mode, dir_mode=self.dir_mode)
+
+    def _open(self, path: Path) -> IO[bytes]:
+        """`path` (below the root) open for reading, no link followed; FileNotFoundError when absent."""
+        if not self.ready():
+            raise FileNotFoundError(path)
+        return os.fdopen(open_beneath(self.root, path.relative_to(self.root).parts), "rb")
+
+    def _is_file(self, path: Path) -> bool:
+        st = lstat_beneath(self.root, path.relative_to(self.root).parts) if self.ready() else None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise refuse_symlink(path)
+        return st is not None and stat.S_ISREG(st.st_mode)
 
     # -- paths (every id is validated before a path is built) --------------------------------------
     def object_path(self, digest: str) -> Path:
@@ -122,123 +171,156 @@ class Store:
         return self.root / "index" / kernel_key[:2] / f"{kernel_key}.json"
 
     def lock(self, name: str, timeout: float = 600.0) -> FileLock:
-        check_hex(name, "lock name")
-        return FileLock(self.root / "locks" / name, timeout=timeout)
+        path = self.root / "locks" / check_hex(name, "lock name")
+        self.ready(create=True)
+        return FileLock(path, timeout=timeout, root=self.root, mode=self.file_mode, dir_mode=self.dir_mode)
 
     # -- objects -------------------------------------------------------------------------------
     def put_object(self, data: bytes) -> str:
         """Store `data` under its sha256 and return the digest. Idempotent: a valid copy is kept."""
         digest = hashlib.sha256(data).hexdigest()
-        path = self.object_path(digest)
-        if not (path.is_file() and path.stat().st_size == len(data) and sha256_file(path) == digest):
-            atomic_write(path, data)
+        if self.object_state(digest, len(data)) != "ok":
+            self._write(self.object_path(digest), data)
         return digest
 
     def put_stream(self, digest: str, chunks: Iterable[bytes], *, size: int | None = None, source: str) -> None:
         """Store bytes arriving in chunks (a download) under `digest`, checking sha256 and size while they
         stream and before the rename: on a mismatch nothing is stored and IntegrityError names `source`."""
-        atomic_write(self.object_path(digest), _verifying(chunks, digest, size, source))
+        self._write(self.object_path(digest), _verifying(chunks, digest, size, source))
 
     def has_object(self, digest: str) -> bool:
-        return self.object_path(digest).is_file()
+        """Whether the object's file exists (not whether its bytes are right); StoreError for a symlink."""
+        return self._is_file(self.object_path(digest))
 
     def verified_object_path(self, digest: str) -> Path:
-        """Path of the object after re-hashing it; raises IntegrityError if its bytes do not match."""
+        """Path of the object after re-hashing it; raises IntegrityError if its bytes do not match, StoreError
+        if it is missing or is (or sits below) a symlink.
+
+        The bytes are hashed through an fd opened with O_NOFOLLOW, and the path is then checked to still name
+        that same, unchanged file (device, inode, size, mtime), so the path held the verified bytes when this
+        returned. What remains is the window between this return and the caller opening the path: only a
+        process that can write the store could swap the file in it, and check_root keeps that to the owner.
+        """
         path = self.object_path(digest)
-        if not path.is_file():
-            raise StoreError(f"object {digest} is missing from {self.root}; run `fa4-aot verify` and rebuild")
-        actual = sha256_file(path)
-        if actual != digest:
-            raise IntegrityError(
-                f"object {path} is corrupt: expected sha256 {digest}, got {actual}; "
-                "run `fa4-aot verify` and rebuild the kernel",
-                expected=digest,
-                actual=actual,
-                source=str(path),
-            )
+        with self._open_object(digest) as f:
+            before = _identity(os.fstat(f.fileno()))
+            actual = hash_stream(f).hexdigest()
+            during = _identity(os.fstat(f.fileno()))
+        self._check_digest(path, digest, actual)
+        after = lstat_beneath(self.root, path.relative_to(self.root).parts)
+        if during != before or after is None or _identity(after) != before:
+            raise StoreError(f"object {path} changed while it was being verified; retry, and run `fa4-aot verify` "
+                             "if it persists (something else is writing the store)")
         return path
 
     def read_object(self, digest: str) -> bytes:
-        return self.verified_object_path(digest).read_bytes()
+        """The object's bytes, hashed as they are read from one O_NOFOLLOW fd (the bytes returned are the
+        bytes verified); errors as verified_object_path."""
+        chunks: list[bytes] = []
+        with self._open_object(digest) as f:
+            actual = hash_stream(f, chunks).hexdigest()
+        self._check_digest(self.object_path(digest), digest, actual)
+        return b"".join(chunks)
+
+    def _open_object(self, digest: str) -> IO[bytes]:
+        path = self.object_path(digest)
+        try:
+            return self._open(path)
+        except FileNotFoundError:
+            raise StoreError(f"object {digest} is missing from {self.root}; run `fa4-aot verify` and rebuild") from None
+
+    @staticmethod
+    def _check_digest(path: Path, digest: str, actual: str) -> None:
+        if actual != digest:
+            raise IntegrityError(
+                f"object {path} is corrupt: expected sha256 {digest}, got {actual}; "
+                "run `fa4-aot verify` (it quarantines the object) and rebuild or pull the kernel",
+                expected=digest, actual=actual, source=str(path),
+            )
+
+    def object_state(self, digest: str, size: int | None = None) -> str:
+        """"ok", "missing" or "corrupt" (wrong bytes, or not `size` bytes); StoreError for a symlink."""
+        try:
+            with self._open_object(digest) as f:
+                if size is not None and os.fstat(f.fileno()).st_size != size:
+                    return "corrupt"
+                return "ok" if hash_stream(f).hexdigest() == digest else "corrupt"
+        except StoreError:
+            if self._is_file(self.object_path(digest)):
+                raise
+            return "missing"
 
     # -- index ---------------------------------------------------------------------------------
     def put_entry(self, entry: Entry) -> None:
         """Publish an entry. Its object must already be stored: the entry is the commit marker."""
+        path = self.entry_path(entry.kernel_key)
         if not self.has_object(entry.object_digest):
             raise StoreError(f"refusing index entry {entry.kernel_key}: object {entry.object_digest} not stored")
-        atomic_write(self.entry_path(entry.kernel_key), entry.to_json().encode())
+        self._write(path, entry.to_json().encode())
 
     def get_entry(self, kernel_key: str) -> Entry | None:
-        """The entry for `kernel_key`, or None when the store has none. Never raises for a missing entry."""
+        """The entry for `kernel_key`, or None when the store has none. Never raises for a missing entry;
+        StoreError for an unreadable one, one that names another key, or a symlink."""
+        path = self.entry_path(kernel_key)
         try:
-            return _read_entry(self.entry_path(kernel_key))
+            with self._open(path) as f:
+                entry = _parse_entry(path, f.read())
         except FileNotFoundError:
             return None
+        if entry.kernel_key != kernel_key:
+            raise StoreError(f"index entry {path} holds kernel {entry.kernel_key!r}; run `fa4-aot verify` "
+                             "(it quarantines the entry) and rebuild")
+        return entry
 
     def has_entry(self, kernel_key: str) -> bool:
-        return self.entry_path(kernel_key).is_file()
+        return self._is_file(self.entry_path(kernel_key))
 
     def entries(self, sku: str | None = None) -> Iterator[Entry]:
-        index = self.root / "index"
-        if not index.is_dir():
+        """Every entry (of `sku`), in key order. Temp files and names that are not `<key>.json` are skipped;
+        StoreError for an unreadable entry or a symlink."""
+        if not self.ready():
             return
-        for path in sorted(index.glob("??/*.json")):
-            entry = _read_entry(path)
-            if sku is None or entry.sku == sku:
+        for kind, path, name in scan_fanout(self.root / "index", ".json"):
+            if kind == "symlink":
+                raise refuse_symlink(path)
+            entry = self.get_entry(name) if kind == "file" else None
+            if entry is not None and (sku is None or entry.sku == sku):
                 yield entry
 
     # -- misses --------------------------------------------------------------------------------
     def record_miss(self, miss: Miss) -> None:
         path = self.root / "misses" / f"{check_hex(miss.kernel_key, 'kernel key')}.json"
-        atomic_write(path, json.dumps(asdict(miss), sort_keys=True, indent=1).encode())
+        self._write(path, json.dumps(asdict(miss), sort_keys=True, indent=1).encode())
 
     def misses(self) -> list[Miss]:
         folder = self.root / "misses"
-        if not folder.is_dir():
+        if not self.ready() or lstat_beneath(self.root, ("misses",)) is None:
             return []
-        return [Miss(**json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
+        found = []
+        for name in sorted(os.listdir(folder)):
+            if _HEX64.fullmatch(name.removesuffix(".json")) and name.endswith(".json"):
+                with self._open(folder / name) as f:
+                    found.append(Miss(**json.loads(f.read())))
+        return found
 
     # -- maintenance ---------------------------------------------------------------------------
-    def _object_files(self) -> Iterator[tuple[str, Path]]:
-        objects = self.root / "objects"
-        if objects.is_dir():
-            for path in sorted(objects.glob("??/*")):
-                if not path.name.endswith(TMP_SUFFIX):
-                    yield path.parent.name + path.name, path
-
-    def verify(self) -> VerifyReport:
-        """Re-hash every object and check that every entry's object exists."""
-        report = VerifyReport()
-        for name, path in self._object_files():
-            report.objects_checked += 1
-            actual = sha256_file(path)
-            if actual != name:
-                report.bad_objects.append((name, actual))
-        for entry in self.entries():
-            report.entries_checked += 1
-            if not self.has_object(entry.object_digest):
-                report.dangling_entries.append(entry.kernel_key)
-        return report
+    def verify(self, quarantine: bool = False) -> VerifyReport:
+        """Re-hash every object and check every index entry (readable, names its own key, object present with
+        its size and digest). Symlinks are reported, never followed. With `quarantine`, every bad object, bad
+        or dangling entry and symlink is moved to quarantine/<time>/ (entries first), so no load sees it."""
+        return maintenance.verify(self, quarantine)
 
     def gc(self, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
         """Remove objects that no entry references and are older than `min_age` seconds, and temp files
         left by writers that are no longer running. A builder writes an object before its entry, so a
-        gc concurrent with builds needs a min_age longer than one compile (the CLI defaults to an hour)."""
-        report = GcReport()
-        live = {e.object_digest for e in self.entries()}
-        cutoff = time.time() - min_age
-        for name, path in self._object_files():
-            if name not in live and path.stat().st_mtime <= cutoff:
-                report.removed_objects.append(name)
-                report.bytes_freed += path.stat().st_size
-                if not dry_run:
-                    path.unlink()
-        for tmp in self.root.glob(f"**/.*{TMP_SUFFIX}"):
-            if not _alive(_pid_of(tmp)):
-                report.removed_temp_files += 1
-                if not dry_run:
-                    tmp.unlink(missing_ok=True)
-        return report
+        gc concurrent with builds needs a min_age longer than one compile (the CLI defaults to an hour).
+        Entries are read only when some object is old enough to go, so temp files are cleared even when an
+        entry is unreadable (which stops object removal with StoreError). Leaves quarantine/ alone."""
+        return maintenance.gc(self, dry_run, min_age)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _verifying(chunks: Iterable[bytes], digest: str, size: int | None, source: str) -> Iterator[bytes]:
@@ -256,30 +338,10 @@ def _verifying(chunks: Iterable[bytes], digest: str, size: int | None, source: s
         )
 
 
-def _read_entry(path: Path) -> Entry:
-    """Parse one index file; raises FileNotFoundError if absent, StoreError if unreadable."""
-    text = path.read_text()
+def _parse_entry(path: Path, data: bytes) -> Entry:
+    """Parse one index file's bytes; StoreError if they are not an entry."""
     try:
-        return Entry.from_json(text)
+        return Entry.from_json(data.decode())
     except (ValueError, TypeError) as e:
-        raise StoreError(f"unreadable index entry {path}: {e}; delete it and rebuild") from e
-
-
-def _pid_of(tmp: Path) -> int | None:
-    parts = tmp.name.split(".")  # .<name>.<pid>.<rand>.tmp
-    try:
-        return int(parts[-3])
-    except (IndexError, ValueError):
-        return None
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        raise StoreError(f"unreadable index entry {shown(path)}: {e}; run `fa4-aot verify` (it quarantines the "
+                         "entry) and rebuild") from e

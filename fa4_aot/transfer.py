@@ -10,6 +10,8 @@ from typing import Any
 from . import signing
 from .build import Report, build_calls
 from .calls import Call
+from .errors import Fa4AotError
+from .fsutil import DiskFull
 from .remote import Remote
 from .store import Store
 from .variants import Matrix
@@ -23,6 +25,7 @@ class Transfer:
     objects_sent: int = 0  # push: objects uploaded (the rest the server already had)
     fetched: int = 0  # pull: kernels downloaded (the rest were already local)
     manifests: int = 0  # signed manifests pushed or pulled
+    stale_manifests: list[str] = field(default_factory=list)  # push: skipped, they list kernels since rebuilt
     bytes: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -48,11 +51,25 @@ def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, pr
 
     _run(entries, one, jobs, result, progress, count)
     if not result.failures:  # manifests name kernels, so they go after every kernel is on the server
-        for name in sorted({e.sku for e in entries}):
-            for envelope in signing.local(store, name):
+        _push_manifests(store, remote, entries, result)
+    return result
+
+
+def _push_manifests(store: Store, remote: Remote, entries: list[Any], result: Transfer) -> None:
+    """Upload the store's signed manifests of the pushed SKUs. A manifest that lists a kernel the store no
+    longer holds with that digest (a rebuild since signing) is stale: it is skipped and reported."""
+    held = {e.kernel_key: e.object_digest for e in entries}
+    for name in sorted({e.sku for e in entries}):
+        for envelope in signing.local(store, name):
+            kernels = envelope["manifest"]["kernels"]
+            if any(held.get(k) != d for k, d in kernels.items()):
+                result.stale_manifests.append(signing.manifest_id(envelope))
+                continue
+            try:
                 remote.push_manifest(name, envelope)
                 result.manifests += 1
-    return result
+            except Fa4AotError as e:
+                result.failures.append(f"manifest {signing.manifest_id(envelope)}: {e}")
 
 
 def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progress | None = None) -> Transfer:
@@ -100,6 +117,10 @@ def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer
             try:
                 count(result, future.result())
                 status = "ok"
+            except DiskFull:  # every other kernel would fail the same way: stop with one error
+                for other in futures:
+                    other.cancel()
+                raise
             except Exception as e:  # one kernel's failure must not stop the others
                 status = f"FAILED {type(e).__name__}: {e}"
                 result.failures.append(status)

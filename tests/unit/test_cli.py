@@ -99,13 +99,37 @@ def test_verify_names_a_corrupt_object_and_exits_1(tmp_path: Path) -> None:
     assert cli(tmp_path, "verify").exit_code == 0
     path = store.object_path(entry.object_digest)
     path.write_bytes(b"kernel bytez")
-    result = cli(tmp_path, "verify")
+    result = cli(tmp_path, "verify", "--no-quarantine")
     assert result.exit_code == 1
     actual = hashlib.sha256(b"kernel bytez").hexdigest()
-    assert f"CORRUPT object {entry.object_digest}: bytes hash to {actual}" in result.output
-    assert "1 problem(s)" in result.output
-    doc = json.loads(cli(tmp_path, "verify", "--json").output)
+    assert f"CORRUPT object {entry.object_digest}: bytes hash to {actual}\n" in result.output
+    assert f"BAD entry index/{entry.kernel_key[:2]}/{entry.kernel_key}.json: its object" in result.output
+    assert "2 problem(s)" in result.output and path.exists()
+    doc = json.loads(cli(tmp_path, "verify", "--no-quarantine", "--json").output)
     assert doc["ok"] is False and doc["bad_objects"] == [{"expected": entry.object_digest, "actual": actual}]
+    assert doc["dangling_entries"] == [] and doc["quarantined"] == [] and doc["quarantine_dir"] is None
+    assert [e["path"] for e in doc["bad_entries"]] == [f"index/{entry.kernel_key[:2]}/{entry.kernel_key}.json"]
+
+
+def test_verify_quarantines_by_default_and_says_where(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    entry = put_entry(store, b"kernel bytes")
+    store.object_path(entry.object_digest).write_bytes(b"kernel bytez")
+    doc = json.loads(cli(tmp_path, "verify", "--json").output)
+    qdir = Path(doc["quarantine_dir"])
+    obj, idx = (f"objects/{entry.object_digest[:2]}/{entry.object_digest[2:]}",
+                f"index/{entry.kernel_key[:2]}/{entry.kernel_key}.json")
+    assert doc["ok"] is False and qdir.parent == tmp_path / "quarantine"
+    assert doc["quarantined"] == [{"path": idx, "to": str(qdir / idx)}, {"path": obj, "to": str(qdir / obj)}]
+    assert (qdir / obj).read_bytes() == b"kernel bytez" and not store.has_object(entry.object_digest)
+    assert store.get_entry(entry.kernel_key) is None
+    result = cli(tmp_path, "verify")
+    assert result.exit_code == 0 and result.output.strip() == "0 objects, 0 entries checked: ok"
+    put_entry(store, b"other")
+    store.object_path(hashlib.sha256(b"other").hexdigest()).unlink()
+    result = cli(tmp_path, "verify")
+    assert result.exit_code == 1 and " -> quarantined to " in result.output and "DANGLING entry" in result.output
+    assert "1 problem(s), moved to " in result.output
 
 
 def test_gc_dry_run_changes_nothing(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
 """The content-addressed store on a real filesystem: round trips, integrity, id validation, gc, atomic writes,
-SIGKILLed writers and cross-process locks."""
+SIGKILLed writers and cross-process locks. The hardening cases (ownership, modes, symlinks, quarantine) are
+in tests/trust/test_cache_hardening.py."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -14,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot import store as store_module
 from fa4_aot.errors import IntegrityError, StoreError
-from fa4_aot.fsutil import FileLock, atomic_write
+from fa4_aot.fsutil import DiskFull, FileLock, atomic_write
 from fa4_aot.store import Entry, Miss, Store, sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,8 +140,39 @@ def test_corrupt_index_entry_is_a_store_error(tmp_path: Path) -> None:
     entry = make_entry(store, b"kernel bytes")
     store.put_entry(entry)
     store.entry_path(entry.kernel_key).write_text('{"kernel_key": ')
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError, match="unreadable index entry .*fa4-aot verify"):
         list(store.entries())
+    with pytest.raises(StoreError, match="unreadable index entry"):
+        store.get_entry(entry.kernel_key)
+    report = store.verify()
+    assert not report.ok and [p for p, _ in report.bad_entries] == [
+        f"index/{entry.kernel_key[:2]}/{entry.kernel_key}.json"]
+
+
+def test_entry_filed_under_another_key_is_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    entry = make_entry(store, b"kernel bytes")
+    store.put_entry(entry)
+    other = "f" * 64
+    atomic_write(store.entry_path(other), store.entry_path(entry.kernel_key).read_bytes())
+    with pytest.raises(StoreError, match=f"holds kernel '{entry.kernel_key}'"):
+        store.get_entry(other)
+    (bad,) = store.verify().bad_entries
+    assert bad[0] == f"index/ff/{other}.json" and "holds kernel" in bad[1]
+
+
+def test_verify_flags_an_entry_whose_object_is_corrupt_or_the_wrong_size(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    entry = make_entry(store, b"kernel bytes")
+    store.put_entry(entry)
+    wrong_size = make_entry(store, b"other kernel", key="e" * 64)
+    store.put_entry(Entry(**{**wrong_size.__dict__, "size": 3}))
+    flip_one_byte(store.object_path(entry.object_digest))
+    report = store.verify()
+    assert [k for k, _ in report.bad_objects] == [entry.object_digest]
+    assert {p.split("/")[-1]: why for p, why in report.bad_entries} == {
+        f"{entry.kernel_key}.json": f"its object {entry.object_digest} is corrupt or not 12 bytes",
+        f"{'e' * 64}.json": f"its object {wrong_size.object_digest} is corrupt or not 3 bytes"}
 
 
 def test_misses_round_trip(tmp_path: Path) -> None:
@@ -173,6 +208,71 @@ def test_gc_removes_unreferenced_objects_and_dead_writers_temp_files(tmp_path: P
     assert live_tmp.exists() and store.read_object(kept.object_digest) == b"referenced"
     assert store.verify().ok
     assert store.gc().removed_objects == []
+
+
+def test_gc_clears_temp_files_even_with_an_unreadable_entry(tmp_path: Path) -> None:
+    """The server's startup cleanup (gc with an infinite min_age) must not need a readable index."""
+    store = Store(tmp_path)
+    entry = make_entry(store, b"kernel bytes")
+    store.put_entry(entry)
+    store.entry_path(entry.kernel_key).write_text("{not json")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    tmp = store.object_path(entry.object_digest).parent / f".x.{int(dead.stdout)}.00000000.tmp"
+    tmp.write_bytes(b"partial")
+    assert store.gc(min_age=float("inf")).removed_temp_files == 1 and not tmp.exists()
+    with pytest.raises(StoreError, match="unreadable index entry"):  # objects are never removed blind
+        store.gc(min_age=0)
+    assert store.has_object(entry.object_digest)
+
+
+def test_read_object_returns_the_bytes_it_hashed(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    digest = store.put_object(b"kernel bytes")
+    assert store.read_object(digest) == b"kernel bytes"
+    flip_one_byte(store.object_path(digest))
+    with pytest.raises(IntegrityError, match="fa4-aot verify"):
+        store.read_object(digest)
+
+
+def test_verified_object_path_refuses_a_file_swapped_while_hashing(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(tmp_path)
+    digest = store.put_object(b"kernel bytes")
+    path = store.object_path(digest)
+    real = store_module.hash_stream
+
+    def hash_then_swap(f: object, keep: object = None) -> object:
+        h = real(f, keep)  # type: ignore[arg-type]
+        atomic_write(path, b"other bytes!")  # another writer renames a file over the one just hashed
+        return h
+
+    monkeypatch.setattr(store_module, "hash_stream", hash_then_swap)
+    with pytest.raises(StoreError, match=f"object {path} changed while it was being verified"):
+        store.verified_object_path(digest)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG, errno.EDQUOT], ids=errno.errorcode.get)
+def test_a_full_disk_is_one_clean_error_and_leaves_nothing(tmp_path: Path, code: int) -> None:
+    def chunks() -> object:
+        yield b"half"
+        raise OSError(code, os.strerror(code))
+
+    target = tmp_path / "objects" / "ab" / "file"
+    with pytest.raises(DiskFull) as info:
+        atomic_write(target, chunks())  # type: ignore[arg-type]
+    message = str(info.value)
+    assert f"no space left writing {target}" in message and "FA4_AOT_CACHE" in message and "\n" not in message
+    assert isinstance(info.value, StoreError) and files_under(tmp_path) == []
+    again = pickle.loads(pickle.dumps(info.value))  # crosses from build workers to the CLI intact
+    assert type(again) is DiskFull and str(again) == message
+
+
+def test_sha256_file_refuses_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "real").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert sha256_file(tmp_path / "real") == hashlib.sha256(b"x").hexdigest()
+    with pytest.raises(StoreError, match=f"refusing symlink {tmp_path / 'link'}"):
+        sha256_file(tmp_path / "link")
 
 
 def _chunks_then_boom() -> object:
