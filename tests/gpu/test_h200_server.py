@@ -23,7 +23,8 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.gpu
 
-WORKLOAD = r"""
+# Every child counts the compiles FA4 starts (it calls cute.compile for each) and installs strict mode.
+COUNTED = r"""
 import json, torch, cutlass.cute as cute
 import fa4_aot
 from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
@@ -35,6 +36,8 @@ def counting(*a, **k):
     return real(*a, **k)
 cute.compile = counting
 inst = fa4_aot.install("strict")
+"""
+WORKLOAD = COUNTED + r"""
 for (b, s, h, hkv, d) in [(2, 4096, 32, 8, 128), (4, 1024, 16, 16, 64), (1, 2048, 16, 16, 256)]:
     q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -132,17 +135,7 @@ def test_tampered_object_on_the_server_is_refused_naming_its_digest(server, sign
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"compiles": 0, "loaded": 0}
 
 
-TAMPERED = r"""
-import json, torch, cutlass.cute as cute, fa4_aot
-from flash_attn.cute import flash_attn_func
-compiles = 0
-real = cute.compile
-def counting(*a, **k):
-    global compiles
-    compiles += 1
-    return real(*a, **k)
-cute.compile = counting
-inst = fa4_aot.install("strict")
+TAMPERED = COUNTED + r"""
 q, k, v = (torch.randn(4, 1024, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 try:
     flash_attn_func(q, k, v, causal=True)
