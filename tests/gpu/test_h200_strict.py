@@ -149,3 +149,36 @@ def test_aot_output_equals_jit_output(compile_counter):
     assert torch.equal(out_aot, out_jit)
     for a, j in zip(grads_aot, grads_jit, strict=True):
         assert torch.equal(a, j)
+
+
+def test_fallback_mode_compiles_a_missing_kernel_and_records_the_miss(tmp_path):
+    """In a fresh process with an empty store, fallback mode lets FA4 compile, records each miss with the call
+    that needed it, and `fa4-aot misses` lists them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    child = r"""
+import json, torch, fa4_aot
+from flash_attn.cute import flash_attn_func
+inst = fa4_aot.install("fallback")
+q, k, v = (torch.randn(1, 512, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+out, _ = flash_attn_func(q, k, v, causal=True)
+torch.cuda.synchronize()
+stats = {"compiled": inst.stats.compiled, "misses": len(inst.stats.misses)}
+print(json.dumps({**stats, "finite": bool(out.isfinite().all())}))
+"""
+    env = {**os.environ, "FA4_AOT_CACHE": str(tmp_path / "empty")}
+    env.pop("FA4_AOT_SERVER", None)
+    out = subprocess.run([sys.executable, "-c", child], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats["compiled"] >= 1 and stats["misses"] == stats["compiled"] and stats["finite"]
+    listed = subprocess.run([sys.executable, "-m", "fa4_aot", "misses", "--json"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    misses = json.loads(listed.stdout)
+    assert len(misses) == stats["misses"]
+    assert all(m["sku"] == "h200" and m["call"] and m["call"]["head_dim"] == 64 for m in misses)
