@@ -13,16 +13,18 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import calls, keys
+from . import calls, config, keys
 from .calls import Call
 from .errors import KernelMissing
-from .remote import Remote, RemoteError, server_from_env
 from .signing import TrustError
 from .skus import Sku, detect_device, select
 from .store import Miss, Store
 from .trust import Trust
+
+if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured: it costs cold starts
+    from .remote import Remote
 
 MODES = ("strict", "fallback")
 FETCH_THREADS = 8
@@ -53,6 +55,8 @@ class Installation:
         the reason is kept for error messages."""
         if self.remote is None:
             return False
+        from .remote import RemoteError
+
         self.remote_error = self.trust.refuse_remote()
         if self.remote_error:
             return False
@@ -86,20 +90,28 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     global _installed
     if mode not in MODES:
         raise ValueError(f"invalid mode {mode!r}: expected one of {', '.join(MODES)}")
-    from . import caches, config, variants
+    from . import caches, variants
 
     store = Store(cache_dir or config.default_cache_dir())
     if _installed and _installed.mode == mode and _installed.store.root == store.root:
         return _installed
     matrix = variants.load(variants_file or config.default_variants_file())
     sku, trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
-    remote = server_from_env()
+    remote = _remote_from_env()
     installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=remote,
                                 trust=Trust.from_env(sku, store, remote))
     calls.capture()
     caches.install(lambda family, _old: StoreCache(family, installation))
     _installed = installation
     return installation
+
+
+def _remote_from_env() -> Remote | None:
+    if config.server_url() is None:
+        return None
+    from .remote import server_from_env
+
+    return server_from_env()
 
 
 def _store_cache_base() -> type:

@@ -19,6 +19,14 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "fa4-aot"
 
 
+def server_url() -> str | None:
+    """$FA4_AOT_SERVER, or None when it is unset or FA4_AOT_OFFLINE=1 (never touch the network)."""
+    url = os.environ.get("FA4_AOT_SERVER")
+    if not url or os.environ.get("FA4_AOT_OFFLINE") == "1":
+        return None
+    return url
+
+
 def default_variants_file() -> Path:
     """$FA4_AOT_VARIANTS, else variants.toml of the checkout, else the copy shipped inside the package."""
     env = os.environ.get("FA4_AOT_VARIANTS")

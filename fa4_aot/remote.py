@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from . import config
 from .errors import Fa4AotError
 from .store import Entry, Store, check_hex, sha256_file
 
@@ -32,10 +33,8 @@ class RemoteError(Fa4AotError):
 
 def server_from_env() -> Remote | None:
     """The configured server, or None when FA4_AOT_SERVER is unset or FA4_AOT_OFFLINE=1."""
-    url = os.environ.get("FA4_AOT_SERVER")
-    if not url or os.environ.get("FA4_AOT_OFFLINE") == "1":
-        return None
-    return Remote(url, token=os.environ.get("FA4_AOT_TOKEN"))
+    url = config.server_url()
+    return Remote(url, token=os.environ.get("FA4_AOT_TOKEN")) if url else None
 
 
 class Remote:

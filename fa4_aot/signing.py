@@ -21,17 +21,16 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from .errors import Fa4AotError, StoreError
 from .fsutil import atomic_write
 from .keys import dumps
 from .skus import Sku
 from .store import Store, check_hex
+
+if TYPE_CHECKING:  # cryptography is imported where keys are used: importing it costs a client's cold start
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 FORMAT = "fa4-aot-manifest/1"
 _UTC_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
@@ -59,6 +58,9 @@ def key_id_of(raw: bytes) -> str:
 def generate(folder: Path, name: str) -> tuple[Path, PublicKey]:
     """A new key pair: `<folder>/<name>.key` (PKCS#8 PEM, mode 0600) and `<name>.pub` (one line). Refuses to
     overwrite an existing private key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     private_path = folder / f"{name}.key"
     if private_path.exists():
         raise TrustError(f"{private_path} exists; pick another --name or move it away first")
@@ -75,11 +77,16 @@ def generate(folder: Path, name: str) -> tuple[Path, PublicKey]:
 
 
 def _public_of(key: Ed25519PrivateKey, name: str) -> PublicKey:
+    from cryptography.hazmat.primitives import serialization
+
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return PublicKey(key_id_of(raw), raw, name)
 
 
 def load_private(path: Path) -> Ed25519PrivateKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as e:
@@ -193,6 +200,9 @@ class Revocations:
 def verify(envelope: Any, trusted: dict[str, PublicKey], sku: Sku, revoked: Revocations,
            now: dt.datetime | None = None) -> dict[str, Any]:
     """The manifest of `envelope` if it is valid for `sku` under `trusted` and `revoked`; TrustError otherwise."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     manifest = check_shape(envelope)
     key = trusted.get(envelope["key_id"])
     if key is None or base64.b64encode(key.raw).decode() != envelope["public_key"]:

@@ -54,7 +54,9 @@ def _tamper_kernel(env: dict) -> None:
 
 
 def _other_key(env: dict) -> None:
-    other = signing.sign(env["manifest"], signing.Ed25519PrivateKey.generate())
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    other = signing.sign(env["manifest"], Ed25519PrivateKey.generate())
     env.update(key_id=other["key_id"], public_key=other["public_key"], signature=other["signature"])
 
 
