@@ -197,6 +197,7 @@ def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
     window = a.get("window_size") or (None, None)
     if dtype is None or (window != (None, None) and None in window):
         return None
+    left, right = window if window != (None, None) else (0, 0)
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     layout, batch, sq, sk, page = _layout_shape(layout, a, q, k)
     return Call(
@@ -204,7 +205,7 @@ def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
         else ("fwd_lse" if a.get("return_lse") else "fwd"),
         dtype=dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
         mask="causal" if a.get("causal") else "local" if window != (None, None) else "full",
-        window=(int(window[0]), int(window[1])) if window != (None, None) else (0, 0),
+        window=(int(left), int(right)),
         softcap=float(a.get("softcap") or 0.0), sink=a.get("learnable_sink") is not None,
         num_splits=int(a.get("num_splits", 1)), batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=q.shape[-2],
         heads_kv=k.shape[-2], page_size=page,

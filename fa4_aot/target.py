@@ -75,8 +75,9 @@ def configure(sku: Sku) -> None:
             f"build it in an environment with nvidia-cutlass-dsl-libs-cu{sku.cuda_major} as the newest flavour"
         )
     hardware_info = make_hardware_info(sku)
-    cutlass.utils.HardwareInfo = hardware_info
-    cutlass.utils.hardware_info.HardwareInfo = hardware_info
+    # deliberate monkeypatch of CuTe's class: FA4 calls it while compiling and we answer for the target SKU
+    cutlass.utils.HardwareInfo = hardware_info  # type: ignore[misc,assignment]
+    cutlass.utils.hardware_info.HardwareInfo = hardware_info  # type: ignore[misc,assignment]
     if not torch.cuda.is_available():
         torch.cuda.current_device = lambda: 0  # fake tensors live on cuda:0
 
