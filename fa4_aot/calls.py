@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 DTYPES = ("bf16", "fp16")
 LAYOUTS = ("dense", "varlen", "seqused", "paged")
@@ -197,7 +197,7 @@ def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
     window = a.get("window_size") or (None, None)
     if dtype is None or (window != (None, None) and None in window):
         return None
-    left, right = window if window != (None, None) else (0, 0)
+    left, right = cast(tuple[int, int], window) if window != (None, None) else (0, 0)
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     layout, batch, sq, sk, page = _layout_shape(layout, a, q, k)
     return Call(
