@@ -61,13 +61,9 @@ class Installation:
         if self.remote_error:
             return False
         try:
-            entry = self.remote.kernel(kernel_key)
-            if entry is None:
+            if self.remote.fetch_kernel(kernel_key, self.store, accept=self.trust.check) is None:
                 self.remote_error = f"{self.remote.url} has no kernel {kernel_key[:16]}… for {self.sku.name} either"
                 return False
-            self.trust.check(entry)  # before a byte is downloaded
-            self.remote.fetch_object(entry.object_digest, self.store, entry.size)
-            self.store.put_entry(entry)
         except (RemoteError, TrustError) as e:
             self.remote_error = str(e)
             return False

@@ -13,6 +13,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -20,7 +21,7 @@ import httpx
 
 from . import config
 from .errors import Fa4AotError
-from .store import Entry, Store, check_hex, sha256_file
+from .store import Entry, Store, check_hex
 
 RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -103,10 +104,10 @@ class Remote:
     def fetch_object(self, digest: str, store: Store, size: int | None = None) -> bool:
         """Make `store` hold object `digest`, downloading it unless present. Returns True if it downloaded.
         Concurrent callers on one store download once: the second finds the object after the lock."""
-        if _valid(store, digest):
+        if store.object_state(digest, size) == "ok":
             return False
         with store.lock(digest):
-            if _valid(store, digest):
+            if store.object_state(digest, size) == "ok":
                 return False
             for attempt in range(self.retries + 1):
                 try:
@@ -121,11 +122,15 @@ class Remote:
                     time.sleep(min(8.0, 0.2 * 2**attempt))
         raise AssertionError("unreachable")
 
-    def fetch_kernel(self, kernel_key: str, store: Store) -> Entry | None:
-        """Fetch kernel `kernel_key` (object, then index entry) into `store`; None if the server lacks it."""
+    def fetch_kernel(self, kernel_key: str, store: Store,
+                     accept: Callable[[Entry], None] | None = None) -> Entry | None:
+        """Fetch kernel `kernel_key` (object, then index entry) into `store`; None if the server lacks it.
+        `accept(entry)` runs before a byte of the object is downloaded and refuses it by raising."""
         entry = self.kernel(kernel_key)
         if entry is None:
             return None
+        if accept is not None:
+            accept(entry)
         self.fetch_object(entry.object_digest, store, entry.size)
         store.put_entry(entry)
         return entry
@@ -155,11 +160,6 @@ class Remote:
                 pass
 
         threading.Thread(target=send, name="fa4-aot-miss-report", daemon=True).start()
-
-
-def _valid(store: Store, digest: str) -> bool:
-    path = store.object_path(digest)
-    return path.is_file() and sha256_file(path) == digest
 
 
 def _check(response: httpx.Response, ok: tuple[int, ...], url: str) -> httpx.Response:
