@@ -57,6 +57,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"bad-input suite: {total} named cases collected ({parts})")
 
 
+def assert_located(error: BaseException, path: Path, line: int, parts: list[str]) -> None:
+    """A config error starts with `path:line: ` and mentions every one of `parts` (field, allowed values...)."""
+    message = str(error)
+    assert message.startswith(f"{path}:{line}: "), message
+    for part in parts:
+        assert part in message, message
+
+
 def run_cli(*args: str, cache: Path | None = None, env: dict[str, str] | None = None,
             timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """Run `fa4-aot ARGS` in a fresh interpreter, as a user would."""

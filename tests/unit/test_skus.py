@@ -11,6 +11,7 @@ import pytest
 from fa4_aot import variants
 from fa4_aot.errors import ConfigError, UnknownSku
 from fa4_aot.skus import DeviceInfo, Sku, select
+from tests.conftest import assert_located
 
 ROOT = Path(__file__).resolve().parents[2]
 SKUS = variants.load(ROOT / "variants.toml").skus
@@ -171,10 +172,7 @@ def test_sku_table_errors_name_file_line_field_and_allowed_values(
     path, line = _sku_file(tmp_path, body)
     with pytest.raises(ConfigError) as e:
         variants.load(path)
-    message = str(e.value)
-    assert message.startswith(f"{path}:{line}: "), message
-    for part in in_message:
-        assert part in message, message
+    assert_located(e.value, path, line, in_message)
 
 
 def test_sku_name_must_be_lowercase(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 from fa4_aot import variants
 from fa4_aot.errors import ConfigError, UnknownSku
 from fa4_aot.skus import Sku
+from tests.conftest import assert_located
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = Sku("h200", "sm_90a", 132, 62914560, 13)
@@ -174,10 +175,7 @@ def test_bad_entries_name_file_line_field_and_allowed_values(tmp_path: Path, tex
     path.write_text(text)
     with pytest.raises(ConfigError) as e:
         variants.load(path)
-    message = str(e.value)
-    assert message.startswith(f"{path}:{line}: "), message
-    for part in in_message:
-        assert part in message, message
+    assert_located(e.value, path, line, in_message)
 
 
 def test_good_base_of_bad_table_loads(tmp_path: Path) -> None:
