@@ -1,0 +1,56 @@
+"""An attention signature: everything about a call except batch size and sequence lengths.
+
+A model layer has one signature per pass (heads, head dims, mask, softcap, sink, layout, dtype); the batch and
+sequence lengths vary from call to call. Coverage is judged per signature: a build covers a signature when it
+holds every kernel FA4's dispatch can choose for it at any batch and sequence lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .calls import Call
+
+_SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k")
+
+
+@dataclass(frozen=True)
+class Signature:
+    layout: str
+    pass_: str
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    mask: str
+    window: tuple[int, int]
+    softcap: float
+    sink: bool
+    num_splits: int
+    heads_q: int
+    heads_kv: int
+    page_size: int = 0
+
+    def call(self, batch: int, seqlen_q: int, seqlen_k: int) -> Call:
+        """The concrete Call of this signature at these shapes."""
+        return Call(**asdict(self), batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+
+    @classmethod
+    def of(cls, call: Call) -> Signature:
+        """The signature of a concrete Call (its shapes dropped)."""
+        data = {f.name: getattr(call, f.name) for f in fields(cls)}
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Signature:
+        """Inverse of to_dict; shape fields, if present, are ignored. Raises ValueError naming a missing field."""
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in data and n != "page_size"]
+        if missing:
+            raise ValueError(f"invalid signature {data!r}: missing {', '.join(missing)}")
+        values = {n: data[n] for n in names if n in data}
+        values["window"] = tuple(values["window"])
+        return cls(**values)
