@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from .errors import StoreError
+from .errors import DiskFull, StoreError
 
 TMP_SUFFIX = ".tmp"
 FILE_MODE = 0o600  # owner-only: nobody else can swap the bytes a client loads
@@ -24,11 +24,6 @@ DIR_MODE = 0o700
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
-
-
-class DiskFull(StoreError):
-    """A write ran out of space (ENOSPC, EFBIG, EDQUOT). Nothing partial was left behind. Picklable, so it
-    crosses from build workers to the CLI unchanged."""
 
 
 def sha256_file(path: Path) -> str:

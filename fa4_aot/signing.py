@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import Fa4AotError, StoreError
+from .errors import StoreError, TrustError
 from .fsutil import atomic_write
 from .keys import dumps
 from .skus import Sku
@@ -35,10 +35,6 @@ if TYPE_CHECKING:  # cryptography is imported where keys are used: importing it 
 FORMAT = "fa4-aot-manifest/1"
 _UTC_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 PUBLIC_PREFIX = "fa4-aot-ed25519"
-
-
-class TrustError(Fa4AotError):
-    """A manifest, key or kernel failed verification; the message says which check and how to fix it."""
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from fa4_aot import store as store_module
-from fa4_aot.errors import IntegrityError, StoreError
-from fa4_aot.fsutil import DiskFull, FileLock, atomic_write
+from fa4_aot.errors import DiskFull, IntegrityError, StoreError
+from fa4_aot.fsutil import FileLock, atomic_write
 from fa4_aot.store import Entry, Miss, Store, sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
