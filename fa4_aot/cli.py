@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 
-from . import config
+from . import config, maintenance
 from .errors import Fa4AotError
-from .store import Store, VerifyReport
+from .maintenance import VerifyReport
+from .store import Store
 
 
 class _Group(click.Group):
@@ -161,7 +162,7 @@ def list_(ctx: click.Context, sku: str | None, as_json: bool) -> None:
 def verify(ctx: click.Context, quarantine: bool, as_json: bool) -> None:
     """Re-hash every object and check every index entry; quarantine what fails. Exits 1 on any problem."""
     store = _store(ctx)
-    report = store.verify(quarantine=quarantine)
+    report = maintenance.verify(store, quarantine=quarantine)
     doc = {"objects": report.objects_checked, "entries": report.entries_checked, "ok": report.ok,
            "bad_objects": [{"expected": e, "actual": a} for e, a in report.bad_objects],
            "dangling_entries": report.dangling_entries,
@@ -209,7 +210,7 @@ def _verify_lines(store: Store, report: VerifyReport) -> list[str]:
 @click.pass_context
 def gc(ctx: click.Context, dry_run: bool, min_age: float, as_json: bool) -> None:
     """Remove objects no index entry references, and temp files of dead writers (quarantine/ is left alone)."""
-    report = _store(ctx).gc(dry_run=dry_run, min_age=min_age)
+    report = maintenance.gc(_store(ctx), dry_run=dry_run, min_age=min_age)
     verb = "would remove" if dry_run else "removed"
     doc = {"dry_run": dry_run, "objects": report.removed_objects, "temp_files": report.removed_temp_files,
            "bytes": report.bytes_freed}

@@ -243,7 +243,7 @@ class AtomicFile:
             self._file = os.fdopen(fd, "wb")
         return self
 
-    def write(self, chunk: bytes) -> None:
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
         assert self._file is not None, "AtomicFile.write outside its with block"
         with self.disk_full():
             self._file.write(chunk)

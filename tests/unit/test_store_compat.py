@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import keys, signing
+from fa4_aot import keys, maintenance, signing
 from fa4_aot.signing import Revocations
 from fa4_aot.skus import Sku
 from fa4_aot.store import Store
@@ -28,7 +28,7 @@ def store(tmp_path: Path) -> Store:
 
 
 def test_old_store_verifies_and_every_object_reads(store: Store) -> None:
-    report = store.verify()
+    report = maintenance.verify(store)
     assert report.ok and report.objects_checked == 5 and report.entries_checked == 5 and not report.unexpected
     entries = list(store.entries())
     assert len(entries) == 5
