@@ -262,11 +262,13 @@ class AtomicFile:
                  tb: TracebackType | None) -> None:
         assert self._file is not None and self._folder is not None
         try:
-            self._file.close()
-            os.unlink(self.tmp, dir_fd=self._folder)
-        except FileNotFoundError:
-            pass
+            with self.disk_full():
+                self._file.close()  # after a failure, flushing what is buffered can itself run out of space
         finally:
+            try:
+                os.unlink(self.tmp, dir_fd=self._folder)  # gone after commit(); left by a failed write
+            except FileNotFoundError:
+                pass
             os.close(self._folder)
 
     @contextmanager
