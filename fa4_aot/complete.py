@@ -19,38 +19,43 @@ from typing import Any
 from . import probes
 from .calls import Call
 from .signature import Signature
+from .skus import Sku
 
 Kernels = dict[tuple[str, str], tuple[Any, Call]]  # (family, canonical key JSON) -> (compile key, first call)
 
 
-def kernels_for_signature(sig: Signature, sm_count: int) -> Kernels:
+def kernels_for_signature(sig: Signature, sku: Sku) -> Kernels:
     """{(family, canonical compile key JSON): (compile key, a Call that needs it)} over every shape of `sig`.
 
-    Must run in a process configured for the SKU (target.configure) whose SM count is `sm_count`. Calls FA4
+    Must run in a process configured for `sku` (target.configure). Calls FA4
     rejects at some shapes are skipped; raises ValueError when it rejects every shape of the signature.
     """
-    return dict(_cached(sig, sm_count))
+    return dict(_cached(sig, sku))
 
 
 @lru_cache(maxsize=512)
-def _cached(sig: Signature, sm_count: int) -> tuple[tuple[tuple[str, str], tuple[Any, Call]], ...]:
+def _cached(sig: Signature, sku: Sku) -> tuple[tuple[tuple[str, str], tuple[Any, Call]], ...]:
     found: Kernels = {}
     errors: list[str] = []
-    rows = _phase1(sig, sm_count, found, errors)
-    if len(probes.seqlens_k(sig)) > 1:
-        _phase2(sig, sm_count, rows, found, errors)
+    with _recording():
+        rows = _phase1(sig, sku, found, errors)
+        if len(probes.seqlens_k(sig)) > 1:
+            _phase2(sig, sku, rows, found, errors)
     if not found:
         raise ValueError(f"FA4 rejects every shape of {sig.call(1, 1, 1).describe()}: {errors[0]}")
     return tuple(found.items())
 
 
-def _phase1(sig: Signature, sm: int, found: Kernels, errors: list[str]) -> dict[tuple[int, int], tuple[Any, int]]:
+def _phase1(sig: Signature, sku: Sku, found: Kernels, errors: list[str]) -> dict[tuple[int, int], tuple[Any, int]]:
     """{(batch, seqlen_q): (kernel set at seqlen_k = 1, total_mblocks per batch or 0)}."""
     rows = {}
-    lengths_k = (1, probes.MAX_SEQLEN_K) if probes.splits_matter(sig) else (1,)
+    # the heuristic runs at seqlen_k = 1 for num_splits = 0; a fixed N reaches it (sm100, head_dim != head_dim_v)
+    # only once num_n_blocks >= 64
+    lengths_k = (1, probes.MAX_SEQLEN_K) if sig.num_splits > 1 else (1,)
     for sq in probes.seqlens_q(sig):
-        for b in probes.batch_regimes(sig, sm):
-            base, per_batch = frozenset(), 0
+        for b in probes.batch_regimes(sig, sku):
+            base: frozenset[tuple[str, str]] = frozenset()
+            per_batch = 0
             for sk in lengths_k:
                 kernels, totals = _run(sig.call(b, sq, sk), found, errors)
                 base = base or frozenset(kernels)
@@ -59,16 +64,16 @@ def _phase1(sig: Signature, sm: int, found: Kernels, errors: list[str]) -> dict[
     return rows
 
 
-def _phase2(sig: Signature, sm: int, rows: dict[tuple[int, int], tuple[Any, int]], found: Kernels,
+def _phase2(sig: Signature, sku: Sku, rows: dict[tuple[int, int], tuple[Any, int]], found: Kernels,
             errors: list[str]) -> None:
     groups: dict[tuple[Any, int], tuple[int, int]] = {}
     for (b0, sq), (base, per_batch) in rows.items():
         if not base:
             continue
-        same_regime = [b for b in {*probes.split_batches(sm), b0}
-                       if probes.regime(sig, sm, b) == probes.regime(sig, sm, b0)]
+        same_regime = [b for b in {*probes.split_batches(sku.sm_count), b0}
+                       if probes.regime(sig, sku, b) == probes.regime(sig, sku, b0)]
         for b in sorted(same_regime):
-            bucket = probes.split_bucket(per_batch, b, sm) if per_batch else -1
+            bucket = probes.split_bucket(per_batch, b, sku.sm_count) if per_batch else -1
             groups.setdefault((base, bucket), (b, sq))
     for b, sq in groups.values():
         for sk in probes.seqlens_k(sig):
@@ -76,35 +81,61 @@ def _phase2(sig: Signature, sm: int, rows: dict[tuple[int, int], tuple[Any, int]
 
 
 def _run(call: Call, found: Kernels, errors: list[str]) -> tuple[list[tuple[str, str]], list[int]]:
-    """Plan one call; add its kernels to `found`. Returns its kernel idents and the total_mblocks values FA4's
-    split heuristic was called with ([] when it was not)."""
-    from . import plan
+    """Plan one call inside _recording(); add its kernels to `found`. Returns its kernel idents and the
+    total_mblocks values FA4's split heuristic was called with ([] when it was not)."""
+    from . import calls
 
-    with _heuristic_inputs() as totals:
-        try:
-            seen = plan.kernels_for(call)
-        except Exception as e:  # FA4 rejects this shape (e.g. a layout limit): other shapes may still run
-            errors.append(f"{type(e).__name__}: {e}")
-            return [], []
+    _state["seen"], _state["totals"] = {}, []
+    try:
+        calls.run(call)
+    except Exception as e:  # FA4 rejects this shape (e.g. a layout limit): other shapes may still run
+        errors.append(f"{type(e).__name__}: {e}")
+        return [], []
+    seen = _state["seen"]
     for ident, key in seen.items():
         found.setdefault(ident, (key, call))
-    return list(seen), list(totals)
+    return list(seen), list(_state["totals"])
+
+
+_state: dict[str, Any] = {}
 
 
 @contextmanager
-def _heuristic_inputs() -> Iterator[list[int]]:
-    """Record total_mblocks of every num_splits_heuristic call FA4 makes inside the block."""
+def _recording() -> Iterator[None]:
+    """One fake-tensor mode and one set of recording caches for a whole signature (a fresh one per call costs
+    a fifth of the time); num_splits_heuristic is wrapped to note its total_mblocks."""
     from flash_attn.cute import interface
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import caches
 
     original = interface.num_splits_heuristic
-    totals: list[int] = []
 
-    def recording(total_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int) -> int:
-        totals.append(int(total_mblocks))
+    def noting(total_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int) -> int:
+        _state["totals"].append(int(total_mblocks))
         return int(original(total_mblocks, num_sms, num_n_blocks, max_splits))
 
-    interface.num_splits_heuristic = recording
+    interface.num_splits_heuristic = noting
     try:
-        yield totals
+        with FakeTensorMode(), caches.swapped(lambda family, _old: _LiveRecorder(family)):
+            yield
     finally:
         interface.num_splits_heuristic = original
+        _state.clear()
+
+
+def _recorder_base() -> type:
+    from .caches import Recorder
+
+    return Recorder
+
+
+class _LiveRecorder(_recorder_base()):  # type: ignore[misc]
+    """caches.Recorder writing into the current call's dict."""
+
+    def __init__(self, family: str) -> None:
+        super().__init__(family, {})
+
+    def __contains__(self, key: Any) -> bool:
+        self.seen = _state["seen"]
+        return bool(super().__contains__(key))

@@ -24,6 +24,7 @@ checks that claim against FA4's real dispatch on random shapes.
 from __future__ import annotations
 
 from .signature import Signature
+from .skus import Sku
 
 MAX_SEQLEN_Q = 256 * 1024
 MAX_SEQLEN_K = 1024 * 1024
@@ -46,25 +47,26 @@ def seqlens_q(sig: Signature) -> list[int]:
     return sorted(v for v in out if v <= MAX_SEQLEN_Q)
 
 
-def batch_thresholds(sig: Signature, sm_count: int) -> list[int]:
-    """The largest batch on the lower side of each batch-only test that applies to `sig`."""
+def batch_thresholds(sig: Signature, sku: Sku) -> list[int]:
+    """The largest batch on the lower side of each batch-only test that applies to `sig` on `sku`."""
     out = {BIN_BATCH_SEARCH_THRESH} if sig.layout != "dense" else set()
-    if 256 in (sig.head_dim, sig.head_dim_v):
+    sm_count = sku.sm_count
+    if 256 in (sig.head_dim, sig.head_dim_v) and sku.fa4_arch in ("sm_100", "sm_110"):
         out.update(sm_count // (2 * h) for h in (sig.heads_q, sig.heads_kv) if sm_count // (2 * h) >= 1)
     return sorted(out)
 
 
-def batch_regimes(sig: Signature, sm_count: int) -> list[int]:
+def batch_regimes(sig: Signature, sku: Sku) -> list[int]:
     """One batch per side of every batch-only test: 1, and t, t + 1 for each threshold t."""
     out = {1}
-    for t in batch_thresholds(sig, sm_count):
+    for t in batch_thresholds(sig, sku):
         out.update((t, t + 1))
     return sorted(out)
 
 
-def regime(sig: Signature, sm_count: int, batch: int) -> tuple[bool, ...]:
+def regime(sig: Signature, sku: Sku, batch: int) -> tuple[bool, ...]:
     """Which side of each batch-only test `batch` is on."""
-    return tuple(batch > t for t in batch_thresholds(sig, sm_count))
+    return tuple(batch > t for t in batch_thresholds(sig, sku))
 
 
 def split_batches(sm_count: int) -> list[int]:
@@ -88,11 +90,11 @@ def split_bucket(total_mblocks_per_batch: int, batch: int, sm_count: int) -> int
 
 def seqlens_k(sig: Signature) -> list[int]:
     """seqlen_k values that reach every kernel once batch and seqlen_q are fixed: both sides of every tile
-    edge (twice that with 2-CTA) for a backward, and with split-KV a geometric sweep (2^k + 1 and
+    edge up to 256 (one tile, or one 2-CTA pair of tiles) for a backward, and with split-KV a geometric sweep (2^k + 1 and
     1.5 * 2^k + 1, odd on purpose) up to 1M. [1] when seqlen_k cannot change the kernels."""
     out = {1}
     if sig.pass_ in ("bwd", "bwd_det"):
-        out.update(v for t in TILE_EDGES for v in (t, t + 1, 2 * t, 2 * t + 1))
+        out.update(v for t in TILE_EDGES if t <= 256 for v in (t, t + 1))
     if splits_matter(sig):
         out.update((2, 3, 5, 7, MAX_SEQLEN_K))
         out.update(v for k in range(4, 21) for v in (2**k + 1, 3 * 2 ** (k - 1) + 1))

@@ -97,7 +97,7 @@ def check(args: tuple[Sku, int, int, int]) -> dict[str, Any]:
     signature = CLASSES[index]
     started = time.perf_counter()
     try:
-        planned = complete.kernels_for_signature(signature, sku.sm_count)
+        planned = complete.kernels_for_signature(signature, sku)
     except ValueError as e:
         return {"index": index, "unsupported": str(e)}
     plan_seconds = time.perf_counter() - started
