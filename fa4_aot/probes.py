@@ -90,8 +90,8 @@ def split_bucket(total_mblocks_per_batch: int, batch: int, sm_count: int) -> int
 
 def seqlens_k(sig: Signature) -> list[int]:
     """seqlen_k values that reach every kernel once batch and seqlen_q are fixed: both sides of every tile
-    edge up to 256 (one tile, or one 2-CTA pair of tiles) for a backward, and with split-KV a geometric sweep (2^k + 1 and
-    1.5 * 2^k + 1, odd on purpose) up to 1M. [1] when seqlen_k cannot change the kernels."""
+    edge up to 256 (one tile, or one 2-CTA pair of tiles) for a backward, and with split-KV a geometric
+    sweep (2^k + 1 and 1.5 * 2^k + 1, odd on purpose) up to 1M. [1] when seqlen_k cannot change kernels."""
     out = {1}
     if sig.pass_ in ("bwd", "bwd_det"):
         out.update(v for t in TILE_EDGES if t <= 256 for v in (t, t + 1))
