@@ -77,7 +77,8 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
               help="Compiler processes; each needs about 1.5 GB of memory.")
 @click.option("--dry-run", is_flag=True, help="Plan only: kernels per variant, the estimated build time, and the "
               "calls FA4 rejects.")
-@click.option("--from-misses", is_flag=True, help="Build the calls clients reported missing to --server, then push.")
+@click.option("--from-misses", is_flag=True, help="Build the kernels clients reported missing: to --server (then "
+              "push), else those recorded in the local store (`fa4-aot misses`).")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
 @click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses ($FA4_AOT_TOKEN).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: counts, kernel keys, failures.")
@@ -98,7 +99,7 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
         _build_misses(ctx, matrix, server, token, jobs, as_json)
         return
     if not sku:
-        raise click.UsageError("--sku is required (or --from-misses with --server)")
+        raise click.UsageError("--sku is required (or --from-misses)")
     target = matrix.sku(sku)
     chosen = matrix.select(list(only))
     store = _store(ctx)
@@ -145,16 +146,22 @@ def _dry_run_lines(report: Any, store: Store, target: Any, jobs: int) -> tuple[l
 
 def _build_misses(ctx: click.Context, matrix: Any, server: str | None, token: str | None, jobs: int,
                   as_json: bool) -> None:
-    from .remote import Remote
-    from .transfer import rebuild_misses
+    from dataclasses import asdict
 
-    if not server:
-        raise click.UsageError("--from-misses needs --server (or FA4_AOT_SERVER)")
-    reports = rebuild_misses(matrix, _store(ctx), Remote(server, token=token), jobs=jobs)
+    from .transfer import build_misses, rebuild_misses
+
+    store = _store(ctx)
+    if server:
+        from .remote import Remote
+
+        reports, where = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs), server
+    else:
+        reports, where = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs), ""
     docs = [r.to_dict() for r in reports]
     lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
-             f"{d['failed']} failed; pushed to {server}" for d in docs] or [f"{server} reports no buildable misses"]
-    _emit(as_json, docs, "\n".join(lines))
+             f"{d['failed']} failed" + (f"; pushed to {where}" if where else "") for d in docs]
+    lines += [f"FAILED {f['kernel_key'][:16]} {f['family']}: {f['error']}" for d in docs for f in d["failures"]]
+    _emit(as_json, docs, "\n".join(lines) or f"{where or store.root} reports no misses")
     if any(d["failed"] for d in docs):
         sys.exit(1)
 
