@@ -58,7 +58,8 @@ def main() -> None:
            "load_average_before": load_before, "load_average_after": os.getloadavg(), "classes": rows}
     cpu = sum(row[n].get("cpu_seconds", 0) for row in rows for n in ("h200", "b200"))
     doc["cpu_seconds"] = round(cpu, 1)
-    print(f"wall {wall:.1f}s, worker CPU {cpu:.1f}s, load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+    print(f"wall {wall:.1f}s, worker CPU {cpu:.1f}s, "
+          f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1))
 
