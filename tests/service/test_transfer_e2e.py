@@ -141,14 +141,14 @@ def planned_keys(call: Call, sku: str) -> list[tuple[str, str]]:
     """(family, kernel key) of every kernel `call` needs on `sku`, planned in a fresh process configured for it."""
     code = (
         "import json, sys\n"
-        "from fa4_aot import keys, target, variants\n"
+        "from fa4_aot import fa4, kernel_keys, variants\n"
         "from fa4_aot.calls import Call\n"
         f"sku = variants.load({str(TINY_VARIANTS)!r}).sku({sku!r})\n"
-        "target.configure(sku)\n"
-        "from fa4_aot import plan\n"
-        "doc = json.loads(sys.argv[1])\n"
-        "call = Call(**{**doc, 'window': tuple(doc['window'])})\n"
-        "print(json.dumps(sorted([f, keys.kernel_key(f, k, sku)] for (f, _), k in plan.kernels_for(call).items())))\n"
+        "fa4.configure(sku)\n"
+        "tools = fa4.toolchain()\n"
+        "call = Call.from_dict(json.loads(sys.argv[1]))\n"
+        "print(json.dumps(sorted([f, kernel_keys.kernel_key(f, k, sku, tools)] for (f, _), k in "
+        "fa4.plan(call).items())))\n"
     )
     out = subprocess.run([sys.executable, "-c", code, json.dumps(call.to_dict())], capture_output=True, text=True,
                          cwd=ROOT, timeout=300)
