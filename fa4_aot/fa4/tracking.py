@@ -69,8 +69,6 @@ def _wrap_backward(backward: Any) -> Any:
 
 def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
     """The Call behind FA4 forward arguments `a` (as bound to FlashAttn[Varlen]Func.forward), or None."""
-    import torch
-
     if any(a.get(name) is not None for name in _UNSUPPORTED):
         return None
     q, k, v = a["q"], a["k"], a["v"]
@@ -79,7 +77,10 @@ def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
     if dtype is None or (window != (None, None) and None in window):
         return None
     local = window != (None, None)
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    # FA4 keeps LSE and compiles the training kernels when any input requires grad (its own `requires_grad`),
+    # whatever the grad mode: autograd runs Function.forward with grad disabled, so is_grad_enabled() is False
+    # here even inside a training step (which recorded training misses as "fwd").
+    training = any(t is not None and t.requires_grad for t in (q, k, v, a.get("learnable_sink")))
     layout, batch, sq, sk, page = _layout_shape(layout, a, q, k)
     return Call.from_dict({
         "layout": layout, "dtype": dtype, "head_dim": q.shape[-1], "head_dim_v": v.shape[-1],
