@@ -170,6 +170,10 @@ def _wrap_forward(forward: Any, layout: str) -> Any:
         except Exception:  # describing the call must never break it
             call = None
         ctx._fa4_aot_call = call
+        if call is not None:
+            from . import record
+
+            record.note(call)
         with running(call):
             return forward(ctx, *args, **kwargs)
 

@@ -1,0 +1,162 @@
+"""`fa4-aot coverage`: would these calls (or this model's signatures) run from the store without compiling?
+
+Judging is pure: given the kernels FA4's dispatch picks for each call (planned on fake tensors in processes
+configured for the SKU, as a build plans) and what the store holds, each call is served or missing, with the
+kernels it lacks and the command that adds them. No GPU is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .calls import Call
+from .errors import ConfigError
+
+Kernel = tuple[str, str]  # (family, kernel key)
+
+
+@dataclass
+class Verdict:
+    label: str  # what was asked: a call, or a model signature
+    calls: list[Call]
+    kernels: list[Kernel] = field(default_factory=list)
+    missing: list[Kernel] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # FA4 rejected a call: no build can serve it
+    fix: str = ""  # the command that adds what is missing
+
+    @property
+    def served(self) -> bool:
+        return not self.missing and not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "served": self.served, "calls": len(self.calls), "kernels": len(self.kernels),
+                "missing": [{"family": f, "kernel_key": k} for f, k in self.missing], "errors": self.errors,
+                "fix": "" if self.served else self.fix}
+
+
+def judge(label: str, calls: list[Call], planned: Iterable[tuple[list[Kernel], str]], has: Callable[[str], bool],
+          fix: str) -> Verdict:
+    """Pure: `planned` holds, per call, its kernels and FA4's error ('' when none); `has(kernel_key)` says whether
+    the store holds a kernel. Missing kernels are listed once, in first-seen order."""
+    verdict = Verdict(label=label, calls=calls, fix=fix)
+    seen: dict[Kernel, None] = {}
+    for (kernels, error), call in zip(planned, calls, strict=True):
+        if error:
+            verdict.errors.append(f"{call.describe()}: {error}")
+        for kernel in kernels:
+            seen[kernel] = None
+    verdict.kernels = list(seen)
+    verdict.missing = [k for k in verdict.kernels if not has(k[1])]
+    return verdict
+
+
+def summary(verdicts: list[Verdict]) -> dict[str, Any]:
+    served = sum(v.served for v in verdicts)
+    return {"served": served, "missing": len(verdicts) - served, "total": len(verdicts),
+            "ok": served == len(verdicts), "results": [v.to_dict() for v in verdicts]}
+
+
+def lines(verdicts: list[Verdict]) -> list[str]:
+    """Human-readable report: one line per item, the missing kernels and the fix under each missing one."""
+    out = []
+    for v in verdicts:
+        if v.served:
+            out.append(f"served   {v.label}  ({len(v.kernels)} kernel(s))")
+            continue
+        out.append(f"MISSING  {v.label}  ({len(v.missing)} of {len(v.kernels)} kernel(s) not in the store)")
+        out += [f"    {family} {key[:16]}…" for family, key in v.missing]
+        out += [f"    FA4 rejects {e}" for e in v.errors]
+        if v.missing:
+            out.append(f"    add with: {v.fix}")
+    s = summary(verdicts)
+    out.append(f"{s['served']} of {s['total']} served, {s['missing']} missing")
+    return out
+
+
+# -- calls files ----------------------------------------------------------------------------------------------
+def call_from_dict(data: Any) -> Call:
+    """A Call from its to_dict() form (a recorded call or a miss's call). Raises ValueError naming what is wrong."""
+    from dataclasses import fields
+
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    names = [f.name for f in fields(Call)]
+    missing = [n for n in names if n not in data and n != "page_size"]
+    unknown = [k for k in data if k not in names]
+    if missing or unknown:
+        raise ValueError(f"missing {', '.join(missing) or 'nothing'}; unknown {', '.join(unknown) or 'nothing'}")
+    values = {n: data[n] for n in names if n in data}
+    values["window"] = tuple(values["window"])
+    return Call(**values)
+
+
+def read_calls(path: Path) -> list[Call]:
+    """The calls of a JSON-lines file (blank lines skipped, duplicates kept once, order kept).
+    Raises ConfigError naming file and line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read calls file {path}: {e.strerror}") from e
+    out: dict[Call, None] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            out[call_from_dict(json.loads(raw))] = None
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{path}:{number}: not a call ({e}); lines are what FA4_AOT_RECORD writes: "
+                              "one JSON object per line with layout, pass_, dtype, head_dim, ... page_size") from e
+    if not out:
+        raise ConfigError(f"{path}: no calls (record some with FA4_AOT_RECORD={path})")
+    return list(out)
+
+
+# -- the shell: plan calls through FA4's dispatch in processes configured for the SKU -------------------------
+def plan_calls(sku: Any, store_root: Path, calls: list[Call], jobs: int = 1) -> list[tuple[list[Kernel], str]]:
+    """Per call, (its kernels, FA4's one-line error or ''), planned on fake tensors for `sku` (no compiling)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from . import build
+
+    jobs = max(1, min(jobs, len(calls)))
+    chunks = [list(range(i, len(calls), jobs)) for i in range(jobs)]
+    out: list[tuple[list[Kernel], str]] = [([], "") for _ in calls]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=build._init_worker,
+                             initargs=(sku, str(store_root))) as pool:
+        futures = [pool.submit(build._plan_task, [("coverage", calls[i]) for i in chunk]) for chunk in chunks]
+        for chunk, future in zip(chunks, futures, strict=True):
+            kernels, failures = future.result()
+            for family, _ident, kernel_key, local in kernels:
+                out[chunk[local]][0].append((family, kernel_key))
+            for local, error in failures:
+                out[chunk[local]] = (out[chunk[local]][0], error)
+    return out
+
+
+def check_calls(sku: Any, store: Any, calls: list[Call], calls_file: Path, jobs: int = 1) -> list[Verdict]:
+    """One verdict per call; the fix builds exactly the calls of the file."""
+    planned = plan_calls(sku, store.root, calls, jobs)
+    fix = f"fa4-aot build --sku {sku.name} --calls {calls_file}"
+    return [judge(c.describe(), [c], [p], store.has_entry, fix) for c, p in zip(calls, planned, strict=True)]
+
+
+def check_model(sku: Any, store: Any, model: Any, tps: tuple[int, ...], workloads: tuple[str, ...],
+                model_arg: str, jobs: int = 1) -> list[Verdict]:
+    """One verdict per (TP degree, signature) of `model`, judged over the signature's whole plan."""
+    from . import modelwork
+
+    items = modelwork.items(model, tps, workloads)
+    per_item = [modelwork.signature_calls(i.signature, sku) for i in items]
+    flat = [c for calls in per_item for c in calls]
+    planned = iter(plan_calls(sku, store.root, flat, jobs)) if flat else iter(())
+    out = []
+    for item, calls in zip(items, per_item, strict=True):
+        fix = (f"fa4-aot build --sku {sku.name} --model {model_arg} --tp {item.tp} "
+               f"--workload {','.join(item.workloads)}")
+        out.append(judge(item.label, calls, [next(planned) for _ in calls], store.has_entry, fix))
+    return out
