@@ -26,6 +26,7 @@ ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deb
                  "dinov2", "beit", "clip_vision_model", "siglip_vision_model", "modernbert")
 SINK_TYPES = ("gpt_oss",)
 ALTERNATING_TYPES = ("gemma2",)
+PATTERN_DEFAULTS = {"gemma3_text": 6}  # Gemma3TextConfig's default sliding_window_pattern (configs may omit it)
 
 
 def load(path: Path) -> Model:
@@ -44,7 +45,9 @@ def load(path: Path) -> Model:
 
 
 def _name(path: Path, data: dict[str, Any]) -> str:
-    name = data.get("_name_or_path") or Path(path).resolve().parent.name or Path(path).stem
+    """_name_or_path, else the file's stem, else (for .../NAME/config.json) its folder's name."""
+    path = Path(path).resolve()
+    name = data.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem)
     return str(name).rstrip("/").split("/")[-1]
 
 
@@ -105,7 +108,7 @@ def _layers(cfg: dict[str, Any]) -> tuple[str, int, str]:
             return "global", 0, ""
         kind = "local" if local == len(types) else "mixed"
         return kind, window, f"{local} local / {len(types) - local} global layers (layer_types)"
-    every = cfg.get("sliding_window_pattern")
+    every = cfg.get("sliding_window_pattern", PATTERN_DEFAULTS.get(cfg.get("model_type", "")))
     if isinstance(every, int) and every > 1:
         return "mixed", window, f"{every - 1} local : 1 global (sliding_window_pattern)"
     if cfg.get("model_type") in ALTERNATING_TYPES:

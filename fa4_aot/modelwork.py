@@ -60,4 +60,5 @@ def signature_calls(sig: Signature, sku: Sku) -> list[Call]:
 def work(model: models.Model, sku: Sku, tps: tuple[int, ...] = DEFAULT_TPS,
          workloads: tuple[str, ...] = models.WORKLOADS) -> list[tuple[str, Call]]:
     """(label, call) pairs for build.build_calls."""
-    return [(f"{model.name}-tp{i.tp}", c) for i in items(model, tps, workloads) for c in signature_calls(i.signature, sku)]
+    return [(f"{model.name}-tp{i.tp}", c) for i in items(model, tps, workloads)
+            for c in signature_calls(i.signature, sku)]
