@@ -32,8 +32,10 @@ WORKLOADS = ("train", "prefill", "decode")
 KINDS = ("decoder", "encoder")
 LAYERS = ("global", "local", "mixed")
 PAGE_SIZES = (16, 64, 128)  # vLLM's default block size, a common mid size, and FA4's TMA page size (= tile_n)
-FIELDS: dict[str, Any] = {"source": str, "kind": str, "heads": int, "kv_heads": int, "head_dim": (int, list), "dtype": str,
-          "window": int, "layers": str, "pattern": str, "softcap": (int, float), "sink": bool}
+FIELDS: dict[str, Any] = {
+    "source": str, "kind": str, "heads": int, "kv_heads": int, "head_dim": (int, list), "dtype": str, "window": int,
+    "layers": str, "pattern": str, "softcap": (int, float), "sink": bool,
+}
 
 
 @dataclass(frozen=True)
