@@ -8,6 +8,7 @@ import pytest
 
 from fa4_aot import hfconfig, models
 from fa4_aot.errors import ConfigError
+from tests.gpu.test_h200_models import SUITE
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "hf_configs"
 R = "refused"
@@ -187,3 +188,13 @@ def test_bad_config_json_names_file_and_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config.json: cannot derive attention facts.*num_attention_heads"):
         models.resolve(str(path))
     assert models.resolve(str(CONFIGS / "llama-3.1-8b.json")).name == "llama-3.1-8b"
+
+
+def test_gpu_suite_spans_the_catalog() -> None:
+    """tests/gpu/test_h200_models.py: at least 20 models, every TP degree, every kind of attention layer."""
+    catalog = models.catalog()
+    chosen = [catalog[n] for n, _ in SUITE]
+    assert len({m.name for m in chosen}) >= 20 and {tp for _, tp in SUITE} == {1, 2, 4, 8}
+    assert {mask for m in chosen for mask, _ in m.masks()} == {"causal", "local", "full"}
+    assert any(m.sink for m in chosen) and any(m.softcap for m in chosen) and any(m.dtype == "fp16" for m in chosen)
+    assert all(not isinstance(models.shard(catalog[n].heads, catalog[n].kv_heads, tp), str) for n, tp in SUITE)
