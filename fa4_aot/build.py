@@ -23,7 +23,7 @@ from .calls import Call
 from .fsutil import DiskFull
 from .skus import Sku
 from .store import Entry, Store
-from .variants import Matrix, Variant
+from .variants import Matrix, ModelVariant, Variant
 
 EXPORT_FUNCTION = "func"  # the symbol name FA4's own persistent cache uses; loaders look it up
 
@@ -77,7 +77,7 @@ def build(
     matrix: Matrix,
     sku: Sku,
     store: Store,
-    variants: list[Variant] | None = None,
+    variants: list[Variant | ModelVariant] | None = None,
     jobs: int = 1,
     progress: Callable[[int, int, Result], None] | None = None,
     dry_run: bool = False,
@@ -86,8 +86,15 @@ def build(
     that fails to compile: it is in the report, which the caller turns into an exit status. With
     `dry_run`, plan only: kernels the store lacks are reported as "planned"."""
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
-    work = [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
+    work = [(v.name, c) for v in chosen for c in (
+        _model_calls(v, sku) if isinstance(v, ModelVariant) else v.calls(matrix.shapes[v.shapes]))]
     return build_calls(sku, store, work, jobs=jobs, progress=progress, dry_run=dry_run)
+
+
+def _model_calls(variant: Any, sku: Sku) -> list[Call]:
+    from . import modelwork
+
+    return [c for m in variant.model_list() for _, c in modelwork.work(m, sku, variant.tp, variant.workloads)]
 
 
 def build_calls(

@@ -79,10 +79,19 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
 @click.option("--from-misses", is_flag=True, help="Build the calls clients reported missing to --server, then push.")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
 @click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses ($FA4_AOT_TOKEN).")
+@click.option("--model", "model_arg", metavar="NAME_OR_CONFIG_JSON",
+              help="Build what this model runs instead of the matrix: a catalog name (`fa4-aot models`) or a "
+                   "Hugging Face config.json.")
+@click.option("--tp", "tp_arg", default="1", show_default=True, help="TP degrees for --model, e.g. 1,2,4,8.")
+@click.option("--workload", "workload_arg", default="train,prefill,decode", show_default=True,
+              help="Workloads for --model: train, prefill, decode.")
+@click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Build exactly these calls: JSON lines as FA4_AOT_RECORD writes them (see `fa4-aot coverage`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document: counts, kernel keys, failures.")
 @click.pass_context
 def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
-          dry_run: bool, from_misses: bool, server: str | None, token: str | None, as_json: bool) -> None:
+          dry_run: bool, from_misses: bool, server: str | None, token: str | None, model_arg: str | None,
+          tp_arg: str, workload_arg: str, calls_file: Path | None, as_json: bool) -> None:
     """Cross-compile FA4 kernels for one SKU into the store (no GPU needed).
 
     Every [[variants]] entry is crossed with its shape grid and run through FA4's own dispatch on fake
@@ -111,7 +120,11 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
     if not as_json:
         click.echo(f"building {sku} ({target.arch}, {target.sm_count} SMs) into {store.root} with {jobs} job(s)",
                    err=True)
-    report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=progress, dry_run=dry_run)
+    work = _explicit_work(target, model_arg, tp_arg, workload_arg, calls_file)
+    if work is not None:
+        report = build_mod.build_calls(target, store, work, jobs=jobs, progress=progress, dry_run=dry_run)
+    else:
+        report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=progress, dry_run=dry_run)
     summary = (f"{sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} built, "
                f"{report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
@@ -120,6 +133,26 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
     _emit(as_json, report.to_dict(), "\n".join([*lines, summary]))
     if report.failed:
         sys.exit(1)
+
+
+def _explicit_work(target: Any, model_arg: str | None, tp_arg: str, workload_arg: str,
+                   calls_file: Path | None) -> list[Any] | None:
+    """(label, call) pairs for --model or --calls; None to build the variants matrix."""
+    if model_arg and calls_file:
+        raise click.UsageError("give at most one of --model and --calls")
+    if calls_file:
+        from .coverage import read_calls
+
+        return [(calls_file.name, c) for c in read_calls(calls_file)]
+    if not model_arg:
+        return None
+    from . import models, modelwork
+    from .cli_models import parse_tps, parse_workloads
+
+    model, tps = models.resolve(model_arg), parse_tps(tp_arg)
+    for why in modelwork.skipped(model, tps):
+        click.echo(why, err=True)
+    return modelwork.work(model, target, tps, parse_workloads(workload_arg))
 
 
 def _build_misses(ctx: click.Context, matrix: Any, server: str | None, token: str | None, jobs: int,
@@ -230,4 +263,4 @@ def misses(ctx: click.Context, as_json: bool) -> None:
     _emit(as_json, [asdict(m) for m in found], "\n".join(rows))
 
 
-from . import cli_server, cli_trust  # noqa: E402,F401  (register serve, token, push, pull, keys, sign, revoke)
+from . import cli_models, cli_server, cli_trust  # noqa: E402,F401  (register models, coverage, serve, token, ...)
