@@ -75,7 +75,8 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
 @click.option("--only", multiple=True, metavar="NAME", help="Build only these [[variants]] entries (repeatable).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 256),
               help="Compiler processes; each needs about 1.5 GB of memory.")
-@click.option("--dry-run", is_flag=True, help="Plan only: count the kernels and show the calls FA4 rejects.")
+@click.option("--dry-run", is_flag=True, help="Plan only: kernels per variant, the estimated build time, and the "
+              "calls FA4 rejects.")
 @click.option("--from-misses", is_flag=True, help="Build the calls clients reported missing to --server, then push.")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
 @click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses ($FA4_AOT_TOKEN).")
@@ -94,8 +95,9 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
           tp_arg: str, workload_arg: str, calls_file: Path | None, as_json: bool) -> None:
     """Cross-compile FA4 kernels for one SKU into the store (no GPU needed).
 
-    Every [[variants]] entry is crossed with its shape grid and run through FA4's own dispatch on fake
-    tensors; each distinct kernel is compiled once. Kernels already in the store are not rebuilt.
+    Every [[variants]] entry is planned through FA4's own dispatch on fake tensors: at every batch and
+    sequence length (shape-complete, no `shapes`) or at the points of its shape grid. Each distinct
+    kernel is compiled once. Kernels already in the store are not rebuilt.
     Exits 1 if any call or kernel failed; the rest are still built.
     """
     from . import build as build_mod
@@ -120,24 +122,29 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
     if not as_json:
         click.echo(f"building {sku} ({target.arch}, {target.sm_count} SMs) into {store.root} with {jobs} job(s)",
                    err=True)
-    work = _explicit_work(target, model_arg, tp_arg, workload_arg, calls_file)
+    work = _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
     if work is not None:
         report = build_mod.build_calls(target, store, work, jobs=jobs, progress=progress, dry_run=dry_run)
     else:
         report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=progress, dry_run=dry_run)
-    summary = (f"{sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} built, "
+    summary = (f"{sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
+               f"{report.count('built')} built, "
                f"{report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
                + f"{report.failed} failed ({report.seconds:.0f}s)")
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
-    _emit(as_json, report.to_dict(), "\n".join([*lines, summary]))
+    doc = report.to_dict()
+    if dry_run:
+        extra, doc["estimate"] = _dry_run_lines(report, store, target, jobs)
+        lines += extra
+    _emit(as_json, doc, "\n".join([*lines, summary]))
     if report.failed:
         sys.exit(1)
 
 
-def _explicit_work(target: Any, model_arg: str | None, tp_arg: str, workload_arg: str,
+def _explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
                    calls_file: Path | None) -> list[Any] | None:
-    """(label, call) pairs for --model or --calls; None to build the variants matrix."""
+    """(label, call or signature) pairs for --model or --calls; None to build the variants matrix."""
     if model_arg and calls_file:
         raise click.UsageError("give at most one of --model and --calls")
     if calls_file:
@@ -152,7 +159,21 @@ def _explicit_work(target: Any, model_arg: str | None, tp_arg: str, workload_arg
     model, tps = models.resolve(model_arg), parse_tps(tp_arg)
     for why in modelwork.skipped(model, tps):
         click.echo(why, err=True)
-    return modelwork.work(model, target, tps, parse_workloads(workload_arg))
+    return modelwork.work(model, tps, parse_workloads(workload_arg))
+
+
+def _dry_run_lines(report: Any, store: Store, target: Any, jobs: int) -> tuple[list[str], dict[str, Any]]:
+    """Kernels per variant (all it needs, and those the store lacks) and the estimated build time."""
+    from .estimate import estimate
+
+    stored = {r.kernel_key for r in report.results if r.status == "present"}
+    lines = [f"{'variant':<28}{'kernels':>8}{'to build':>10}"]
+    for name, needed in sorted(report.by_variant.items()):
+        lines.append(f"{name:<28}{len(needed):>8}{len(needed - stored):>10}")
+    guess = estimate(report.count("planned"), store, target, jobs)
+    lines.append(f"estimated build time: {guess.seconds / 60:.1f} min for {guess.kernels} kernel(s) at "
+                 f"{guess.seconds_per_kernel:.1f} s each over {jobs} job(s) ({guess.source})")
+    return lines, guess.to_dict()
 
 
 def _build_misses(ctx: click.Context, matrix: Any, server: str | None, token: str | None, jobs: int,

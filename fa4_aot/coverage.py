@@ -22,7 +22,7 @@ Kernel = tuple[str, str]  # (family, kernel key)
 @dataclass
 class Verdict:
     label: str  # what was asked: a call, or a model signature
-    calls: list[Call]
+    calls: list[Any]  # the Calls, or the Signature, judged
     kernels: list[Kernel] = field(default_factory=list)
     missing: list[Kernel] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # FA4 rejected a call: no build can serve it
@@ -38,7 +38,7 @@ class Verdict:
                 "fix": "" if self.served else self.fix}
 
 
-def judge(label: str, calls: list[Call], planned: Iterable[tuple[list[Kernel], str]], has: Callable[[str], bool],
+def judge(label: str, calls: list[Any], planned: Iterable[tuple[list[Kernel], str]], has: Callable[[str], bool],
           fix: str) -> Verdict:
     """Pure: `planned` holds, per call, its kernels and FA4's error ('' when none); `has(kernel_key)` says whether
     the store holds a kernel. Missing kernels are listed once, in first-seen order."""
@@ -46,7 +46,7 @@ def judge(label: str, calls: list[Call], planned: Iterable[tuple[list[Kernel], s
     seen: dict[Kernel, None] = {}
     for (kernels, error), call in zip(planned, calls, strict=True):
         if error:
-            verdict.errors.append(f"{call.describe()}: {error}")
+            verdict.errors.append(f"{label if not isinstance(call, Call) else call.describe()}: {error}")
         for kernel in kernels:
             seen[kernel] = None
     verdict.kernels = list(seen)
@@ -115,23 +115,26 @@ def read_calls(path: Path) -> list[Call]:
     return list(out)
 
 
-# -- the shell: plan calls through FA4's dispatch in processes configured for the SKU -------------------------
-def plan_calls(sku: Any, store_root: Path, calls: list[Call], jobs: int = 1) -> list[tuple[list[Kernel], str]]:
-    """Per call, (its kernels, FA4's one-line error or ''), planned on fake tensors for `sku` (no compiling)."""
+# -- the shell: plan through FA4's dispatch in processes configured for the SKU, as a build does -----------------
+def plan(sku: Any, store_root: Path, items: list[Any], jobs: int = 1) -> list[tuple[list[Kernel], str]]:
+    """Per item (a Call: its kernels at its shapes; a Signature: at every shape), (its kernels, FA4's one-line
+    error or ''). Planned on fake tensors for `sku`; nothing is compiled."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from . import build
 
-    jobs = max(1, min(jobs, len(calls)))
-    chunks = [list(range(i, len(calls), jobs)) for i in range(jobs)]
-    out: list[tuple[list[Kernel], str]] = [([], "") for _ in calls]
+    out: list[tuple[list[Kernel], str]] = [([], "") for _ in items]
+    if not items:
+        return out
+    jobs = max(1, min(jobs, len(items)))
+    chunks = [list(range(i, len(items), jobs)) for i in range(jobs)]
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=build._init_worker,
                              initargs=(sku, str(store_root))) as pool:
-        futures = [pool.submit(build._plan_task, [("coverage", calls[i]) for i in chunk]) for chunk in chunks]
+        futures = [pool.submit(build._plan_task, [("coverage", items[i]) for i in chunk]) for chunk in chunks]
         for chunk, future in zip(chunks, futures, strict=True):
             kernels, failures = future.result()
-            for family, _ident, kernel_key, local in kernels:
+            for family, _ident, kernel_key, local, _call in kernels:
                 out[chunk[local]][0].append((family, kernel_key))
             for local, error in failures:
                 out[chunk[local]] = (out[chunk[local]][0], error)
@@ -140,23 +143,21 @@ def plan_calls(sku: Any, store_root: Path, calls: list[Call], jobs: int = 1) -> 
 
 def check_calls(sku: Any, store: Any, calls: list[Call], calls_file: Path, jobs: int = 1) -> list[Verdict]:
     """One verdict per call; the fix builds exactly the calls of the file."""
-    planned = plan_calls(sku, store.root, calls, jobs)
+    planned = plan(sku, store.root, calls, jobs)
     fix = f"fa4-aot build --sku {sku.name} --calls {calls_file}"
     return [judge(c.describe(), [c], [p], store.has_entry, fix) for c, p in zip(calls, planned, strict=True)]
 
 
 def check_model(sku: Any, store: Any, model: Any, tps: tuple[int, ...], workloads: tuple[str, ...],
                 model_arg: str, jobs: int = 1) -> list[Verdict]:
-    """One verdict per (TP degree, signature) of `model`, judged over the signature's whole plan."""
+    """One verdict per (TP degree, signature) of `model`, judged over the signature's shape-complete plan."""
     from . import modelwork
 
     items = modelwork.items(model, tps, workloads)
-    per_item = [modelwork.signature_calls(i.signature, sku) for i in items]
-    flat = [c for calls in per_item for c in calls]
-    planned = iter(plan_calls(sku, store.root, flat, jobs)) if flat else iter(())
+    planned = plan(sku, store.root, [i.signature for i in items], jobs)
     out = []
-    for item, calls in zip(items, per_item, strict=True):
+    for item, p in zip(items, planned, strict=True):
         fix = (f"fa4-aot build --sku {sku.name} --model {model_arg} --tp {item.tp} "
                f"--workload {','.join(item.workloads)}")
-        out.append(judge(item.label, calls, [next(planned) for _ in calls], store.has_entry, fix))
+        out.append(judge(item.label, [item.signature], [p], store.has_entry, fix))
     return out

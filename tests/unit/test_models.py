@@ -198,3 +198,52 @@ def test_gpu_suite_spans_the_catalog() -> None:
     assert {mask for m in chosen for mask, _ in m.masks()} == {"causal", "local", "full"}
     assert any(m.sink for m in chosen) and any(m.softcap for m in chosen) and any(m.dtype == "fp16" for m in chosen)
     assert all(not isinstance(models.shard(catalog[n].heads, catalog[n].kv_heads, tp), str) for n, tp in SUITE)
+
+
+# -- [[variants]] model entries -----------------------------------------------------------------------------------
+SKUS = '[skus.h200]\narch = "sm_90a"\nsm_count = 132\nl2_bytes = 62914560\ncuda_major = 13\n\n'
+
+
+def test_default_matrix_covers_the_catalog_at_tp_1_2_4_8_for_every_workload() -> None:
+    from fa4_aot import variants
+    from tests.conftest import ROOT
+
+    matrix = variants.load(ROOT / "variants.toml")
+    [entry] = [v for v in matrix.variants if isinstance(v, variants.ModelVariant)]
+    assert entry.models == ("*",) and entry.tp == (1, 2, 4, 8) and entry.workloads == models.WORKLOADS
+    sigs = set(entry.signatures())
+    for model in models.catalog().values():
+        for tp in (1, 2, 4, 8):
+            assert set(models.signatures(model, tp)) <= sigs
+    layouts = {(s.layout, s.pass_) for s in sigs}
+    assert {("dense", "bwd"), ("varlen", "bwd"), ("dense", "fwd"), ("varlen", "fwd_lse"), ("seqused", "fwd"),
+            ("paged", "fwd")} <= layouts
+
+
+def test_model_entry_names_models_tp_and_workloads(tmp_path: Path) -> None:
+    from fa4_aot import variants
+
+    path = tmp_path / "v.toml"
+    path.write_text(SKUS + '[[variants]]\nname = "m"\nmodels = ["llama-3.1-70b", "bert-base"]\ntp = [8]\n'
+                    'workloads = ["train"]\n')
+    [entry] = variants.load(path).variants
+    assert isinstance(entry, variants.ModelVariant) and entry.complete
+    # llama-3.1-70b at tp 8 (dense and varlen backward); bert-base is refused at tp 8 (12 heads)
+    assert {(s.layout, s.heads_q, s.heads_kv) for s in entry.signatures()} == {("dense", 8, 1), ("varlen", 8, 1)}
+
+
+@pytest.mark.parametrize("body,line,parts", [
+    ('models = ["llama-9"]\n', 9, ["'models'", "llama-9", "fa4-aot models"]),
+    ('models = ["*"]\nshapes = "x"\n', 10, ["'shapes'", "unknown field in a model entry", "workloads"]),
+    ('models = ["*"]\nworkloads = ["serve"]\n', 10, ["'workloads'", "train, prefill, decode"]),
+    ('models = ["*"]\ntp = [0]\n', 10, ["'tp'", ">= 1"]),
+])
+def test_bad_model_entry_is_located(tmp_path: Path, body: str, line: int, parts: list[str]) -> None:
+    from fa4_aot import variants
+    from tests.conftest import assert_located
+
+    path = tmp_path / "v.toml"
+    path.write_text(SKUS + '[[variants]]\nname = "m"\n' + body)
+    with pytest.raises(ConfigError) as e:
+        variants.load(path)
+    assert_located(e.value, path, line, parts)
