@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .calls import Call
-from .fsutil import DiskFull
+from .errors import DiskFull
 from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
