@@ -202,7 +202,10 @@ def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
     if dtype is None or (window != (None, None) and None in window):
         return None
     left, right = cast(tuple[int, int], window) if window != (None, None) else (0, 0)
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    # FA4 keeps LSE and compiles the training kernels when any input requires grad (its own `requires_grad`),
+    # whatever the grad mode: autograd runs Function.forward with grad disabled, so is_grad_enabled() is False
+    # here even inside a training step (which recorded training misses as "fwd").
+    training = any(t is not None and t.requires_grad for t in (q, k, v, a.get("learnable_sink")))
     layout, batch, sq, sk, page = _layout_shape(layout, a, q, k)
     return Call(
         layout=layout, pass_=("bwd_det" if a.get("deterministic") else "bwd") if training

@@ -38,7 +38,8 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
               help="Compiler processes; each needs about 1.5 GB of memory.")
 @click.option("--dry-run", is_flag=True, help="Plan only: kernels per variant, the estimated build time, and the "
               "calls FA4 rejects.")
-@click.option("--from-misses", is_flag=True, help="Build the calls clients reported missing to --server, then push.")
+@click.option("--from-misses", is_flag=True, help="Build the kernels clients reported missing: to --server (then "
+              "push), else those recorded in the local store (`fa4-aot misses`).")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
 @click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses ($FA4_AOT_TOKEN).")
 @click.option("--model", "model_arg", metavar="NAME_OR_CONFIG_JSON",
@@ -69,7 +70,7 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         _build_misses(store, matrix, server, token, jobs, as_json)
         return
     if not sku:
-        raise click.UsageError("--sku is required (or --from-misses with --server)")
+        raise click.UsageError("--sku is required (or --from-misses)")
     target = matrix.sku(sku)
     chosen = matrix.select(list(only))
     if not as_json:
@@ -144,15 +145,20 @@ def _progress(as_json: bool) -> Callable[[int, int, build_mod.Result], None]:
 
 def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str | None, jobs: int,
                   as_json: bool) -> None:
-    from ..remote import Remote
-    from ..transfer import rebuild_misses
+    from dataclasses import asdict
 
-    if not server:
-        raise click.UsageError("--from-misses needs --server (or FA4_AOT_SERVER)")
-    reports = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs)
+    from ..transfer import build_misses, rebuild_misses
+
+    if server:
+        from ..remote import Remote
+
+        reports, where = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs), server
+    else:
+        reports, where = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs), ""
     docs = [r.to_dict() for r in reports]
     lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
-             f"{d['failed']} failed; pushed to {server}" for d in docs] or [f"{server} reports no buildable misses"]
-    emit(as_json, docs, "\n".join(lines))
+             f"{d['failed']} failed" + (f"; pushed to {where}" if where else "") for d in docs]
+    lines += [f"FAILED {f['kernel_key'][:16]} {f['family']}: {f['error']}" for d in docs for f in d["failures"]]
+    emit(as_json, docs, "\n".join(lines) or f"{where or store.root} reports no misses")
     if any(d["failed"] for d in docs):
         sys.exit(1)
