@@ -15,7 +15,8 @@ from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 pytestmark = pytest.mark.slow
 
 CONFIGS = ROOT / "tests" / "data" / "hf_configs"
-# what a BERT-style encoder layer runs at inference: full attention, head dim 64, 12 heads, odd lengths
+# what a BERT-style encoder layer runs at inference (full attention, head dim 64, 12 heads, odd lengths, through
+# flash_attn_func), and a causal training step
 RECORD_SCRIPT = """
 import os, sys, torch
 from fa4_aot import calls, caches, config, target, variants
@@ -28,8 +29,10 @@ with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Recorder(famil
     for b, s in ((2, 500), (2, 500), (1, 77)):
         q, k, v = (torch.empty(b, s, 12, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3))
         flash_attn_func(q, k, v)
-    q, k, v = (torch.empty(1, 64, 12, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(3))
-    flash_attn_func(q, k, v, causal=True)
+    # a training step: FA4's forward then backward (autograd itself needs a real device, so drive them directly)
+    calls.run(calls.Call(layout="dense", pass_="bwd", dtype="bf16", head_dim=64, head_dim_v=64, mask="causal",
+                         window=(0, 0), softcap=0.0, sink=False, num_splits=1, batch=1, seqlen_q=64, seqlen_k=64,
+                         heads_q=12, heads_kv=12))
 """
 
 
