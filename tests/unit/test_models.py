@@ -247,3 +247,34 @@ def test_bad_model_entry_is_located(tmp_path: Path, body: str, line: int, parts:
     with pytest.raises(ConfigError) as e:
         variants.load(path)
     assert_located(e.value, path, line, parts)
+
+
+# -- `fa4-aot models` and argument errors ---------------------------------------------------------------------------
+def test_models_command_lists_the_catalog_with_sources(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fa4_aot.cli import main
+
+    doc = json.loads(CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "models", "--json"]).output)
+    assert len(doc) == len(SHARDS) and all(m["source"].startswith("https://") for m in doc)
+    gpt = next(m for m in doc if m["name"] == "gpt-oss-20b")
+    assert (gpt["heads"], gpt["kv_heads"], gpt["head_dim"], gpt["window"], gpt["sink"]) == (64, 8, 64, 128, True)
+    text = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "models"]).output
+    assert "deepseek-v3" in text and "192/128" in text and "causal+window w=4096 softcap=50" in text
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tp", "0"], "expected positive TP degrees"),
+    (["--tp", "a,b"], "expected TP degrees such as 1,2,4,8"),
+    (["--workload", "serve"], "allowed workloads: train, prefill, decode"),
+])
+def test_bad_tp_and_workload_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    from click.testing import CliRunner
+
+    from fa4_aot.cli import main
+
+    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "build", "--sku", "h200", "--model",
+                                       "llama-3.1-8b", *args])
+    assert result.exit_code == 2 and message in result.output
