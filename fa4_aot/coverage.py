@@ -33,7 +33,8 @@ class Verdict:
         return not self.missing and not self.errors
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "served": self.served, "calls": len(self.calls), "kernels": len(self.kernels),
+        return {"label": self.label, "served": self.served, "items": [c.to_dict() for c in self.calls],
+                "kernels": len(self.kernels),
                 "missing": [{"family": f, "kernel_key": k} for f, k in self.missing], "errors": self.errors,
                 "fix": "" if self.served else self.fix}
 

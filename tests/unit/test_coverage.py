@@ -23,6 +23,7 @@ def test_judge(planned, stored, served, missing, errors) -> None:
     assert (v.served, v.missing, len(v.errors)) == (served, missing, errors)
     doc = v.to_dict()
     assert doc["served"] == served and doc["fix"] == ("" if served else "fa4-aot build --sku h200 --calls f")
+    assert doc["items"] == [CALL.to_dict()] * len(planned)  # what was judged, in the form FA4_AOT_RECORD writes
 
 
 def test_report_lines_and_summary() -> None:
