@@ -2,7 +2,7 @@
 
     python bench/plan_coverage.py [--shapes N] [--seed S] [--out FILE]
 
-Plans each signature class of tests/unit/test_complete.py (complete.kernels_for_signature, uncached: one
+Plans each signature class of tests/unit/test_complete.py (fa4.plan_signature, uncached: one
 fresh process per SKU) and checks N random shapes per class against the plan, as the test does (N = 0: plan
 only). Both SKUs run at once, one process each. Also records the process CPU seconds, since wall time on a
 shared 2-core machine depends on what else runs (the load average is recorded too). Needs no GPU.

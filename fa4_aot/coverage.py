@@ -79,20 +79,10 @@ def lines(verdicts: list[Verdict]) -> list[str]:
 
 
 # -- calls files ----------------------------------------------------------------------------------------------
-def call_from_dict(data: Any) -> Call:
-    """A Call from its to_dict() form (a recorded call or a miss's call). Raises ValueError naming what is wrong."""
-    from dataclasses import fields
-
+def _object(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-    names = [f.name for f in fields(Call)]
-    missing = [n for n in names if n not in data and n != "page_size"]
-    unknown = [k for k in data if k not in names]
-    if missing or unknown:
-        raise ValueError(f"missing {', '.join(missing) or 'nothing'}; unknown {', '.join(unknown) or 'nothing'}")
-    values = {n: data[n] for n in names if n in data}
-    values["window"] = tuple(values["window"])
-    return Call(**values)
+    return data
 
 
 def read_calls(path: Path) -> list[Call]:
@@ -107,7 +97,7 @@ def read_calls(path: Path) -> list[Call]:
         if not raw.strip():
             continue
         try:
-            out[call_from_dict(json.loads(raw))] = None
+            out[Call.from_dict(_object(json.loads(raw)))] = None
         except (ValueError, TypeError) as e:
             raise ConfigError(f"{path}:{number}: not a call ({e}); lines are what FA4_AOT_RECORD writes: "
                               "one JSON object per line with layout, pass_, dtype, head_dim, ... page_size") from e

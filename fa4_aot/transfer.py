@@ -120,7 +120,7 @@ def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], job
 
 
 def _call(doc: dict[str, Any]) -> Call:
-    return Call(**{**doc, "window": tuple(doc["window"])})
+    return Call.from_dict(doc)
 
 
 def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]]) -> None:

@@ -14,6 +14,7 @@ from .common import emit, json_option, load_matrix, pass_store, variants_option
 
 if TYPE_CHECKING:
     from .. import build as build_mod
+    from ..skus import Sku
     from ..variants import Matrix
 
 
@@ -116,7 +117,8 @@ def _explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
     return modelwork.work(model, tps, parse_workloads(workload_arg))
 
 
-def _dry_run_lines(report: Any, store: Store, target: Any, jobs: int) -> tuple[list[str], dict[str, Any]]:
+def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
+                   jobs: int) -> tuple[list[str], dict[str, Any]]:
     """Kernels per variant (all it needs, and those the store lacks) and the estimated build time."""
     from ..estimate import estimate
 
@@ -152,13 +154,13 @@ def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str |
     if server:
         from ..remote import Remote
 
-        reports, where = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs), server
+        reports = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs)
     else:
-        reports, where = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs), ""
+        reports = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs)
     docs = [r.to_dict() for r in reports]
     lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
-             f"{d['failed']} failed" + (f"; pushed to {where}" if where else "") for d in docs]
+             f"{d['failed']} failed" + (f"; pushed to {server}" if server else "") for d in docs]
     lines += [f"FAILED {f['kernel_key'][:16]} {f['family']}: {f['error']}" for d in docs for f in d["failures"]]
-    emit(as_json, docs, "\n".join(lines) or f"{where or store.root} reports no misses")
+    emit(as_json, docs, "\n".join(lines) or f"{server or store.root} reports no misses")
     if any(d["failed"] for d in docs):
         sys.exit(1)

@@ -18,10 +18,12 @@ CONFIGS = ROOT / "tests" / "data" / "hf_configs"
 # what a BERT-style encoder layer runs at inference (full attention, head dim 64, 12 heads, odd lengths, through
 # flash_attn_func), and a causal training step
 RECORD_SCRIPT = """
-import os, sys, torch
-from fa4_aot import calls, caches, config, target, variants
-target.configure(variants.load(config.default_variants_file()).sku("h200"))
-calls.capture()
+import torch
+from fa4_aot import config, fa4, variants
+from fa4_aot.calls import Call
+from fa4_aot.fa4 import caches, dispatch
+fa4.configure(variants.load(config.default_variants_file()).sku("h200"))
+fa4.capture()
 from torch._subclasses.fake_tensor import FakeTensorMode
 from flash_attn.cute import flash_attn_func
 seen = {}
@@ -30,9 +32,9 @@ with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Recorder(famil
         q, k, v = (torch.empty(b, s, 12, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3))
         flash_attn_func(q, k, v)
     # a training step: FA4's forward then backward (autograd itself needs a real device, so drive them directly)
-    calls.run(calls.Call(layout="dense", pass_="bwd", dtype="bf16", head_dim=64, head_dim_v=64, mask="causal",
-                         window=(0, 0), softcap=0.0, sink=False, num_splits=1, batch=1, seqlen_q=64, seqlen_k=64,
-                         heads_q=12, heads_kv=12))
+    dispatch.run(Call(layout="dense", pass_="bwd", dtype="bf16", head_dim=64, head_dim_v=64, mask="causal",
+                      window=(0, 0), softcap=0.0, sink=False, num_splits=1, batch=1, seqlen_q=64, seqlen_k=64,
+                      heads_q=12, heads_kv=12))
 """
 
 

@@ -1,7 +1,7 @@
 """Shape-complete plans hold every kernel FA4's real dispatch picks at random shapes, for h200 and b200.
 
 Each signature class (layout x pass x mask x GQA ratio x head dims x softcap/sink x split-KV) is planned once
-with complete.kernels_for_signature, then SHAPES random (batch, seqlen_q, seqlen_k) are run through FA4 on
+with fa4.plan_signature (fa4_aot/fa4/complete.py), then SHAPES random (batch, seqlen_q, seqlen_k) are run through FA4 on
 fake tensors with recording caches: any kernel outside the plan fails the test with the shape that needs it.
 The seed is printed; FA4_AOT_SEED=<seed> replays a run, FA4_AOT_SHAPES=<n> changes the count.
 """
@@ -84,20 +84,20 @@ def _init(sku: Sku) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from fa4_aot import target
+    from fa4_aot import fa4
 
-    target.configure(sku)
+    fa4.configure(sku)
 
 
 def check(args: tuple[Sku, int, int, int]) -> dict[str, Any]:
     """Plan class `index` for `sku`, then run `count` random shapes; the kernels outside the plan."""
-    from fa4_aot import complete
+    from fa4_aot import fa4
 
     sku, index, seed, count = args
     signature = CLASSES[index]
     started, cpu = time.perf_counter(), time.process_time()
     try:
-        planned = complete.kernels_for_signature(signature, sku)
+        planned = fa4.plan_signature(signature, sku)
     except ValueError as e:
         return {"index": index, "unsupported": str(e)}
     plan_seconds = time.perf_counter() - started
@@ -105,7 +105,7 @@ def check(args: tuple[Sku, int, int, int]) -> dict[str, Any]:
     outside: dict[str, str] = {}
     rejected = 0
     shapes = [draw(rng) for _ in range(count)]
-    for (b, sq, sk), seen in zip(shapes, complete.kernels_for_each([signature.call(*s) for s in shapes]),
+    for (b, sq, sk), seen in zip(shapes, fa4.plan_each([signature.call(*s) for s in shapes]),
                                  strict=True):
         if seen is None:
             rejected += 1

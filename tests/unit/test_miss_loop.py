@@ -34,7 +34,7 @@ def workload(torch: Any, small: bool = False) -> None:
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
     from flash_attn.cute.interface import FlashAttnFunc, FlashAttnVarlenFunc
 
-    from fa4_aot.calls import _Ctx
+    from fa4_aot.fa4.dispatch import _Ctx
 
     def t(*shape: int, grad: bool = False, dtype: Any = torch.bfloat16) -> Any:
         return torch.empty(*shape, dtype=dtype, device="cuda").requires_grad_(grad)
@@ -72,9 +72,9 @@ def _init() -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from fa4_aot import target
+    from fa4_aot import fa4
 
-    target.configure(H200)
+    fa4.configure(H200)
 
 
 def record_lookups() -> list[dict[str, Any]]:
@@ -82,18 +82,20 @@ def record_lookups() -> list[dict[str, Any]]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4_aot import caches, calls, keys
+    from fa4_aot import fa4
+    from fa4_aot.fa4 import caches
+    from fa4_aot.kernel_keys import canonical, dumps
 
     seen: list[dict[str, Any]] = []
 
     class Lookup(caches.Recorder):
         def __contains__(self, key: Any) -> bool:
-            call = calls.current()
-            seen.append({"family": self.family, "ident": keys.dumps(keys.canonical(key)),
+            call = fa4.current()
+            seen.append({"family": self.family, "ident": dumps(canonical(key)),
                          "call": call.to_dict() if call else None})
             return True
 
-    calls.capture()
+    fa4.capture()
     with FakeTensorMode(), caches.swapped(lambda family, _old: Lookup(family, {})):
         workload(torch)
     return seen
@@ -101,7 +103,7 @@ def record_lookups() -> list[dict[str, Any]]:
 
 def replan(lookups: list[dict[str, Any]]) -> list[str]:
     """The lookups whose recorded Call does not select their kernel when planned again."""
-    from fa4_aot import plan
+    from fa4_aot import fa4
     from fa4_aot.calls import Call
 
     bad = []
@@ -109,8 +111,8 @@ def replan(lookups: list[dict[str, Any]]) -> list[str]:
         if item["call"] is None:
             bad.append(f"{item['family']}: no call recorded")
             continue
-        call = Call(**{**item["call"], "window": tuple(item["call"]["window"])})
-        if (item["family"], item["ident"]) not in plan.kernels_for(call):
+        call = Call.from_dict(item["call"])
+        if (item["family"], item["ident"]) not in fa4.plan(call):
             bad.append(f"{item['family']} {item['ident'][:120]} not selected by {call.describe()}")
     return bad
 
@@ -140,15 +142,17 @@ def fallback_run(store_root: str) -> list[str]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4_aot import caches, calls
-    from fa4_aot.client import Installation, StoreCache
+    from fa4_aot import fa4
+    from fa4_aot.fa4 import caches
+    from fa4_aot.installation import Installation
     from fa4_aot.store import Store
     from fa4_aot.trust import Trust
 
     store = Store(Path(store_root))
-    inst = Installation(sku=H200, store=store, mode="fallback", trace=[], trust=Trust(H200, store, None, {}))
-    calls.capture()
-    with FakeTensorMode(), caches.swapped(lambda family, _old: StoreCache(family, inst)):
+    inst = Installation(sku=H200, store=store, mode="fallback", trace=[], trust=Trust(H200, store, None, {}),
+                        tools=fa4.toolchain())
+    fa4.capture()
+    with FakeTensorMode(), caches.swapped(lambda family, _old: fa4.store_cache(family, inst)):
         workload(torch, small=True)
     return list(inst.stats.misses)
 

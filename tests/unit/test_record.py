@@ -66,9 +66,11 @@ def test_unwritable_target_warns_and_never_raises(tmp_path: Path, monkeypatch: p
 
 
 @pytest.mark.parametrize("text,why", [
-    ("{}", "missing layout"),
+    ("{}", r"missing \['layout'"),
     ('{"layout": "dense"', "not a call"),
-    (json.dumps({**CALL.to_dict(), "colour": 1}), "unknown colour"),
+    (json.dumps({**CALL.to_dict(), "colour": 1}), r"unknown \['colour'\]"),
+    (json.dumps({**CALL.to_dict(), "layout": "sparse"}), "layout must be one of"),
+    ("[1, 2]", "expected a JSON object"),
     ("", "no calls"),
 ])
 def test_bad_calls_file_names_file_and_line(tmp_path: Path, text: str, why: str) -> None:

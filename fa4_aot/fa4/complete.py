@@ -1,7 +1,7 @@
 """Shape-complete planning: every kernel FA4's dispatch can choose for a Signature at any batch size and
 sequence lengths (seqlen_q up to 256k, seqlen_k up to 1M), for the SKU this process is configured for.
 
-Runs FA4 on fake tensors with recording caches (plan.py) over the representative shapes of probes.py, in two
+Runs FA4 on fake tensors with recording caches (kernels.py) over the representative shapes of probes.py, in two
 phases. Phase 1 runs each seqlen_q representative at one batch per batch regime, with seqlen_k = 1 (and 1M
 when split-KV can happen), and notes total_mblocks as FA4's split heuristic sees it. Phase 2, when seqlen_k
 can change the kernels (split-KV, backward), groups (batch, seqlen_q) by what the kernels can see of them
@@ -16,10 +16,11 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from . import probes
-from .calls import Call
-from .signature import Signature
-from .skus import Sku
+from .. import probes
+from ..calls import Call
+from ..signature import Signature
+from ..skus import Sku
+from . import caches, dispatch
 
 Kernels = dict[tuple[str, str], tuple[Any, Call]]  # (family, canonical key JSON) -> (compile key, first call)
 
@@ -27,14 +28,14 @@ Kernels = dict[tuple[str, str], tuple[Any, Call]]  # (family, canonical key JSON
 def kernels_for_signature(sig: Signature, sku: Sku) -> Kernels:
     """{(family, canonical compile key JSON): (compile key, a Call that needs it)} over every shape of `sig`.
 
-    Must run in a process configured for `sku` (target.configure). Calls FA4
+    Must run in a process configured for `sku` (fa4.configure). Calls FA4
     rejects at some shapes are skipped; raises ValueError when it rejects every shape of the signature.
     """
     return dict(_cached(sig, sku))
 
 
-def kernels_for_each(calls: list[Call]) -> list[dict[tuple[str, str], Any]]:
-    """plan.kernels_for of each call ({(family, canonical key JSON): compile key}), in one fake-tensor mode:
+def kernels_for_each(calls: list[Call]) -> list[dict[tuple[str, str], Any] | None]:
+    """kernels.plan of each call ({(family, canonical key JSON): compile key}), in one fake-tensor mode:
     a fifth faster per call, for checking many calls. A call FA4 rejects gets None instead of a dict."""
     out: list[Any] = []
     with _recording():
@@ -95,11 +96,9 @@ def _phase2(sig: Signature, sku: Sku, rows: dict[tuple[int, int], tuple[Any, int
 def _run(call: Call, found: Kernels, errors: list[str]) -> tuple[list[tuple[str, str]], list[int]]:
     """Plan one call inside _recording(); add its kernels to `found`. Returns its kernel idents and the
     total_mblocks values FA4's split heuristic was called with ([] when it was not)."""
-    from . import calls
-
     _state["seen"], _state["totals"], _state["error"] = {}, [], False
     try:
-        calls.run(call)
+        dispatch.run(call)
     except Exception as e:  # FA4 rejects this shape (e.g. a layout limit): other shapes may still run
         errors.append(f"{type(e).__name__}: {e}")
         _state["error"] = True
@@ -120,8 +119,6 @@ def _recording() -> Iterator[None]:
     from flash_attn.cute import interface
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import caches
-
     original = interface.num_splits_heuristic
 
     def noting(total_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int) -> int:
@@ -137,13 +134,7 @@ def _recording() -> Iterator[None]:
         _state.clear()
 
 
-def _recorder_base() -> type:
-    from .caches import Recorder
-
-    return Recorder
-
-
-class _LiveRecorder(_recorder_base()):  # type: ignore[misc]
+class _LiveRecorder(caches.Recorder):
     """caches.Recorder writing into the current call's dict."""
 
     def __init__(self, family: str) -> None:
