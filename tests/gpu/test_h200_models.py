@@ -7,8 +7,9 @@ seqlen_q = 1, causal and not), paged decode (page sizes 16 and 128, shuffled pag
 cache with per-sequence lengths. Encoders: full attention, forward and backward, dense and varlen. Every output
 (and dQ/dK/dV) is compared with a float32 reference: relative error below 1e-2.
 
-Build exactly what it needs on a CPU host with `bench/build_suite.sh` (the `fa4-aot build --model` lines of
-SUITE), carry cache/ over, then: python -m pytest -q -p no:cacheprovider tests/gpu/test_h200_models.py
+Build exactly what it needs with `bench/build_suite.sh` (one `fa4-aot build` of a variants file with a model
+entry per (model, TP degree) of SUITE; on a CPU host or the GPU host itself), then:
+python -m pytest -q -p no:cacheprovider tests/gpu/test_h200_models.py
 """
 
 from __future__ import annotations
@@ -263,6 +264,18 @@ def test_model_calls_strict_zero_compiles_and_correct(strict: Any, name: str, tp
     assert count["n"] == before and inst.stats.compiled == 0, f"{name}: {count['n'] - before} JIT compile(s)"
 
 
-if __name__ == "__main__":  # bench/build_suite.sh: one `--model NAME --tp N --workload W` argument set per line
-    for n, t in SUITE:
-        print(f"--model {n} --tp {t} --workload {','.join(workloads(n))}")
+def suite_variants() -> str:
+    """A variants file holding the SKU table and one model entry per (model, TP degree) of SUITE, so that one
+    `fa4-aot build --variants FILE` plans and compiles the whole suite with every kernel compiled once."""
+    from fa4_aot import config, variants
+
+    skus = variants.load(config.default_variants_file()).skus.values()
+    out = [f'[skus.{s.name}]\narch = "{s.arch}"\nsm_count = {s.sm_count}\nl2_bytes = {s.l2_bytes}\n'
+           f'cuda_major = {s.cuda_major}\n' for s in skus]
+    out += [f'[[variants]]\nname = "{n}-tp{t}"\nmodels = ["{n}"]\ntp = [{t}]\n'
+            f'workloads = [{", ".join(repr(w).replace(chr(39), chr(34)) for w in workloads(n))}]\n' for n, t in SUITE]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # bench/build_suite.sh writes this variants file and builds it
+    print(suite_variants())

@@ -278,3 +278,15 @@ def test_bad_tp_and_workload_are_usage_errors(tmp_path: Path, args: list[str], m
     result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "build", "--sku", "h200", "--model",
                                        "llama-3.1-8b", *args])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_gpu_suite_build_file_holds_one_model_entry_per_suite_item(tmp_path: Path) -> None:
+    """bench/build_suite.sh builds the file tests/gpu/test_h200_models.py writes: it must load, with the SKUs."""
+    from fa4_aot import variants
+    from tests.gpu.test_h200_models import suite_variants
+
+    path = tmp_path / "suite.toml"
+    path.write_text(suite_variants())
+    matrix = variants.load(path)
+    assert "h200" in matrix.skus and len(matrix.variants) == len(SUITE)
+    assert [(v.models, v.tp) for v in matrix.variants] == [((n,), (t,)) for n, t in SUITE]  # type: ignore[union-attr]
