@@ -25,7 +25,7 @@ from .errors import DiskFull
 from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
-from .variants import Matrix, Variant
+from .variants import Matrix, ModelVariant, Variant
 
 
 @dataclass
@@ -83,7 +83,7 @@ def build(
     matrix: Matrix,
     sku: Sku,
     store: Store,
-    variants: list[Variant] | None = None,
+    variants: list[Variant | ModelVariant] | None = None,
     jobs: int = 1,
     progress: Callable[[int, int, Result], None] | None = None,
     dry_run: bool = False,
@@ -94,13 +94,14 @@ def build(
     return build_calls(sku, store, work_of(matrix, sku, variants), jobs=jobs, progress=progress, dry_run=dry_run)
 
 
-def work_of(matrix: Matrix, sku: Sku, variants: list[Variant] | None = None) -> Work:
+def work_of(matrix: Matrix, sku: Sku, variants: list[Variant | ModelVariant] | None = None) -> Work:
     """The work items of `variants` (default: all) that apply to `sku`: a shape-complete variant gives its
     signatures, a grid variant its calls."""
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
     work: Work = []
     for v in chosen:
-        items: list[Call | Signature] = [*v.signatures()] if v.complete else [*v.calls(matrix.shapes[v.shapes])]
+        items: list[Call | Signature] = [*v.signatures()] if isinstance(v, ModelVariant) or v.complete else [
+            *v.calls(matrix.shapes[v.shapes])]
         work += [(v.name, item) for item in items]
     return work
 

@@ -106,7 +106,7 @@ class Matrix:
     path: Path
     skus: dict[str, Sku]
     shapes: dict[str, Shapes]
-    variants: tuple[Variant, ...]
+    variants: tuple[Variant | ModelVariant, ...]
 
     def sku(self, name: str) -> Sku:
         from .errors import UnknownSku
@@ -115,7 +115,7 @@ class Matrix:
             raise UnknownSku(f"unknown SKU {name!r}; known: {', '.join(sorted(self.skus))} (`fa4-aot skus` lists them)")
         return self.skus[name]
 
-    def select(self, names: list[str] | None) -> list[Variant]:
+    def select(self, names: list[str] | None) -> list[Variant | ModelVariant]:
         if not names:
             return list(self.variants)
         by_name = {v.name: v for v in self.variants}
@@ -181,8 +181,10 @@ def _choices(src: TomlSource, i: int, field: str, value: Any, allowed: tuple[str
     return tuple(value)
 
 
-def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[str, Shapes]) -> Variant:
+def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[str, Shapes]) -> Any:
     fail = lambda field, msg: src.fail("[[variants]]", field, msg, i)  # noqa: E731
+    if "models" in table:
+        return parse_model_variant(src, i, table)
     for key in table:
         if key not in VARIANT_FIELDS:
             raise fail(key, f"unknown field; allowed: {', '.join(VARIANT_FIELDS)}")
@@ -283,3 +285,67 @@ def _bools(fail: Any, value: Any) -> tuple[bool, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, bool) for v in value):
         raise fail("sink", f"expected a non-empty list of true/false, got {value!r}")
     return tuple(value)
+
+
+# -- model entries: a [[variants]] entry naming catalog models, TP degrees and workloads -------------------------
+# (owned by the model catalog work; the rest of this file is the shape-grid schema)
+MODEL_VARIANT_FIELDS = ("name", "models", "tp", "workloads", "archs", "description")
+
+
+@dataclass(frozen=True)
+class ModelVariant:
+    """Every signature the named catalog models (["*"]: the whole catalog) run at these TP degrees and workloads."""
+
+    name: str
+    models: tuple[str, ...]
+    tp: tuple[int, ...]
+    workloads: tuple[str, ...]
+    archs: tuple[str, ...] = ()
+    description: str = ""
+
+    def applies_to(self, sku: Sku) -> bool:
+        return not self.archs or sku.arch in self.archs
+
+    @property
+    def complete(self) -> bool:
+        return True  # model signatures are always built for every batch and sequence length
+
+    def model_list(self) -> list[Any]:
+        from . import models
+
+        catalog = models.catalog()
+        return list(catalog.values()) if self.models == ("*",) else [catalog[n] for n in self.models]
+
+    def signatures(self) -> list[Signature]:
+        """Every distinct signature of the models at the TP degrees and workloads (degrees vLLM refuses skipped)."""
+        from . import models
+
+        out: dict[Signature, None] = {}
+        for model in self.model_list():
+            for tp in self.tp:
+                out.update(dict.fromkeys(models.signatures(model, tp, self.workloads)))
+        return list(out)
+
+
+def parse_model_variant(src: TomlSource, i: int, table: dict[str, Any]) -> ModelVariant:
+    """A model entry; raises ConfigError naming file, line, field and the allowed values."""
+    from . import models
+
+    fail = lambda field, msg: src.fail("[[variants]]", field, msg, i)  # noqa: E731
+    for key in table:
+        if key not in MODEL_VARIANT_FIELDS:
+            raise fail(key, f"unknown field in a model entry; allowed: {', '.join(MODEL_VARIANT_FIELDS)}")
+    if not isinstance(table.get("name"), str) or not table["name"]:
+        raise fail("name", "expected a non-empty string")
+    known = models.catalog()
+    names = table["models"]
+    if not isinstance(names, list) or not names or any(n not in known and n != "*" for n in names):
+        raise fail("models", f"got {names!r}; allowed: [\"*\"] (the whole catalog) or names from `fa4-aot models`")
+    tp = _int_list(src, "[[variants]]", "tp", table.get("tp", [1]), i)
+    workloads = _choices(src, i, "workloads", table.get("workloads", list(models.WORKLOADS)), models.WORKLOADS)
+    archs = table.get("archs", [])
+    return ModelVariant(
+        name=table["name"], models=("*",) if "*" in names else tuple(names), tp=tp, workloads=workloads,
+        archs=_choices(src, i, "archs", archs, ARCHS) if archs else (),
+        description=str(table.get("description", "")),
+    )

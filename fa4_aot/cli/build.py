@@ -43,15 +43,25 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
               "push), else those recorded in the local store (`fa4-aot misses`).")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
 @click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses ($FA4_AOT_TOKEN).")
+@click.option("--model", "model_arg", metavar="NAME_OR_CONFIG_JSON",
+              help="Build what this model runs instead of the matrix: a catalog name (`fa4-aot models`) or a "
+                   "Hugging Face config.json.")
+@click.option("--tp", "tp_arg", default="1", show_default=True, help="TP degrees for --model, e.g. 1,2,4,8.")
+@click.option("--workload", "workload_arg", default="train,prefill,decode", show_default=True,
+              help="Workloads for --model: train, prefill, decode.")
+@click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Build exactly these calls: JSON lines as FA4_AOT_RECORD writes them (see `fa4-aot coverage`).")
 @json_option("Print one JSON document: counts, kernel keys, failures.")
 @pass_store
 def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
-          dry_run: bool, from_misses: bool, server: str | None, token: str | None, as_json: bool) -> None:
+          dry_run: bool, from_misses: bool, server: str | None, token: str | None, model_arg: str | None,
+          tp_arg: str, workload_arg: str, calls_file: Path | None, as_json: bool) -> None:
     """Cross-compile FA4 kernels for one SKU into the store (no GPU needed).
 
     Every [[variants]] entry is planned through FA4's own dispatch on fake tensors: at every batch and
     sequence length (shape-complete, no `shapes`) or at the points of its shape grid. Each distinct
-    kernel is compiled once. Kernels already in the store are not rebuilt.
+    kernel is compiled once. Kernels already in the store are not rebuilt. With --model, the model's
+    signatures per TP degree (shape-complete) replace the matrix; with --calls, exactly those calls.
     Exits 1 if any call or kernel failed; the rest are still built.
     """
     from .. import build as build_mod
@@ -67,7 +77,12 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
     if not as_json:
         click.echo(f"building {sku} ({target.arch}, {target.sm_count} SMs) into {store.root} with {jobs} job(s)",
                    err=True)
-    report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=_progress(as_json), dry_run=dry_run)
+    work = _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
+    if work is not None:
+        report = build_mod.build_calls(target, store, work, jobs=jobs, progress=_progress(as_json), dry_run=dry_run)
+    else:
+        report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=_progress(as_json),
+                                 dry_run=dry_run)
     summary = (f"{sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
                f"{report.count('built')} built, {report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
@@ -82,7 +97,28 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         sys.exit(1)
 
 
-def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku, jobs: int) -> tuple[list[str], dict[str, Any]]:
+def _explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
+                   calls_file: Path | None) -> list[Any] | None:
+    """(label, call or signature) pairs for --model or --calls; None to build the variants matrix."""
+    if model_arg and calls_file:
+        raise click.UsageError("give at most one of --model and --calls")
+    if calls_file:
+        from ..coverage import read_calls
+
+        return [(calls_file.name, c) for c in read_calls(calls_file)]
+    if not model_arg:
+        return None
+    from .. import models, modelwork
+    from .models import parse_tps, parse_workloads
+
+    model, tps = models.resolve(model_arg), parse_tps(tp_arg)
+    for why in modelwork.skipped(model, tps):
+        click.echo(why, err=True)
+    return modelwork.work(model, tps, parse_workloads(workload_arg))
+
+
+def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
+                   jobs: int) -> tuple[list[str], dict[str, Any]]:
     """Kernels per variant (all it needs, and those the store lacks) and the estimated build time."""
     from ..estimate import estimate
 

@@ -1,6 +1,7 @@
 """Which Call is FA4 running? install() wraps FA4's autograd functions so that a kernel missing from the
 store can be reported with the Call that needed it; `fa4-aot build --from-misses` then builds exactly that
-call. Importing this module imports no FA4: only capture() and from_arguments() touch FA4 or torch.
+call, and FA4_AOT_RECORD appends it (record.py). Importing this module imports no FA4: only capture() and
+from_arguments() touch FA4 or torch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
+from .. import record
 from ..calls import Call, dtype_name, mask_of, pass_of
 
 _current = threading.local()
@@ -52,6 +54,8 @@ def _wrap_forward(forward: Any, layout: str) -> Any:
         except Exception:  # describing the call must never break it
             call = None
         ctx._fa4_aot_call = call
+        if call is not None:
+            record.note(call)  # FA4_AOT_RECORD: append each distinct call (no-op when unset)
         with running(call):
             return forward(ctx, *args, **kwargs)
 
