@@ -19,7 +19,7 @@ from fa4_aot.keys import dumps as canonical_json
 from fa4_aot.store import Entry
 
 from . import models, schemas
-from .errors import Conflict, InvalidInput, TokenNotFound
+from .errors import Conflict, InvalidInput, NotFound, TokenNotFound, TooMany
 from .models import utcnow
 
 T = TypeVar("T")
@@ -261,10 +261,13 @@ def _facts_text(facts: schemas.SkuFacts) -> str:
     return f"arch={facts.arch} sm_count={facts.sm_count} l2_bytes={facts.l2_bytes} cuda_major={facts.cuda_major}"
 
 
-def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str) -> tuple[Entry, bool]:
-    """Create or update the kernel row (and its SKU row) and commit. Returns the store entry to write and
-    whether the row is new. A new or changed row is audited as `actor` (an identical re-publish is not).
-    Raises Conflict if the object is absent, its size differs, or SKU facts clash."""
+def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str,
+                   write: Callable[[Entry, bool], None]) -> tuple[Entry, bool]:
+    """Create the kernel row (and its SKU row) in one transaction: `write(entry, is_new)` runs after the rows
+    are flushed and before the commit (the store's index entry goes there), so a failed write rolls the rows
+    back. Returns the entry and whether the row is new. A kernel key is immutable once published: the same
+    key with the same object and SKU is an idempotent re-publish (the row is kept as it is), anything else a
+    Conflict. Also Conflict if the object is absent, its size differs, or SKU facts clash."""
     created = kernel.created or utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def work() -> tuple[Entry, bool]:
@@ -277,18 +280,32 @@ def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str) ->
                            "bytes; publish the entry that belongs to this object")
         ensure_sku(session, facts=sku_facts(kernel))
         row = session.get(models.Kernel, kernel.kernel_key)
-        is_new = row is None
-        if row is None:
-            row = models.Kernel(kernel_key=kernel.kernel_key, created=created)
-            session.add(row)
+        if row is not None:
+            _check_same_kernel(row, kernel)
+            held = get_kernel(session, kernel_key=kernel.kernel_key)
+            entry = _entry(kernel, row.created) if held is None else Entry(**held.model_dump())
+            write(entry, False)
+            return entry, False
+        row = models.Kernel(kernel_key=kernel.kernel_key, created=created)
+        session.add(row)
         fill_kernel(row, kernel)
-        if is_new or session.is_modified(row):
-            record_audit(session, actor=actor, action="kernel.create" if is_new else "kernel.update",
-                         target=kernel.kernel_key, detail={"sku": kernel.sku, "object_digest": kernel.object_digest})
+        record_audit(session, actor=actor, action="kernel.create", target=kernel.kernel_key,
+                     detail={"sku": kernel.sku, "object_digest": kernel.object_digest})
         session.flush()
-        return _entry(kernel, row.created), is_new
+        entry = _entry(kernel, created)
+        write(entry, True)
+        return entry, True
 
     return retrying(session, work)
+
+
+def _check_same_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
+    if row.object_digest != kernel.object_digest or row.sku != kernel.sku:
+        raise Conflict(
+            f"kernel {kernel.kernel_key} is already published with object {row.object_digest} for SKU "
+            f"{row.sku!r}; a kernel key is immutable once published, so this entry (object "
+            f"{kernel.object_digest}, SKU {kernel.sku!r}) is refused: rebuild with the published toolchain, or "
+            "check the build host for a non-deterministic export")
 
 
 def fill_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
@@ -308,30 +325,62 @@ def _entry(kernel: schemas.KernelIn, created: str) -> Entry:
 
 
 # -- misses ---------------------------------------------------------------------------------------
+MAX_MISSES_PER_SKU = 10_000  # distinct kernel keys; a real matrix gap is a few hundred
+
+
 def record_miss(session: Session, *, miss: schemas.MissIn) -> None:
-    """Insert the miss or count one more report of it, atomically (INSERT ... ON CONFLICT DO UPDATE)."""
+    """Insert the miss or count one more report of it, atomically (INSERT ... ON CONFLICT DO UPDATE). A
+    report never replaces a call already recorded. Raises NotFound for a SKU the service does not hold and
+    TooMany when the SKU already has MAX_MISSES_PER_SKU distinct misses (a known key is still counted)."""
+    if session.get(models.Sku, miss.sku) is None:
+        raise NotFound(f"unknown SKU {miss.sku!r}: misses are recorded only for SKUs this service holds "
+                       "(GET /v1/skus lists them)")
+    known = session.get(models.Miss, miss.kernel_key) is not None
+    held = session.scalar(select(func.count()).select_from(models.Miss).where(models.Miss.sku == miss.sku)) or 0
+    if not known and held >= MAX_MISSES_PER_SKU:
+        raise TooMany(f"SKU {miss.sku!r} already has {held} distinct misses recorded; an admin clears built ones "
+                      "with DELETE /v1/misses/<kernel_key>")
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     now = utcnow()
     stmt = dialect.insert(models.Miss).values(
         kernel_key=miss.kernel_key, sku=miss.sku, family=miss.family,
         compile_key=canonical_json(miss.compile_key), count=1, first_seen=now, last_seen=now,
-        call=None if miss.call is None else canonical_json(miss.call),
+        call=None if miss.call is None else canonical_json(miss.call.model_dump()),
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=[models.Miss.kernel_key],
         set_={"count": models.Miss.count + 1, "last_seen": stmt.excluded.last_seen,
-              "call": func.coalesce(stmt.excluded.call, models.Miss.call)},
+              "call": func.coalesce(models.Miss.call, stmt.excluded.call)},
     )
     session.execute(stmt)
     session.commit()
 
 
-def list_misses(session: Session) -> list[schemas.MissOut]:
-    rows = session.scalars(select(models.Miss).order_by(models.Miss.count.desc(), models.Miss.kernel_key)).all()
-    return [schemas.MissOut(kernel_key=m.kernel_key, sku=m.sku, family=m.family,
-                            compile_key=json.loads(m.compile_key), count=m.count,
-                            call=None if m.call is None else json.loads(m.call),
-                            first_seen=m.first_seen, last_seen=m.last_seen) for m in rows]
+def list_misses(session: Session, *, offset: int = 0, limit: int = 1000) -> list[schemas.MissOut]:
+    """Misses most reported first (then by key), `limit` of them from `offset`. A stored row that no longer
+    validates (recorded before the checks) is passed over, never a 500."""
+    query = (select(models.Miss).order_by(models.Miss.count.desc(), models.Miss.kernel_key)
+             .offset(offset).limit(limit))
+    found = []
+    for m in session.scalars(query).all():
+        try:
+            found.append(schemas.MissOut(kernel_key=m.kernel_key, sku=m.sku, family=m.family,
+                                         compile_key=json.loads(m.compile_key), count=m.count,
+                                         call=None if m.call is None else json.loads(m.call),
+                                         first_seen=m.first_seen, last_seen=m.last_seen))
+        except (ValueError, RecursionError):
+            continue
+    return found
+
+
+def delete_miss(session: Session, *, kernel_key: str, actor: str) -> None:
+    """Forget a miss (built since, or bogus); audited. Raises NotFound when none is recorded."""
+    row = session.get(models.Miss, kernel_key)
+    if row is None:
+        raise NotFound(f"no miss recorded for kernel {kernel_key}; GET /v1/misses lists them")
+    session.delete(row)
+    record_audit(session, actor=actor, action="miss.delete", target=kernel_key, detail={"sku": row.sku})
+    session.commit()
 
 
 def counts(session: Session) -> dict[str, int]:
