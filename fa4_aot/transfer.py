@@ -10,9 +10,11 @@ from typing import Any
 from . import signing
 from .build import Report, build_calls
 from .calls import Call
-from .errors import DiskFull, Fa4AotError
+from .errors import DiskFull, Fa4AotError, RemoteError, TrustError
 from .remote import Remote
+from .skus import Sku
 from .store import Store
+from .trust import Trust
 from .variants import Matrix
 
 Progress = Callable[[int, int, str], None]
@@ -71,13 +73,22 @@ def _push_manifests(store: Store, remote: Remote, entries: list[Any], result: Tr
                 result.failures.append(f"manifest {signing.manifest_id(envelope)}: {e}")
 
 
-def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progress | None = None) -> Transfer:
-    """Mirror every kernel the server holds for `sku` into `store` (an air-gapped copy), verified."""
-    wanted = [k for k in remote.manifest(sku)["kernels"] if not store.has_entry(k["kernel_key"])]
+def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progress | None = None,
+         trust: Trust | None = None) -> Transfer:
+    """Mirror every kernel the server holds for `sku` into `store` (an air-gapped copy), verified, under the
+    client's trust policy (`trust`, default Trust.from_env): with trusted keys only kernels a valid signed
+    manifest lists with their digest (the others are failures), without them only with FA4_AOT_INSECURE=1
+    (TrustError otherwise)."""
+    listing = remote.manifest(sku)
+    trust = trust or Trust.from_env(_sku_of(listing, sku, remote.url), store, remote)
+    refusal = trust.refuse_remote()
+    if refusal:
+        raise TrustError(f"pull refused: {refusal}")
+    wanted = [k for k in listing.get("kernels", []) if not store.has_entry(k["kernel_key"])]
     result = Transfer(kernels=len(wanted))
 
     def one(k: dict[str, Any]) -> dict[str, Any]:
-        if remote.fetch_kernel(k["kernel_key"], store) is None:
+        if remote.fetch_kernel(k["kernel_key"], store, accept=trust.check) is None:
             raise RuntimeError(f"{remote.url} listed kernel {k['kernel_key']} but no longer has it")
         return k
 
@@ -92,13 +103,25 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
     return result
 
 
+def _sku_of(listing: dict[str, Any], name: str, url: str) -> Sku:
+    """The SKU a server's manifest describes (its facts are what signed manifests must match)."""
+    facts: Any = listing.get("sku")
+    try:
+        return Sku(name, facts["arch"], int(facts["sm_count"]), int(facts["l2_bytes"]), int(facts["cuda_major"]))
+    except (TypeError, KeyError, ValueError):
+        raise RemoteError(f"{url} describes SKU {name} without its facts; is it an fa4-aot server?") from None
+
+
 def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
                    progress: Callable[..., None] | None = None) -> list[Report]:
     """Build the calls clients reported missing (misses that carry a call), per SKU, and push the results."""
     by_sku: dict[str, list[tuple[str, Call]]] = {}
     for miss in remote.misses():
         if miss.get("call") and miss.get("sku") in matrix.skus:
-            call = Call(**{**miss["call"], "window": tuple(miss["call"]["window"])})
+            try:
+                call = Call(**{**miss["call"], "window": tuple(miss["call"]["window"])})
+            except (TypeError, KeyError, ValueError):  # not a call of this fa4-aot: skip it, build the rest
+                continue
             by_sku.setdefault(miss["sku"], []).append(("from-misses", call))
     reports = []
     for name, work in sorted(by_sku.items()):
