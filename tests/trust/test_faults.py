@@ -42,6 +42,13 @@ RLIMIT_BUILD = ("RLIMIT_FSIZE caps every file the build writes, including the co
                 "outside the store, so it cannot stand for a full store disk; only the tmpfs case models that")
 
 
+@pytest.fixture(autouse=True)
+def _unsigned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builds here are unsigned: pulls take them only with FA4_AOT_INSECURE=1 (the client's policy)."""
+    monkeypatch.setenv("FA4_AOT_INSECURE", "1")
+    monkeypatch.delenv("FA4_AOT_TRUSTED_KEYS", raising=False)
+
+
 # -- processes --------------------------------------------------------------------------------------------
 def start(args: list[str], cache: Path, log: Path | None = None) -> subprocess.Popen[bytes]:
     """`fa4-aot --cache-dir CACHE ARGS` in its own process group (the build's workers are its children);
