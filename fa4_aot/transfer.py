@@ -119,7 +119,7 @@ def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
     for miss in remote.misses():
         if miss.get("call") and miss.get("sku") in matrix.skus:
             try:
-                call = Call(**{**miss["call"], "window": tuple(miss["call"]["window"])})
+                call = Call.from_dict(miss["call"])
             except (TypeError, KeyError, ValueError):  # not a call of this fa4-aot: skip it, build the rest
                 continue
             by_sku.setdefault(miss["sku"], []).append(("from-misses", call))

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Response, status
 from sqlalchemy.orm import Session
 
-from fa4_aot import keys
+from fa4_aot import kernel_keys
 from fa4_aot.store import Entry, Store
 
 from .. import crud
@@ -49,7 +49,7 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
     immutable), the object is missing or its size differs, or the SKU's facts clash; 403 when the token is
     limited to other SKUs."""
     check_sku_allowed(token, kernel.sku)
-    recomputed = keys.entry_key(kernel)
+    recomputed = kernel_keys.entry_key(kernel)
     if recomputed != kernel.kernel_key:
         raise InvalidBody(f"kernel_key {kernel.kernel_key} is not the key of this entry's fields (they hash to "
                           f"{recomputed}); publish the entry `fa4-aot build` wrote, unchanged")

@@ -3,7 +3,8 @@
 FA4's compile keys are tuples of bools, ints, floats, strings, None, CuTe dtype classes and enums.
 `canonical()` turns one into plain JSON values, injectively; anything else raises, because a value
 we cannot write down exactly must not be cached. The Python version is deliberately absent: an
-object exported under 3.11 loads under 3.12.
+object exported under 3.11 loads under 3.12. Pure: the toolchain versions come in as an argument
+(fa4_aot.fa4.toolchain() reads them), so nothing here imports FA4 or CuTe.
 """
 
 from __future__ import annotations
@@ -11,14 +12,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from functools import lru_cache
-from importlib import metadata
 from typing import Any
 
 from .skus import Sku
-
-# The distributions whose code generates the kernels. Changing any of them changes the keys.
-TOOLCHAIN_DISTRIBUTIONS = ("flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")
 
 
 def canonical(value: Any) -> Any:
@@ -40,37 +36,9 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-@lru_cache(maxsize=1)
-def toolchain() -> dict[str, str]:
-    """Installed versions of the kernel-generating packages, plus the CUDA flavour of the CuTe compiler."""
-    versions = {}
-    for dist in TOOLCHAIN_DISTRIBUTIONS:
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "absent"
-    versions["cutlass-dsl-cuda"] = cutlass_cuda_flavor()
-    return versions
-
-
-def cutlass_cuda_flavor() -> str:
-    """'cu12' or 'cu13': the toolkit flavour the CuTe compiler loaded (it picks the newest one installed when
-    no driver is present). Imports cutlass, so call it only where FA4 is about to be used anyway."""
-    import sys
-
-    import cutlass  # noqa: F401  (loads the flavoured _cutlass_ir module)
-
-    module = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
-    name = getattr(module, "__file__", "") or ""
-    for part in name.split("."):
-        if part.startswith("cu") and part[2:].isdigit():
-            return part
-    return "unknown"
-
-
-def kernel_key(family: str, compile_key: Any, sku: Sku, tools: dict[str, str] | None = None) -> str:
-    """sha256 hex of the canonical description of one kernel binary for one SKU."""
-    tools = tools if tools is not None else toolchain()
+def kernel_key(family: str, compile_key: Any, sku: Sku, tools: dict[str, str]) -> str:
+    """sha256 hex of the canonical description of one kernel binary for one SKU, built by `tools`
+    (the toolchain versions, `fa4_aot.fa4.toolchain()` on a host with FA4)."""
     return _key_of(family, canonical(compile_key), sku.target_facts(), tools)
 
 
