@@ -133,8 +133,12 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
     if old:
         live = {e.object_digest for e in store.entries()}
         doomed = [d for d in old if d not in live]
+        if dry_run:  # nothing is removed, so nothing is locked (or created)
+            report.removed_objects = doomed
+            report.bytes_freed = sum(store.object_size(d) or 0 for d in doomed)
+            doomed = []
         for i in range(0, len(doomed), _GC_BATCH):
-            _remove_unreferenced(store, doomed[i:i + _GC_BATCH], cutoff, dry_run, report)
+            _remove_unreferenced(store, doomed[i:i + _GC_BATCH], cutoff, report)
     now = time.time()
     for where, pid, mtime in store.temp_files():
         if stale_temp_file(pid, mtime, now):
@@ -144,7 +148,7 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
     return report
 
 
-def _remove_unreferenced(store: Store, digests: list[str], cutoff: float, dry_run: bool, report: GcReport) -> None:
+def _remove_unreferenced(store: Store, digests: list[str], cutoff: float, report: GcReport) -> None:
     with ExitStack() as locks:
         held = []
         for digest in digests:
@@ -160,8 +164,7 @@ def _remove_unreferenced(store: Store, digests: list[str], cutoff: float, dry_ru
                 continue
             report.removed_objects.append(digest)
             report.bytes_freed += store.object_size(digest) or 0
-            if not dry_run:
-                store.remove_object(digest)
+            store.remove_object(digest)
 
 
 def stale_temp_file(pid: int | None, mtime: float, now: float) -> bool:

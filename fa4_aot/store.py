@@ -299,6 +299,8 @@ class Store:
         the write happen under the object's lock, which gc takes before removing an object, so an entry never
         names an object that gc removed meanwhile (StoreError then: fetch or build the object again)."""
         path = self.entry_path(entry.kernel_key)
+        if not self.has_object(entry.object_digest):  # refused before anything is created
+            raise StoreError(f"refusing index entry {entry.kernel_key}: object {entry.object_digest} not stored")
         with self.lock(entry.object_digest):
             if not self.has_object(entry.object_digest):
                 raise StoreError(f"refusing index entry {entry.kernel_key}: object {entry.object_digest} not stored")

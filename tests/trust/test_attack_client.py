@@ -142,7 +142,7 @@ def test_d11_broken_answers_fail_cleanly(tmp_path: Path) -> None:
     holder.append(corrupt)
     with corrupt:
         insecure = Trust(H200, store, None, {}, insecure=True)
-        inst = Installation(sku=H200, store=store, mode="strict", trace=[], trust=insecure,
+        inst = Installation(sku=H200, store=store, mode="strict", trace=[], trust=insecure, tools={},
                             remote=Remote(corrupt.url, retries=0))
         assert inst.fetch(bad.kernel_key) is False  # IntegrityError inside: never raised
     assert "hashing to" in inst.remote_error and not store.has_object(bad.object_digest)
