@@ -25,6 +25,7 @@ from .store import Entry, Store, check_hex
 
 RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+MIN_ATTEMPT = 0.1  # seconds: with less left before the deadline, another attempt is not started
 MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
 
 
@@ -76,12 +77,12 @@ class Remote:
             try:
                 response = self._client.request(method, path, timeout=_timeout(end), **kwargs)
             except (httpx.TimeoutException, httpx.TransportError) as e:
-                if attempt == self.retries or _remaining(end) <= 0:
+                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
                     raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e})", e) from e
             else:
                 if response.status_code < 500:
                     return _check(response, ok, self.url)
-                if attempt == self.retries or _remaining(end) <= 0:
+                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
                     self.down = f"{method} {path} -> {response.status_code}"
                     return _check(response, ok, self.url)
             _backoff(attempt, end)
@@ -163,7 +164,7 @@ class Remote:
                     self._download(digest, store, size, end)
                     return True
                 except (httpx.TimeoutException, httpx.TransportError) as e:
-                    if attempt == self.retries or _remaining(end) <= 0:
+                    if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
                         raise self._give_up(f"download of {digest} from {self.url} failed: {e}", e) from e
                 _backoff(attempt, end)
         raise AssertionError("unreachable")
@@ -176,7 +177,7 @@ class Remote:
 
     def _within(self, chunks: Iterator[bytes], end: float, digest: str) -> Iterator[bytes]:
         for chunk in chunks:
-            if _remaining(end) <= 0:
+            if _remaining(end) < MIN_ATTEMPT:
                 raise self._give_up(f"download of {digest} from {self.url} ran past its deadline")
             yield chunk
 
