@@ -390,21 +390,25 @@ def test_d5_slow_or_hung_server_has_a_deadline_and_is_then_down(tmp_path: Path,
 
 
 def test_d15_temp_files_of_a_reused_pid_are_cleaned(tmp_path: Path) -> None:
-    """In a container the server is PID 1 after every restart: a temp file named after PID 1 (or any pid
-    that is running) but older than that process is a killed writer's, and goes."""
+    """In a container the server is PID 1 after every restart: a temp file named after a pid that is running
+    but whose process started after the file last changed is a killed writer's, and goes."""
     store = Store(tmp_path / "cache")
     store.put_object(b"x")
     folder = store.object_path("a" * 64).parent
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    started = maintenance._process_start(os.getpid())
-    assert started
-    leftover = folder / f".{'a' * 62}.{os.getpid()}.0123abcd.tmp"  # our own pid: it is running
-    live = folder / f".{'b' * 62}.{os.getpid()}.4567cdef.tmp"
-    for path in (leftover, live):
-        path.write_bytes(b"partial")
-    os.utime(leftover, (started - 30, started - 30))  # written before this process started: a dead writer's
-    removed = maintenance.gc(store, min_age=float("inf")).removed_temp_files
-    assert (removed, leftover.exists(), live.exists()) == (1, False, True)
-    ancient = time.time() - 2 * 86400
-    os.utime(live, (ancient, ancient))  # untouched for days by a writer that still runs: stuck, goes too
-    assert maintenance.gc(store, min_age=float("inf")).removed_temp_files == 1 and not live.exists()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # holds the reused pid
+    try:
+        leftover = folder / f".{'a' * 62}.{writer.pid}.0123abcd.tmp"
+        live = folder / f".{'b' * 62}.{writer.pid}.4567cdef.tmp"
+        for path in (leftover, live):
+            path.write_bytes(b"partial")
+        before = time.time() - 60
+        os.utime(leftover, (before, before))  # last written before that process started: a dead writer's
+        removed = maintenance.gc(store, min_age=float("inf")).removed_temp_files
+        assert (removed, leftover.exists(), live.exists()) == (1, False, True)
+        ancient = time.time() - 2 * 86400
+        os.utime(live, (ancient, ancient))  # untouched for days by a pid that still runs: stuck, goes too
+        assert maintenance.gc(store, min_age=float("inf")).removed_temp_files == 1 and not live.exists()
+    finally:
+        writer.kill()
+        writer.wait()
