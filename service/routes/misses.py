@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 
-from .. import crud
+from .. import crud, crud_misses
 from ..deps import AdminDep, SessionDep, require_read
 from ..openapi import ADMIN, READ
 from ..schemas import HEX64, MissIn, MissOut
@@ -22,7 +22,7 @@ KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, descr
 def report_miss(miss: MissIn, session: SessionDep) -> Response:
     """Record that a client needed `kernel_key` and lacked it (count += 1). Open to readers; at most 64 KiB,
     only for SKUs the service holds (404 otherwise), at most 10,000 distinct misses a SKU (429)."""
-    crud.record_miss(session, miss=miss)
+    crud_misses.record_miss(session, miss=miss)
     return Response(status_code=status.HTTP_202_ACCEPTED)
 
 
@@ -31,12 +31,12 @@ def report_miss(miss: MissIn, session: SessionDep) -> Response:
 def list_misses(session: SessionDep, offset: Annotated[int, Query(ge=0, lt=1 << 31)] = 0,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 1000) -> list[MissOut]:
     """Recorded misses, most reported first, a page at a time: `limit` (at most 1000) from `offset`."""
-    return crud.list_misses(session, offset=offset, limit=limit)
+    return crud_misses.list_misses(session, offset=offset, limit=limit)
 
 
 @router.delete("/{kernel_key}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response,
                responses=errors(400, 401, 403, 404), openapi_extra=ADMIN)
 def delete_miss(kernel_key: KeyPath, session: SessionDep, token: AdminDep) -> Response:
     """Forget one miss (admin token): a bogus report, or one built since."""
-    crud.delete_miss(session, kernel_key=kernel_key, actor=crud.token_label(token))
+    crud_misses.delete_miss(session, kernel_key=kernel_key, actor=crud.token_label(token))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
