@@ -60,7 +60,7 @@ _FANOUT = re.compile(r"[0-9a-f]{2}")
 _SKU_NAME = re.compile(r"[a-z0-9-]+")
 QUARANTINE = "quarantine"
 _CHUNK = 1 << 20
-_FOLDERS = ("objects", "index", "misses", "locks")
+_FOLDERS = ("objects", "index", "misses", "locks", "manifests")
 SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
 
 

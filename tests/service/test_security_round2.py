@@ -214,6 +214,13 @@ def test_d12_planted_links_folders_and_modes_are_refused(launch: Launch) -> None
     with pytest.raises(Exception, match="symlink"):
         Store(root).put_manifest("d12", "7" * 64, b"{}")
     assert list(elsewhere.iterdir()) == []
+    linked = root.parent / "linked-store"
+    linked.mkdir(mode=0o700)
+    (linked / "manifests").symlink_to(elsewhere)  # the whole manifests/ folder a link
+    for touch in (lambda: Store(linked).manifests("d12"), lambda: Store(linked).put_manifest("d12", "7" * 64, b"{}")):
+        with pytest.raises(Exception, match="refusing symlink"):
+            touch()
+    assert list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.bad_input("HTTP")
