@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response, status
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from fa4_aot import kernel_keys
@@ -13,7 +14,7 @@ from fa4_aot.store import Entry, Store
 
 from .. import crud
 from ..deps import PublisherDep, SessionDep, StoreDep, check_sku_allowed, require_read
-from ..errors import Conflict, InvalidBody, NotFound
+from ..errors import Conflict, NotFound
 from ..openapi import PUBLISH, READ
 from ..schemas import HEX64, KernelIn, KernelOut
 from . import READ_ERRORS, errors
@@ -37,7 +38,7 @@ def get_kernel(kernel_key: KeyPath, session: SessionDep) -> KernelOut:
     response_model=KernelOut,
     status_code=status.HTTP_201_CREATED,
     responses={200: {"model": KernelOut, "description": "Already published with this object"},
-               **errors(400, 401, 403, 409, 413, 422)},
+               **errors(400, 401, 403, 409, 413)},
     openapi_extra=PUBLISH,
 )
 def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, response: Response,
@@ -50,9 +51,11 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
     limited to other SKUs."""
     check_sku_allowed(token, kernel.sku)
     recomputed = kernel_keys.entry_key(kernel)
-    if recomputed != kernel.kernel_key:
-        raise InvalidBody(f"kernel_key {kernel.kernel_key} is not the key of this entry's fields (they hash to "
-                          f"{recomputed}); publish the entry `fa4-aot build` wrote, unchanged")
+    if recomputed != kernel.kernel_key:  # a validation error of the field, shaped like FastAPI's own 422s
+        raise RequestValidationError([{
+            "type": "value_error", "loc": ("body", "kernel_key"), "input": kernel.kernel_key,
+            "msg": f"kernel_key {kernel.kernel_key} is not the key of this entry's fields (they hash to "
+                   f"{recomputed}); publish the entry `fa4-aot build` wrote, unchanged"}])
     _adopt_unrecorded_object(session, store, kernel.object_digest, actor=crud.token_label(token))
 
     def write(entry: Entry, is_new: bool) -> None:

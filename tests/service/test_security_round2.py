@@ -55,7 +55,7 @@ def test_d1_sku_token_cannot_take_over_other_sku_kernel(server: Server) -> None:
         before = row_counts(server.db_url)
         answers = [c.post("/v1/kernels", json=doc) for doc in (relabelled, twin, same_bytes)]
     assert [r.status_code for r in answers] == [422, 409, 409], [r.text for r in answers]
-    assert "hash to" in answers[0].json()["detail"] and "immutable" in answers[1].json()["detail"]
+    assert "hash to" in answers[0].json()["detail"][0]["msg"] and "immutable" in answers[1].json()["detail"]
     assert row_counts(server.db_url)["kernels"] == before["kernels"]
     with server.client() as c:
         held = c.get(f"/v1/kernels/{victim['kernel_key']}").json()
