@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fa4_aot import maintenance
+from fa4_aot import kernel_keys, maintenance
 from fa4_aot.store import Entry, Store
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.service.service_helpers import Server, prepare_database
@@ -151,8 +151,9 @@ def uploads(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     template = next(store.entries())
     for i in range(2):
         data = random.Random(i).randbytes(BIG_OBJECT)
-        store.put_entry(Entry(**{**template.__dict__, "kernel_key": hashlib.sha256(b"big%d" % i).hexdigest(),
-                                 "object_digest": store.put_object(data), "size": len(data)}))
+        big = Entry(**{**template.__dict__, "compile_key": [*template.compile_key, "big", i],
+                       "object_digest": store.put_object(data), "size": len(data)})
+        store.put_entry(Entry(**{**big.__dict__, "kernel_key": kernel_keys.entry_key(big)}))  # as the server checks
     return root
 
 
