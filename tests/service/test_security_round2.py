@@ -246,6 +246,7 @@ def test_d13_deep_or_chunked_oversized_json_is_refused_cleanly(server: Server) -
     assert row_counts(server.db_url) == before
 
 
+@pytest.mark.bad_input("HTTP")
 def test_d14_manifest_flood_is_bounded(server: Server, tmp_path: Path) -> None:
     from fa4_aot import signing
 
