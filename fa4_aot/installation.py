@@ -57,7 +57,7 @@ class Installation:
         the reason is kept for error messages."""
         if self.remote is None:
             return False
-        from .errors import RemoteError
+        from .errors import Fa4AotError
 
         self.remote_error = self.trust.refuse_remote()
         if self.remote_error:
@@ -66,7 +66,7 @@ class Installation:
             if self.remote.fetch_kernel(kernel_key, self.store, accept=self.trust.check) is None:
                 self.remote_error = f"{self.remote.url} has no kernel {kernel_key[:16]}… for {self.sku.name} either"
                 return False
-        except (RemoteError, TrustError) as e:
+        except Fa4AotError as e:  # unreachable, untrusted, or bytes that failed their digest (IntegrityError)
             self.remote_error = str(e)
             return False
         self.stats.fetched += 1

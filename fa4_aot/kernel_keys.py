@@ -39,10 +39,16 @@ def dumps(value: Any) -> str:
 def kernel_key(family: str, compile_key: Any, sku: Sku, tools: dict[str, str]) -> str:
     """sha256 hex of the canonical description of one kernel binary for one SKU, built by `tools`
     (the toolchain versions, `fa4_aot.fa4.toolchain()` on a host with FA4)."""
-    doc = {
-        "family": family,
-        "compile_key": canonical(compile_key),
-        "target": sku.target_facts(),
-        "toolchain": tools,
-    }
+    return _key_of(family, canonical(compile_key), sku.target_facts(), tools)
+
+
+def entry_key(entry: Any) -> str:
+    """The kernel key that an index entry's own fields (family, canonical compile_key, SKU facts, toolchain)
+    hash to: what a server recomputes before it accepts an entry, so no entry can claim another's key."""
+    sku = Sku(entry.sku, entry.arch, entry.sm_count, entry.l2_bytes, entry.cuda_major)
+    return _key_of(entry.family, entry.compile_key, sku.target_facts(), dict(entry.toolchain))
+
+
+def _key_of(family: str, canonical_compile_key: Any, target: dict[str, Any], tools: dict[str, str]) -> str:
+    doc = {"family": family, "compile_key": canonical_compile_key, "target": target, "toolchain": tools}
     return hashlib.sha256(dumps(doc).encode()).hexdigest()
