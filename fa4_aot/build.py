@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,18 @@ class Report:
 class Planned:
     family: str
     ident: str  # canonical compile-key JSON
-    kernel_key: str
+    kernel_key: str  # the base key (no constants): the compile decides what it consumes
     call_index: int
+
+
+def stored_key(store: Store, base_key: str, sku: Sku) -> str | None:
+    """The key under which `store` holds the kernel with base key `base_key` for `sku`, or None: the base key
+    when its kernel consumed no constant, else the variant for the SKU's constant values if it is stored."""
+    entry = store.get_entry(base_key)
+    if entry is None or not entry.hardware_queries:
+        return None if entry is None else base_key
+    full = kernel_keys.variant_key(entry, sku.constants())
+    return full if store.has_entry(full) else None
 
 
 def build(
@@ -105,7 +115,7 @@ def build_calls(
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
                              initargs=(sku, str(store.root))) as pool:
         planned = _plan(pool, work, jobs, report)
-        todo = _triage(planned, work, store, report, dry_run)
+        todo = _triage(planned, work, store, sku, report, dry_run)
         _compile(pool, todo, work, report, progress)
     report.seconds = time.perf_counter() - started
     return report
@@ -128,15 +138,16 @@ def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, re
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
-def _triage(planned: list[Planned], work: list[tuple[str, Call]], store: Store, report: Report,
+def _triage(planned: list[Planned], work: list[tuple[str, Call]], store: Store, sku: Sku, report: Report,
             dry_run: bool) -> dict[int, list[Planned]]:
     """Record kernels already stored (or, in a dry run, all of them); group the rest by the call that builds them."""
     todo: dict[int, list[Planned]] = {}
     for p in planned:
         name, call = work[p.call_index]
-        if store.has_entry(p.kernel_key) or dry_run:
-            status = "present" if store.has_entry(p.kernel_key) else "planned"
-            report.results.append(Result(status, p.family, p.kernel_key, name, call.describe()))
+        held = stored_key(store, p.kernel_key, sku)
+        if held or dry_run:
+            report.results.append(Result("present" if held else "planned", p.family, held or p.kernel_key,
+                                         name, call.describe()))
         else:
             todo.setdefault(p.call_index, []).append(p)
     return todo
@@ -197,27 +208,30 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
     asked = [len(fa4.hardware_calls())]
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
-        kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
+        base = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
         queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
         data = fa4.export(fn)
-        digest = store.put_object(data)
-        store.put_entry(Entry(
-            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=kernel_keys.canonical(key),
-            sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
-            toolchain=_worker["tools"], variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
-            hardware_queries=[list(q) for q in queries],
-        ))
-        results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
+        entry = Entry(
+            kernel_key=base, object_digest=store.put_object(data), size=len(data), family=family,
+            compile_key=kernel_keys.canonical(key), sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
+            l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain=_worker["tools"], variant=variant,
+            call=call.describe(), compile_seconds=round(seconds, 3), hardware_queries=[list(q) for q in queries])
+        full = kernel_keys.entry_keys(entry)[1]
+        store.put_entry(replace(entry, kernel_key=full))
+        if full != base and not store.has_entry(base):  # the signpost: which constants this kernel consumed
+            store.put_entry(entry)
+        results[base] = Result("built", family, full, variant, call.describe(), seconds=seconds, size=len(data))
 
     with ExitStack() as stack:
         for kk in sorted(by_ident.values()):
             stack.enter_context(store.lock(kk))
         # Re-check under the locks: another builder on this cache may have finished meanwhile.
-        pending = {ident for ident, kk in by_ident.items() if not store.has_entry(kk)}
+        held = {ident: stored_key(store, kk, sku) for ident, kk in by_ident.items()}
+        pending = {ident for ident, key in held.items() if key is None}
         for ident, kk in by_ident.items():
             if ident not in pending:
-                results[kk] = Result("present", ident[0], kk, variant, call.describe())
+                results[kk] = Result("present", ident[0], held[ident] or kk, variant, call.describe())
         try:
             if pending:
                 fa4.compile_call(call, pending, done)
