@@ -73,9 +73,11 @@ def entry_keys(entry: Entry) -> tuple[str, str]:
     """(base key, full key) recomputed from an index entry's own fields. An entry is filed under its full key;
     an entry that consumed constants is also filed under its base key, where a client looking the kernel up
     learns which constants it depends on. A valid entry's kernel_key is one of the two."""
-    fields = {"arch": entry.arch, "cuda_major": entry.cuda_major, "toolchain": entry.toolchain}
-    base = key_of(entry.family, entry.compile_key, **fields)
-    return base, key_of(entry.family, entry.compile_key, consumed=consumed_of(entry.hardware_queries), **fields)
+    def key(consumed: dict[str, int]) -> str:
+        return key_of(entry.family, entry.compile_key, arch=entry.arch, cuda_major=entry.cuda_major,
+                      toolchain=entry.toolchain, consumed=consumed)
+
+    return key({}), key(consumed_of(entry.hardware_queries))
 
 
 def variant_key(base: Entry, constants: Constants) -> str:

@@ -11,8 +11,8 @@ table-tested; `detect_device()` is the only code here that touches CUDA.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import UnknownSku
