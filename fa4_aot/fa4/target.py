@@ -6,7 +6,8 @@ the SKU here, never from the build host:
 - cutlass.utils.HardwareInfo, which persistent tile schedulers call at compile time for the SM count they
   bake into the grid, and for max active clusters;
 - torch.cuda.current_device(), which torch's __dlpack__ calls for the deterministic backward's tensors;
-- flash_attn.cute.utils._fa_disable_2cta_cuda12, which FA4 computes from torch.version.cuda at import.
+- flash_attn.cute.utils._fa_disable_2cta_cuda12, which FA4 computes from torch.version.cuda at import;
+- FA4's hard-coded L2 budgets (l2.py), which become the SKU constants l2_budget / prepare_l2_budget.
 `configure()` must run in a fresh process before flash_attn is imported: FA4 caches the arch.
 """
 
@@ -89,6 +90,9 @@ def configure(sku: Sku) -> None:
     import flash_attn.cute.utils as fa_utils
 
     tile_scheduler.HardwareInfo = hardware_info
+    from . import l2
+
+    l2.patch(sku)  # FA4's L2 budgets become consumed constants (off: FA4's own figures)
     cute_dsl_utils.get_max_active_clusters.cache_clear()
     fa_utils._fa_disable_2cta_cuda12 = sku.cuda_major == 12
     arch = __import__("flash_attn.cute.interface", fromlist=["_get_device_arch"])._get_device_arch()
