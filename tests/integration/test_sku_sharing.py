@@ -5,15 +5,17 @@ b200/gb200 only in SM count)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from fa4_aot import kernel_keys
+from fa4_aot import fa4, kernel_keys
 from fa4_aot.store import Entry, Store
 from tests.conftest import TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow
+DATA = TINY_VARIANTS.parent
 
 
 def build(store: Path, sku: str, *only: str) -> dict:
@@ -36,7 +38,28 @@ def test_building_h100_sxm_after_h200_compiles_nothing(tmp_path: Path) -> None:
     h100 = build(tmp_path, "h100-sxm", "det-bwd")
     assert h100["failed"] == 0 and h100["built"] == 0 and h100["present"] == h200["kernels"]
     assert h100["kernel_keys"] == h200["kernel_keys"]
-    assert all(not e.hardware_queries for e in kernels(tmp_path).values())  # why they are shared
+    # why they are shared: what they consumed is FA4's own L2 budget (l2_budget off), the same for both SKUs
+    consumed = {q[0] for e in kernels(tmp_path).values() for q in e.hardware_queries}
+    assert consumed <= {"l2_budget", "prepare_l2_budget"}
+
+
+def test_fa4_budget_patch_leaves_the_bytes_unchanged(tmp_path: Path) -> None:
+    """With l2_budget off the patched schedulers (fa4_aot/fa4/l2.py) compile the bytes FA4 compiles: the
+    deterministic backward, whose LPT scheduler reads the budget, equals the committed store built before the
+    patch existed (tests/data/store_v1, same toolchain)."""
+    shutil.copytree(DATA / "store_v1", tmp_path / "v1")
+    for path in [tmp_path / "v1", *(tmp_path / "v1").rglob("*")]:  # as fa4-aot writes them; git keeps no mode
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    old = list(Store(tmp_path / "v1").entries())
+    if any(e.toolchain != fa4.toolchain() for e in old):
+        pytest.skip("tests/data/store_v1 was built by another toolchain than the one installed")
+    build(tmp_path / "new", "h200", "det-bwd")
+    new = {(e.family, kernel_keys.dumps(e.compile_key)): e for e in kernels(tmp_path / "new").values()}
+    det = [e for e in old if e.call.startswith("bwd_det")]
+    assert det and any(["l2_budget", 50 << 20] in new[(e.family, kernel_keys.dumps(e.compile_key))].hardware_queries
+                       for e in det)
+    for e in det:
+        assert new[(e.family, kernel_keys.dumps(e.compile_key))].object_digest == e.object_digest
 
 
 def test_b200_and_gb200_keys_differ_exactly_where_the_sm_count_was_consumed(tmp_path: Path) -> None:
