@@ -43,6 +43,9 @@ class Result:
 class Report:
     sku: str
     calls: int = 0
+    # FA4's dispatch read this SM count while planning (FLASH_ATTENTION_NUM_SMS): the kernels chosen for a call
+    # (split-KV, persistent, 2-CTA) are those of this SKU's dispatch, whoever else shares them
+    dispatch_sm_count: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
     seconds: float = 0.0
@@ -56,7 +59,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sku": self.sku, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
+            "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count}, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
             "seconds": round(self.seconds, 2),
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
@@ -109,7 +112,7 @@ def build_calls(
 ) -> Report:
     """Build the kernels of explicit (label, call) pairs, e.g. the calls clients reported missing."""
     started = time.perf_counter()
-    report = Report(sku=sku.name, calls=len(work))
+    report = Report(sku=sku.name, calls=len(work), dispatch_sm_count=sku.sm_count)
     jobs = max(1, jobs)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,

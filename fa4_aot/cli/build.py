@@ -86,7 +86,8 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
     summary = (f"{sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} built, "
                f"{report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
-               + f"{report.failed} failed ({report.seconds:.0f}s)")
+               + f"{report.failed} failed ({report.seconds:.0f}s); planned with {sku}'s dispatch "
+               f"({report.dispatch_sm_count} SMs)")
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
     emit(as_json, report.to_dict(), "\n".join([*lines, summary]))
     if report.failed:
