@@ -7,6 +7,7 @@ backward. Non-causal forward and the ordinary backward read no budget, so both v
 there (a control: their times must agree within noise).
 
     python bench/l2_budget.py --out bench/l2_budget-h200.json [--store DIR] [--sku h200] [--no-build]
+    python bench/l2_budget.py --build-only --store DIR      # on a CPU host; then --no-build --store DIR on the GPU
 
 Steps: (1) build both variants of every kernel the calls need into --store (default: a fresh temp folder),
 CPU-side in spawned workers (`fa4_aot.build.build_calls`; about a minute on a 16-core host), unless --no-build
@@ -118,6 +119,8 @@ def main() -> None:
     ap.add_argument("--sku", default="h200")
     ap.add_argument("--store", type=Path, help="store to build into / measure from (default: a fresh temp folder)")
     ap.add_argument("--no-build", action="store_true", help="the store already holds both variants")
+    ap.add_argument("--build-only", action="store_true", help="build both variants into --store and stop (on a CPU "
+                                                              "host; carry the store to the GPU host)")
     ap.add_argument("--seqlens", default="14336,16384,28672,57344")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("-j", "--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
@@ -128,6 +131,9 @@ def main() -> None:
     sku, blackwell = table[args.sku], table["b200"]
     store = args.store or Path(tempfile.mkdtemp(prefix="fa4-aot-l2-"))
     builds = [] if args.no_build else build_both(sku, store, seqlens, args.jobs)
+    if args.build_only:
+        print(json.dumps({"store": str(store), "builds": builds}, indent=1))
+        return
     folder = Path(tempfile.mkdtemp(prefix="fa4-aot-l2-tables-"))
     runs = {on: measure(store, table_with(sku, on, folder), seqlens, args.iters) for on in (False, True)}
     doc = report(sku, blackwell, seqlens, runs, builds, store)

@@ -59,7 +59,8 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count}, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
+            "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count},
+            "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
             "seconds": round(self.seconds, 2),
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
