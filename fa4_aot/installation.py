@@ -70,17 +70,15 @@ class Installation:
         if base is None or not base.hardware_queries:
             return base, ""
         constants = self.device_constants()
-        if not kernel_keys.differing(base, constants):
-            return base, ""
         try:
-            variant = self._entry(kernel_keys.variant_key(base, constants))
+            differing = kernel_keys.differing(base, constants)
+            variant = self._entry(kernel_keys.variant_key(base, constants)) if differing else base
         except ValueError as e:  # a constant this version cannot compute
             return None, str(e)
         if variant is not None:
             return variant, ""
-        diff = ", ".join(f"{name} = {mine} (built: {theirs})"
-                         for name, (theirs, mine) in kernel_keys.differing(base, constants).items())
-        return None, (f"it consumed SKU constants and no build has this device's values: {diff}; add a "
+        diff = ", ".join(f"{name} = {mine} (built: {theirs})" for name, (theirs, mine) in differing.items())
+        return None, (f"It consumed SKU constants and no build has this device's values: {diff}; add a "
                       f"[skus.NAME] table with this device's figures (`fa4-aot skus --detect` prints it) and run "
                       "`fa4-aot build --sku NAME`")
 
