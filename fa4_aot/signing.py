@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import StoreError, TrustError
 from .fsutil import atomic_write
-from .kernel_keys import dumps
+from .kernel_keys import dumps, serves
 from .skus import Sku
 from .store import Store, check_hex
 
@@ -134,7 +134,8 @@ def trusted_keys(spec: str | None) -> dict[str, PublicKey]:
 def manifest_of(store: Store, sku: Sku, expires_days: float = 365.0, now: dt.datetime | None = None
                 ) -> dict[str, Any]:
     """The unsigned manifest of every kernel `store` holds for `sku`. Raises TrustError if it holds none."""
-    entries = [e for e in store.entries(sku.name) if e.arch == sku.arch and e.sm_count == sku.sm_count]
+    # every kernel a client of this SKU may load, whichever SKU's build compiled it (kernels are shared)
+    entries = [e for e in store.entries() if serves(e, sku)]
     if not entries:
         raise TrustError(f"{store.root} holds no kernels for {sku.name}; run `fa4-aot build --sku {sku.name}` first")
     now = now or dt.datetime.now(dt.UTC)

@@ -160,7 +160,7 @@ def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]]) -> None:
                else "re-planning the recorded call did not select it (was FA4 or the SKU table changed?)")
         report.results.append(Result(
             "failed", miss["family"], key, "from-misses",
-            _call(miss["call"]).describe() if miss.get("call") else "", error=f"missed kernel not rebuilt: {why}"))
+            call.describe() if (call := _call(miss.get("call"))) else "", error=f"missed kernel not rebuilt: {why}"))
 
 
 def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer, progress: Progress | None,

@@ -54,7 +54,7 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
     """Raises Conflict (SKU facts) or ValueError (entry fails validation, object missing or short) before
     adding anything to the session, so a skipped entry leaves no partial rows."""
     kernel = schemas.KernelIn.model_validate(asdict(entry))
-    if kernel_keys.entry_key(entry) != entry.kernel_key:
+    if not kernel_keys.has_valid_key(entry):
         raise ValueError("its fields do not hash to its kernel key; run `fa4-aot verify` and rebuild")
     try:
         size = store.object_size(entry.object_digest)

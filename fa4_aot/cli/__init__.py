@@ -3,7 +3,7 @@
     common.py      the --cache-dir store option and pass_store, --json/--variants options, output, error mapping
     build.py       skus, build
     models.py      models, coverage
-    store_cmds.py  list, verify, gc, misses
+    store_cmds.py  list, verify, gc, misses, migrate
     server.py      serve, token, push, pull
     trust.py       keys, sign, revoke
 
@@ -43,7 +43,7 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
 
 
 for _command in (build.skus, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify,
-                 store_cmds.gc, store_cmds.misses,
+                 store_cmds.gc, store_cmds.misses, store_cmds.migrate,
                  server.serve, server.token, server.push, server.pull, trust.keys, trust.sign, trust.revoke):
     main.add_command(_command)
 
