@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 
 from . import config
-from .errors import RemoteError
+from .errors import RemoteAuthError, RemoteError, Unreachable
 from .store import Entry, Store, check_hex
 
 RETRIES = 4
@@ -34,10 +35,19 @@ def server_from_env() -> Remote | None:
     return Remote(url, token=os.environ.get("FA4_AOT_TOKEN")) if url else None
 
 
+ENV_ADVICE = "check FA4_AOT_SERVER or set FA4_AOT_OFFLINE=1 to use the local store only"
+
+
 class Remote:
-    def __init__(self, url: str, token: str | None = None, retries: int = RETRIES) -> None:
+    """A server. `advice` ends a "cannot reach" message: the default names the environment variables a
+    client reads; a command given --server passes its own (the variables did not choose the server)."""
+
+    def __init__(self, url: str, token: str | None = None, retries: int = RETRIES, advice: str = ENV_ADVICE) -> None:
+        if not re.match(r"https?://[^/\s]", url):
+            raise RemoteError(f"server URL {url!r} needs a scheme and a host, e.g. http://{url.split('://')[-1]}")
         self.url = url.rstrip("/")
         self.retries = retries
+        self.advice = advice
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
 
@@ -52,8 +62,7 @@ class Remote:
                 response = self._client.request(method, path, **kwargs)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 if attempt == self.retries:
-                    raise RemoteError(f"cannot reach {self.url} ({type(e).__name__}: {e}); check FA4_AOT_SERVER "
-                                      "or set FA4_AOT_OFFLINE=1 to use the local store only") from e
+                    raise Unreachable(f"cannot reach {self.url} ({type(e).__name__}: {e}); {self.advice}") from e
             else:
                 if response.status_code < 500 or attempt == self.retries:
                     return _check(response, ok, self.url)
@@ -114,7 +123,7 @@ class Remote:
                     return True
                 except (httpx.TimeoutException, httpx.TransportError) as e:
                     if attempt == self.retries:
-                        raise RemoteError(f"download of {digest} from {self.url} failed: {e}") from e
+                        raise Unreachable(f"download of {digest} from {self.url} failed: {e}; {self.advice}") from e
                     time.sleep(min(8.0, 0.2 * 2**attempt))
         raise AssertionError("unreachable")
 
@@ -158,14 +167,33 @@ class Remote:
         threading.Thread(target=send, name="fa4-aot-miss-report", daemon=True).start()
 
 
+def needed_scope(method: str, path: str) -> str:
+    """The token scope the service wants for a request (service/deps.py): admin for revocations and the
+    audit log, publish for other writes, read otherwise."""
+    if path.startswith("/v1/audit") or (method == "POST" and path.startswith("/v1/revocations")):
+        return "admin"
+    return "read" if method in ("GET", "HEAD") else "publish"
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's own reason (its JSON `detail`), else the start of the body."""
+    response.read()
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail) if detail else response.text[:300]
+
+
 def _check(response: httpx.Response, ok: tuple[int, ...], url: str) -> httpx.Response:
     if response.status_code in ok:
         return response
-    if response.status_code == 401:
-        raise RemoteError(f"{url} wants a token: set FA4_AOT_TOKEN (create one with `fa4-aot token create`)")
-    if response.status_code == 403:
-        raise RemoteError(f"{url} refused the token for {response.request.method} {response.request.url.path}: "
-                          "it is revoked or lacks the scope (publishing needs --scope publish)")
-    response.read()
-    detail = response.text[:300]
-    raise RemoteError(f"{response.request.method} {response.request.url} -> {response.status_code}: {detail}")
+    method, path = response.request.method, response.request.url.path
+    if response.status_code in (401, 403):
+        scope = needed_scope(method, path)
+        fix = ("pass --token or set FA4_AOT_TOKEN" if response.status_code == 401 else "use another token") + \
+            (f"; make one with `fa4-aot token create --scope {scope}` where the server's database is (the same "
+             "--cache-dir or --db as `fa4-aot serve`)")
+        raise RemoteAuthError(f"{url} refused {method} {path} ({response.status_code}: {_detail(response)}); "
+                              f"this needs a {scope} token: {fix}")
+    raise RemoteError(f"{method} {response.request.url} -> {response.status_code}: {_detail(response)}")

@@ -8,7 +8,9 @@ that touches CUDA.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,12 +96,22 @@ def parse_skus(src: TomlSource) -> dict[str, Sku]:
     return skus
 
 
+def unknown(name: str, known: Iterable[str], what: str = "SKU") -> UnknownSku:
+    """UnknownSku for `name`, listing `known` with a "did you mean" (case-insensitive, close spellings)."""
+    names = sorted(set(known))
+    folded = {n.lower(): n for n in names}
+    close = [folded[n] for n in difflib.get_close_matches(name.lower(), list(folded), n=1, cutoff=0.6)]
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return UnknownSku(f"unknown {what} {name!r}; {hint}known: {', '.join(names) or 'none'} "
+                      "(`fa4-aot skus` lists them; names are lowercase)")
+
+
 def select(skus: dict[str, Sku], device: DeviceInfo, forced: str | None = None) -> tuple[Sku, list[str]]:
     """The SKU that matches `device` exactly (arch, SM count, L2, CUDA major), with a trace of why each
     other one did not. `forced` (FA4_AOT_SKU) picks by name instead. Raises UnknownSku with the fix."""
     if forced:
         if forced not in skus:
-            raise UnknownSku(f"FA4_AOT_SKU={forced!r} is not a known SKU; known: {', '.join(sorted(skus))}")
+            raise unknown(forced, skus, "SKU in FA4_AOT_SKU")
         return skus[forced], [f"{forced}: forced by FA4_AOT_SKU"]
     trace, matches = [], []
     for sku in skus.values():

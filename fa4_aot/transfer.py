@@ -10,7 +10,7 @@ from typing import Any
 from . import signing
 from .build import Report, build_calls
 from .calls import Call
-from .errors import DiskFull, Fa4AotError
+from .errors import DiskFull, Fa4AotError, RemoteAuthError, Unreachable
 from .remote import Remote
 from .store import Store
 from .variants import Matrix
@@ -116,7 +116,8 @@ def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer
             try:
                 count(result, future.result())
                 status = "ok"
-            except DiskFull:  # every other kernel would fail the same way: stop with one error
+            except (DiskFull, RemoteAuthError, Unreachable):  # every other kernel would fail the same way:
+                # stop at once with one error
                 for other in futures:
                     other.cancel()
                 raise

@@ -2,7 +2,7 @@
 
     common.py      the --cache-dir store option and pass_store, --json/--variants options, output, error mapping
     build.py       skus, build
-    store_cmds.py  list, verify, gc, misses
+    store_cmds.py  list, verify, gc, prune, misses
     server.py      serve, token, push, pull
     trust.py       keys, sign, revoke
 
@@ -39,8 +39,11 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
     ctx.obj = make_state(cache_dir)
 
 
-for _command in (build.skus, build.build, store_cmds.list_, store_cmds.verify, store_cmds.gc, store_cmds.misses,
-                 server.serve, server.token, server.push, server.pull, trust.keys, trust.sign, trust.revoke):
+COMMANDS = (
+    build.skus, build.build, store_cmds.list_, store_cmds.verify, store_cmds.gc, store_cmds.prune, store_cmds.misses,
+    server.serve, server.token, server.push, server.pull, trust.keys, trust.sign, trust.revoke,
+)
+for _command in COMMANDS:
     main.add_command(_command)
 
 __all__ = ["main"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..store import Store
-from .common import emit, json_option, load_matrix, pass_store, variants_option
+from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
 
 if TYPE_CHECKING:
     from .. import build as build_mod
@@ -69,7 +69,12 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
                + (f"{report.count('planned')} to build, " if dry_run else "")
                + f"{report.failed} failed ({report.seconds:.0f}s)")
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    if report.interrupted:
+        summary = (f"INTERRUPTED {summary}; {report.not_built} not built (the kernels in flight were dropped, no "
+                   f"partial entry is left): run the same command again to build the rest")
     emit(as_json, report.to_dict(), "\n".join([*lines, summary]))
+    if report.interrupted:
+        sys.exit(130)
     if report.failed:
         sys.exit(1)
 
@@ -89,12 +94,11 @@ def _progress(as_json: bool) -> Callable[[int, int, build_mod.Result], None]:
 
 def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str | None, jobs: int,
                   as_json: bool) -> None:
-    from ..remote import Remote
     from ..transfer import rebuild_misses
 
     if not server:
         raise click.UsageError("--from-misses needs --server (or FA4_AOT_SERVER)")
-    reports = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs)
+    reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs)
     docs = [r.to_dict() for r in reports]
     lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
              f"{d['failed']} failed; pushed to {server}" for d in docs] or [f"{server} reports no buildable misses"]

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import Fa4AotError
 from ..store import Store
-from .common import emit, json_option, pass_store, state
+from .common import emit, json_option, pass_store, remote_for, state
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -20,9 +21,8 @@ if TYPE_CHECKING:
 
 
 def _remote(server: str, token: str | None) -> Remote:
-    from ..remote import Remote
-
-    return Remote(server, token=token)
+    """The server of --server (or FA4_AOT_SERVER), refused at once under FA4_AOT_OFFLINE=1 or without a scheme."""
+    return remote_for(server, token)
 
 
 def _progress(as_json: bool, verb: str) -> Callable[[int, int, str], None]:
@@ -66,14 +66,37 @@ def token() -> None:
     """Create and revoke the server's bearer tokens (run where the server's database is)."""
 
 
-def _session(db_url: str | None) -> AbstractContextManager[Session]:
+def _session(db_url: str | None, create: bool = False) -> AbstractContextManager[Session]:
     """A session on the server's database (migrated first): --db, else the one in --cache-dir."""
     from service import db
+
+    url = token_db(db_url, create=create)
+    db.migrate(url)
+    return db.session_for(url)
+
+
+def token_db(db_url: str | None, *, create: bool) -> str:
+    """The server's database URL: --db, else the SQLite file in --cache-dir. Without `create`, a missing SQLite
+    file is an error (listing tokens must not make an empty database where no server runs)."""
+    from sqlalchemy.engine import make_url
+
     from service.config import Settings
 
     url = Settings(cache_dir=state().cache_dir, db_url=db_url).database_url
-    db.migrate(url)
-    return db.session_for(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        path = Path(parsed.database)
+        if not (path.is_file() if not create else path.parent.is_dir()):
+            raise Fa4AotError(f"no token database at {path}: a server's database lives in its --cache-dir (or "
+                              "--db URL); pass the same --cache-dir/--db as `fa4-aot serve`, or create the store "
+                              "first (`fa4-aot build` or `fa4-aot pull`)")
+    return url
+
+
+def _where(db_url: str | None) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(token_db(db_url, create=True)).render_as_string(hide_password=True)
 
 
 @token.command("create")
@@ -85,8 +108,10 @@ def token_create(scope: str, name: str, skus: tuple[str, ...], db_url: str | Non
     """Print a new token once; the database keeps only its hash."""
     from service import crud
 
-    with _session(db_url) as session:
+    with _session(db_url, create=True) as session:
         click.echo(crud.create_token(session, name=name, scope=scope, skus=list(skus) or None))
+    click.echo(f"{scope} token {name or '(unnamed)'} stored in {_where(db_url)}: servers using this database "
+               "(`fa4-aot serve` with the same --cache-dir or --db) accept it", err=True)
 
 
 @token.command("rotate")
@@ -98,6 +123,7 @@ def token_rotate(name: str, db_url: str | None) -> None:
 
     with _session(db_url) as session:
         click.echo(crud.rotate_token(session, name=name))
+    click.echo(f"rotated {name!r} in {_where(db_url)}", err=True)
 
 
 @token.command("revoke")
@@ -108,7 +134,7 @@ def token_revoke(name: str, db_url: str | None) -> None:
     from service import crud
 
     with _session(db_url) as session:
-        click.echo(f"revoked {crud.revoke_token(session, name=name)} token(s) named {name!r}")
+        click.echo(f"revoked {crud.revoke_token(session, name=name)} token(s) named {name!r} in {_where(db_url)}")
 
 
 @token.command("list")
@@ -122,7 +148,7 @@ def token_list(db_url: str | None, as_json: bool) -> None:
         rows = crud.list_tokens(session)
     lines = [f"{r['name']:<24} {r['scope']:<8} {','.join(r['skus'] or ['*']):<20} "
              f"{'revoked' if r['revoked'] else 'active':<8} {r['created']}" for r in rows]
-    emit(as_json, rows, "\n".join(lines) or "no tokens")
+    emit(as_json, rows, "\n".join([*lines, f"{len(rows)} token(s) in {_where(db_url)}"]))
 
 
 @click.command()
