@@ -100,8 +100,10 @@ def unknown(name: str, known: Iterable[str], what: str = "SKU") -> UnknownSku:
     """UnknownSku for `name`, listing `known` with a "did you mean" (case-insensitive, close spellings)."""
     names = sorted(set(known))
     folded = {n.lower(): n for n in names}
-    close = [folded[n] for n in difflib.get_close_matches(name.lower(), list(folded), n=1, cutoff=0.6)]
-    hint = f"did you mean {close[0]!r}? " if close else ""
+    low = name.lower()
+    close = ([folded[low]] if low in folded else [n for n in names if n.lower().startswith(low)][:2]
+             or [folded[n] for n in difflib.get_close_matches(low, list(folded), n=1, cutoff=0.6)])
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
     return UnknownSku(f"unknown {what} {name!r}; {hint}known: {', '.join(names) or 'none'} "
                       "(`fa4-aot skus` lists them; names are lowercase)")
 
