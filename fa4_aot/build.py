@@ -1,15 +1,15 @@
 """`fa4-aot build`: plan every call of the selected variants for one SKU, then compile what the store lacks.
 
-Work happens in spawned worker processes configured for the target SKU (target.configure); this
+Work happens in spawned worker processes configured for the target SKU (fa4.configure); this
 process never imports FA4, so one process can build several SKUs in turn. Each kernel is compiled
-by exactly one worker (the first call that needs it), exported with export_to_c, and stored object
+by exactly one worker (the first call that needs it), exported (fa4.export), and stored object
 first, index entry last. Failures are reported per call and per kernel while the rest goes on.
+FA4 is reached only through the seam, fa4_aot.fa4.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -19,13 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import fa4, kernel_keys
 from .calls import Call
 from .errors import DiskFull
 from .skus import Sku
 from .store import Entry, Store
 from .variants import Matrix, Variant
-
-EXPORT_FUNCTION = "func"  # the symbol name FA4's own persistent cache uses; loaders look it up
 
 
 @dataclass
@@ -229,51 +228,41 @@ def _init_worker(sku: Sku, store_root: str) -> None:
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: silences FakeTensor data_ptr notices
     warnings.filterwarnings("ignore")  # CuTe's per-argument notices and torch's FakeTensor data_ptr notice
-    from . import target
-
-    target.configure(sku)
-    _worker.update(sku=sku, store=Store(Path(store_root)))
+    fa4.configure(sku)
+    _worker.update(sku=sku, store=Store(Path(store_root)), tools=fa4.toolchain())
 
 
 def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, str]]]:
-    from . import keys, plan
-
     kernels, failures = [], []
     for i, (_name, call) in enumerate(work):
         try:
-            seen = plan.kernels_for(call)
+            seen = fa4.plan(call)
         except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
             failures.append((i, _one_line(e)))
             continue
         for (family, ident), key in seen.items():
-            kernels.append((family, ident, keys.kernel_key(family, key, _worker["sku"]), i))
+            kernels.append((family, ident, kernel_keys.kernel_key(family, key, _worker["sku"], _worker["tools"]), i))
     return kernels, failures
 
 
 def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) -> list[Result]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from . import caches, calls, target
-
     store: Store = _worker["store"]
     sku: Sku = _worker["sku"]
     by_ident = {(f, ident): kk for f, ident, kk in wanted}
     results: dict[str, Result] = {}
     # kernels compile one after another, so the HardwareInfo queries since the last one belong to this one
-    asked = [len(target.hardware_calls())]
+    asked = [len(fa4.hardware_calls())]
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
-        from . import keys
-
-        kk = by_ident[(family, keys.dumps(keys.canonical(key)))]
-        queries = target.hardware_calls()[asked[0]:]
+        kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
+        queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
-        data = _export(fn)
+        data = fa4.export(fn)
         digest = store.put_object(data)
         store.put_entry(Entry(
-            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=keys.canonical(key),
+            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=kernel_keys.canonical(key),
             sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
-            toolchain=keys.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
+            toolchain=_worker["tools"], variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
             hardware_queries=[list(q) for q in queries],
         ))
         results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
@@ -288,8 +277,7 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
                 results[kk] = Result("present", ident[0], kk, variant, call.describe())
         try:
             if pending:
-                with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Compiler(family, pending, done)):
-                    calls.run(call)
+                fa4.compile_call(call, pending, done)
             error = "FA4 did not ask for this kernel when the call was re-run"
         except DiskFull:  # not this kernel's fault: every later write fails too, so the build stops
             raise
@@ -298,16 +286,6 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
     for (family, _ident), kk in by_ident.items():
         results.setdefault(kk, Result("failed", family, kk, variant, call.describe(), error=error))
     return list(results.values())
-
-
-def _export(fn: Any) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="fa4-aot-export-") as tmp:
-        path = Path(tmp) / "kernel.o"
-        fn.export_to_c(object_file_path=str(path), function_name=EXPORT_FUNCTION)
-        data = path.read_bytes()
-    if not data:
-        raise RuntimeError("export_to_c wrote an empty object file")
-    return data
 
 
 def _one_line(e: BaseException) -> str:
