@@ -108,13 +108,16 @@ def unknown(name: str, known: Iterable[str], what: str = "SKU") -> UnknownSku:
                       "(`fa4-aot skus` lists them; names are lowercase)")
 
 
-def select(skus: dict[str, Sku], device: DeviceInfo, forced: str | None = None) -> tuple[Sku, list[str]]:
+def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None = None) -> tuple[Sku, list[str]]:
     """The SKU that matches `device` exactly (arch, SM count, L2, CUDA major), with a trace of why each
     other one did not. `forced` (FA4_AOT_SKU) picks by name instead. Raises UnknownSku with the fix."""
     if forced:
         if forced not in skus:
             raise unknown(forced, skus, "SKU in FA4_AOT_SKU")
         return skus[forced], [f"{forced}: forced by FA4_AOT_SKU"]
+    if device is None:
+        raise UnknownSku("no CUDA device is visible to torch: set FA4_AOT_SKU=NAME (`fa4-aot skus`) to plan and "
+                         "check the store for a SKU on this host; loading kernels needs the GPU")
     trace, matches = [], []
     for sku in skus.values():
         why = _mismatch(sku, device)

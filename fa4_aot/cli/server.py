@@ -121,7 +121,7 @@ def token_rotate(name: str, db_url: str | None) -> None:
     """Print a new token for NAME (same scope and SKUs) and revoke the old one."""
     from service import crud
 
-    with _session(db_url) as session:
+    with _session(db_url, create=True) as session:
         click.echo(crud.rotate_token(session, name=name))
     click.echo(f"rotated {name!r} in {_where(db_url)}", err=True)
 
@@ -133,7 +133,7 @@ def token_revoke(name: str, db_url: str | None) -> None:
     """Revoke every active token called NAME."""
     from service import crud
 
-    with _session(db_url) as session:
+    with _session(db_url, create=True) as session:
         click.echo(f"revoked {crud.revoke_token(session, name=name)} token(s) named {name!r} in {_where(db_url)}")
 
 

@@ -27,7 +27,7 @@ from .common import emit, existing, json_option, load_matrix, pass_store
 def list_(store: Store, sku: str | None, variant: str | None, family: str | None, summary: bool,
           as_json: bool) -> None:
     """List the kernels in the store, then a per-SKU count."""
-    everything = list(existing(store).entries())
+    everything = list(store.entries())
     if sku is not None and sku not in {e.sku for e in everything}:
         _check_sku_name(sku, {e.sku for e in everything})
     entries = [e for e in everything if (sku is None or e.sku == sku) and (variant is None or e.variant == variant)
@@ -178,6 +178,6 @@ def prune(store: Store, sku: str | None, toolchain: str | None, older_than: str 
 
 
 def _installed_toolchain() -> dict[str, str]:
-    from ..keys import toolchain
+    from ..fa4 import toolchain
 
     return toolchain()
