@@ -154,7 +154,8 @@ def detect_device(index: int | None = None) -> DeviceInfo:
     import torch
 
     if not torch.cuda.is_available():
-        raise UnknownSku("no CUDA device is visible to torch; fa4_aot.install()/load() run on a GPU host")
+        raise UnknownSku("no CUDA device is visible to torch: fa4_aot loads kernels on a GPU host; to plan and "
+                         "check the store for a SKU here, set FA4_AOT_SKU=NAME (`fa4-aot skus`)")
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
     cuda = torch.version.cuda or "0"
