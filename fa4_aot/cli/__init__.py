@@ -5,6 +5,8 @@
     store_cmds.py  list, verify, gc, prune, misses
     server.py      serve, token, push, pull
     trust.py       keys, sign, revoke
+    account.py     login, logout
+    doctor.py      doctor
 
 This module only assembles the group. Command modules import from common, never from here (no import circle).
 A Fa4AotError from any command becomes one line on stderr and exit 1 (common.Fa4AotGroup).
@@ -17,7 +19,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from . import build, server, store_cmds, trust
+from . import account, build, doctor, server, store_cmds, trust
 from .common import Fa4AotGroup, cache_dir_option, make_state
 
 
@@ -41,7 +43,8 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
 
 COMMANDS = (
     build.skus, build.build, store_cmds.list_, store_cmds.verify, store_cmds.gc, store_cmds.prune, store_cmds.misses,
-    server.serve, server.token, server.push, server.pull, trust.keys, trust.sign, trust.revoke,
+    server.serve, server.token, server.push, server.pull, account.login, account.logout, trust.keys, trust.sign,
+    trust.revoke, doctor.doctor,
 )
 for _command in COMMANDS:
     main.add_command(_command)

@@ -98,6 +98,10 @@ def remote_for(server: str, token: str | None, param: str = "server") -> Remote:
     if os.environ.get("FA4_AOT_OFFLINE") == "1":
         raise Fa4AotError(f"FA4_AOT_OFFLINE=1 forbids the network, and this command talks to {server}: unset "
                           "FA4_AOT_OFFLINE to run it")
+    if token is None:
+        from ..credentials import token_for
+
+        token = token_for(server)
     source = click.get_current_context().get_parameter_source(param)
     from_env = source is click.core.ParameterSource.ENVIRONMENT
     advice = ENV_ADVICE if from_env else "check the --server URL, and that `fa4-aot serve` runs there"

@@ -42,7 +42,8 @@ _db = click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server datab
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0 for all).")
-@click.option("--port", default=8700, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8700, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to listen on; pick another free one if it is taken.")
 @click.option("--db", "db_url", envvar="FA4_AOT_DB_URL",
               help="SQLAlchemy URL (default: SQLite inside the cache dir); e.g. postgresql+psycopg://u@host/db.")
 @click.option("--require-read-token", is_flag=True, help="Reads need a token too (default: reads are open).")
@@ -57,8 +58,25 @@ def serve(host: str, port: int, db_url: str | None, require_read_token: bool, wo
     from service.config import Settings
     from service.main import serve as run
 
+    _check_port(host, port)
     run(Settings(cache_dir=state().cache_dir, db_url=db_url, host=host, port=port,
                  require_read_token=require_read_token, workers=workers))
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail before uvicorn does (its message is a bare `[Errno 98]`, exit 3) when host:port is taken."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise Fa4AotError(f"cannot listen on {host}:{port}: {e.strerror}; check --host") from e
+            raise Fa4AotError(f"port {port} on {host} is already in use (another `fa4-aot serve`?): pick another "
+                              f"with `fa4-aot serve --port {port + 1}`, or stop what listens there") from e
 
 
 @click.group()

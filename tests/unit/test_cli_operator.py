@@ -97,3 +97,56 @@ def test_prune_by_sku_toolchain_age_and_size(tmp_path: Path) -> None:
     assert json.loads(cli(tmp_path, "prune", "--max-size", "0", "--json").output)["entries"] == [keep.kernel_key]
     assert cli(tmp_path, "prune").exit_code == 1  # no rule: refuses rather than removing everything
     assert "invalid age" in cli(tmp_path, "prune", "--older-than", "soon").output
+
+
+def test_doctor_says_what_this_host_is_and_what_to_do_next(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FA4_AOT_SKU", "h200")
+    result = cli(tmp_path / "store", "doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(result.output)}
+    assert set(checks) == {"fa4-aot", "device", "toolchain", "store", "server"}
+    assert "h200" in checks["device"]["detail"]
+    assert "flash-attn-4" in checks["toolchain"]["detail"]
+    assert checks["store"]["status"] == "warn" and "fa4-aot build --sku h200" in checks["store"]["next"]
+    down = cli(tmp_path / "store", "doctor", "--server", "http://127.0.0.1:9")
+    assert down.exit_code == 1 and "FAIL server" in down.output and "cannot reach" in down.output
+
+
+def test_login_stores_a_0600_token_that_push_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FA4_AOT_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert cli(tmp_path, "login", "--server", "http://h:1/", "--token", "secret").exit_code == 0
+    stored = tmp_path / "cfg" / "credentials.json"
+    assert stored.stat().st_mode & 0o777 == 0o600 and json.loads(stored.read_text()) == {"http://h:1": "secret"}
+    from fa4_aot import credentials
+
+    assert credentials.token_for("http://h:1") == "secret"
+    assert "needs a scheme" in cli(tmp_path, "login", "--server", "h:1", "--token", "x").output
+    assert "removed 1" in cli(tmp_path, "logout", "--server", "http://h:1").output
+    assert credentials.token_for("http://h:1") is None
+
+
+def test_busy_port_names_it_and_how_to_pick_another(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = cli(tmp_path, "serve", "--port", str(port))
+    assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is already in use" in result.output
+    assert f"--port {port + 1}" in result.output
+
+
+def test_readme_command_table_matches_the_cli() -> None:
+    from fa4_aot.cli import main as group
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("## Command line", 1)[1].split("\n\n", 2)[1]
+    listed = {" ".join(cell.split("`")[1].split()[1:3]).split(" [")[0].split(" -")[0]
+              for row in table.splitlines()[2:] for cell in [row.split("|")[1]]}
+    expected = set()
+    for name, command in group.commands.items():
+        subs = getattr(command, "commands", None)
+        expected |= {f"{name} {sub}" for sub in subs} if subs else {name}
+    listed = {e if e.split()[0] in ("token", "keys") else e.split()[0] for e in listed}
+    assert listed == expected
