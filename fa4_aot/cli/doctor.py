@@ -59,7 +59,8 @@ def _store(sku: str | None) -> Check:
         counts[e.sku] = counts.get(e.sku, 0) + 1
     detail = f"{store.root}: " + (", ".join(f"{n} {k} kernel(s)" for k, n in sorted(counts.items())) or "empty")
     if not counts or (sku and not counts.get(sku)):
-        return _check("store", "warn", detail, f"`fa4-aot build --sku {sku or 'NAME'}` (or pull it) before running jobs")
+        return _check("store", "warn", detail,
+                      f"`fa4-aot build --sku {sku or 'NAME'}` (or pull it) before running jobs")
     return _check("store", "ok", detail, "`fa4-aot verify` re-hashes every object")
 
 
