@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .calls import LAYOUTS, Call, dtype_name, mask_of, pass_of
+from .calls import Call, dtype_name, mask_of, pass_of
 
 
 def call_from(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None, *, causal: bool, dtype: Any,
@@ -22,8 +22,6 @@ def call_from(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None, *, caus
         raise ValueError(f"window_size={window_size}: give both sides as integers for a local window")
     if local and causal:
         raise ValueError("pass either causal=True or a window_size, as FA4 treats causal as window (None, 0)")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: expected one of {', '.join(LAYOUTS)}")
     if layout == "paged" and page_size <= 0:
         raise ValueError("layout='paged' needs page_size")
     return Call.from_dict({

@@ -113,7 +113,7 @@ def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None =
     other one did not. `forced` (FA4_AOT_SKU) picks by name instead. Raises UnknownSku with the fix."""
     if forced:
         if forced not in skus:
-            raise unknown(forced, skus, "SKU in FA4_AOT_SKU")
+            raise UnknownSku(f"FA4_AOT_SKU={forced!r}: {unknown(forced, skus)}")
         return skus[forced], [f"{forced}: forced by FA4_AOT_SKU"]
     if device is None:
         raise UnknownSku("no CUDA device is visible to torch: set FA4_AOT_SKU=NAME (`fa4-aot skus`) to plan and "
