@@ -106,3 +106,23 @@ def test_token_names_its_database_and_a_server_elsewhere_refuses_it_with_the_fix
     result = cli(tmp_path / "c", "push", "--server", server.url, "--token", token)
     (line,) = error_lines(result)
     assert "unknown or revoked token" in line and "--cache-dir or --db as `fa4-aot serve`" in line
+
+
+def test_head_on_json_routes_is_not_405(server: Server) -> None:
+    with server.client() as http:
+        for path in ("/healthz", "/v1/skus", "/openapi.json"):
+            got, head = http.get(path), http.head(path)
+            assert head.status_code == got.status_code == 200, (path, head.status_code)
+            assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
+        assert http.head("/v1/skus/nosuch/manifest").status_code == 404
+        assert http.head(f"/v1/objects/{'0' * 64}").status_code == 404  # its own HEAD route, unchanged
+
+
+def test_docs_are_served_from_the_package(server: Server) -> None:
+    with server.client() as http:
+        page = http.get("/docs")
+        assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text
+        assert "cdn" not in page.text.lower() and "https://" not in page.text.replace("https://fastapi", "")
+        js = http.get("/docs/assets/swagger-ui-bundle.js")
+        assert js.status_code == 200 and len(js.content) > 100_000
+        assert http.get("/docs/assets/swagger-ui.css").status_code == 200
