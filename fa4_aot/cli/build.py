@@ -11,6 +11,7 @@ import click
 
 from ..store import Store
 from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
+from .progress import Progress, quiet_option
 
 if TYPE_CHECKING:
     from .. import build as build_mod
@@ -40,10 +41,12 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
 @click.option("--from-misses", is_flag=True, help="Build the calls clients reported missing to --server, then push.")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
 @click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses ($FA4_AOT_TOKEN).")
-@json_option("Print one JSON document: counts, kernel keys, failures.")
+@json_option("Print one JSON document (counts, kernel keys, failures) on stdout; per-kernel JSON lines on stderr.")
+@quiet_option
 @pass_store
 def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
-          dry_run: bool, from_misses: bool, server: str | None, token: str | None, as_json: bool) -> None:
+          dry_run: bool, from_misses: bool, server: str | None, token: str | None, as_json: bool,
+          quiet: bool) -> None:
     """Cross-compile FA4 kernels for one SKU into the store (no GPU needed).
 
     Every [[variants]] entry is crossed with its shape grid and run through FA4's own dispatch on fake
@@ -60,10 +63,11 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         raise click.UsageError("--sku is required (or --from-misses with --server)")
     target = matrix.sku(sku)
     chosen = matrix.select(list(only))
-    if not as_json:
+    if not (as_json or quiet):
         click.echo(f"building {sku} ({target.arch}, {target.sm_count} SMs) into {store.root} with {jobs} job(s)",
                    err=True)
-    report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=_progress(as_json), dry_run=dry_run)
+    with Progress("build", quiet=quiet, as_json=as_json) as bar:
+        report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=_progress(bar), dry_run=dry_run)
     summary = (f"{sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} built, "
                f"{report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
@@ -79,15 +83,15 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         sys.exit(1)
 
 
-def _progress(as_json: bool) -> Callable[[int, int, build_mod.Result], None]:
-    """One line per kernel on stderr (none with --json)."""
+def _progress(bar: Progress) -> Callable[[int, int, build_mod.Result], None]:
+    """Each finished kernel: a bar step, a line, or a JSON event (see progress.py)."""
 
     def progress(done: int, total: int, result: build_mod.Result) -> None:
-        if as_json:
-            return
         mark = {"built": "ok", "present": "--", "failed": "FAIL"}[result.status]
-        line = f"[{done}/{total}] {mark} {result.family} {result.seconds:.1f}s  {result.call}"
-        click.echo(line + (f"\n    {result.error}" if result.error else ""), err=True)
+        line = f"{mark} {result.family} {result.seconds:.1f}s  {result.call}" + \
+            (f"\n    {result.error}" if result.error else "")
+        bar.update(done, total, result.status, line, kernel_key=result.kernel_key, family=result.family,
+                   seconds=round(result.seconds, 3), call=result.call, error=result.error)
 
     return progress
 

@@ -13,6 +13,7 @@ import click
 from ..errors import Fa4AotError
 from ..store import Store
 from .common import emit, json_option, pass_store, remote_for, state
+from .progress import Progress, quiet_option
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -25,10 +26,10 @@ def _remote(server: str, token: str | None) -> Remote:
     return remote_for(server, token)
 
 
-def _progress(as_json: bool, verb: str) -> Callable[[int, int, str], None]:
+def _progress(bar: Progress) -> Callable[[int, int, str], None]:
     def report(done: int, total: int, status: str) -> None:
-        if not as_json and (status != "ok" or done == total or done % 25 == 0):
-            click.echo(f"[{done}/{total}] {verb} {status}", err=True)
+        if bar.mode != "lines" or status != "ok" or done == total or done % 25 == 0:  # lines: a few, for logs
+            bar.update(done, total, status)
 
     return report
 
@@ -174,13 +175,16 @@ def token_list(db_url: str | None, as_json: bool) -> None:
 @_token
 @click.option("--sku", help="Only this SKU's kernels (default: all).")
 @_jobs
-@json_option()
+@json_option("Print the summary as JSON on stdout; one JSON line per kernel on stderr.")
+@quiet_option
 @pass_store
-def push(store: Store, server: str, token: str | None, sku: str | None, jobs: int, as_json: bool) -> None:
+def push(store: Store, server: str, token: str | None, sku: str | None, jobs: int, as_json: bool, quiet: bool) -> None:
     """Publish local kernels to a server, uploading only the objects it lacks (HEAD first)."""
     from ..transfer import push as run
 
-    result = run(store, _remote(server, token), sku, jobs, _progress(as_json, "push"))
+    remote = _remote(server, token)
+    with Progress("push", quiet=quiet, as_json=as_json) as bar:
+        result = run(store, remote, sku, jobs, _progress(bar))
     emit(as_json, result.to_dict(), f"pushed {result.kernels} kernel(s) to {server}: {result.objects_sent} "
          f"object(s) uploaded ({result.bytes} bytes), {result.manifests} signed manifest(s), "
          f"{len(result.failures)} failed")
@@ -193,13 +197,16 @@ def push(store: Store, server: str, token: str | None, sku: str | None, jobs: in
 @_token
 @click.option("--sku", required=True, help="SKU to mirror.")
 @_jobs
-@json_option()
+@json_option("Print the summary as JSON on stdout; one JSON line per kernel on stderr.")
+@quiet_option
 @pass_store
-def pull(store: Store, server: str, token: str | None, sku: str, jobs: int, as_json: bool) -> None:
+def pull(store: Store, server: str, token: str | None, sku: str, jobs: int, as_json: bool, quiet: bool) -> None:
     """Mirror a SKU's kernels from a server into the local store (verified), e.g. for an air-gapped copy."""
     from ..transfer import pull as run
 
-    result = run(store, _remote(server, token), sku, jobs, _progress(as_json, "pull"))
+    remote = _remote(server, token)
+    with Progress("pull", quiet=quiet, as_json=as_json) as bar:
+        result = run(store, remote, sku, jobs, _progress(bar))
     emit(as_json, result.to_dict(), f"pulled {result.fetched} of {result.kernels} missing kernel(s) of {sku} "
          f"({result.bytes} bytes) into {Path(store.root)}, {len(result.failures)} failed")
     if result.failures:

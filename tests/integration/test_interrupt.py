@@ -43,3 +43,21 @@ def test_ctrl_c_stops_a_build_with_a_summary_and_no_partial_entry(tmp_path: Path
     assert len(list(s.entries())) == built  # nothing built after the interrupt, and no partial entry
     assert not list(store.glob("**/.*.tmp")), "a dropped kernel left a temp file"
     assert "Traceback" not in err
+
+
+def test_build_json_streams_kernel_events_on_stderr_and_the_summary_on_stdout(tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import run_cli
+
+    done = run_cli("build", "--sku", "h200", "--variants", str(TINY_VARIANTS), "--only", "full-fwd", "--json",
+                   cache=tmp_path / "store")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert len(events) == summary["built"] >= 1
+    assert {e["kernel_key"] for e in events} == set(summary["kernel_keys"])
+    assert all(e["event"] == "build" and e["status"] == "built" and e["seconds"] > 0 for e in events)
+    quiet = run_cli("build", "--sku", "h200", "--variants", str(TINY_VARIANTS), "--only", "full-fwd", "--quiet",
+                    cache=tmp_path / "store")
+    assert quiet.returncode == 0 and "already present" in quiet.stdout and not quiet.stderr.strip()

@@ -126,3 +126,20 @@ def test_docs_are_served_from_the_package(server: Server) -> None:
         js = http.get("/docs/assets/swagger-ui-bundle.js")
         assert js.status_code == 200 and len(js.content) > 100_000
         assert http.get("/docs/assets/swagger-ui.css").status_code == 200
+
+
+def test_push_and_pull_progress_json_lines_quiet_and_plain(server: Server, tmp_path: Path) -> None:
+    import json
+
+    store = filled_store(tmp_path / "c", 5)
+    sku = "h200"
+    pushed = CliRunner().invoke(main, ["--cache-dir", str(store.root), "push", "--server", server.url, "--token",
+                                       server.tokens["publish"], "--sku", sku, "--json"])
+    assert pushed.exit_code == 0, pushed.output
+    events = [json.loads(line) for line in pushed.stderr.splitlines()]
+    assert [e["event"] for e in events] == ["push"] * 5 and events[-1]["done"] == events[-1]["total"] == 5
+    assert json.loads(pushed.stdout)["kernels"] == 5
+    quiet = cli(tmp_path / "d", "pull", "--server", server.url, "--sku", sku, "--quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == "" and "pulled" in quiet.stdout
+    plain = cli(tmp_path / "c", "push", "--server", server.url, "--token", server.tokens["publish"], "--sku", sku)
+    assert "[5/5] push ok" in plain.stderr

@@ -150,3 +150,13 @@ def test_readme_command_table_matches_the_cli() -> None:
         expected |= {f"{name} {sub}" for sub in subs} if subs else {name}
     listed = {e if e.split()[0] in ("token", "keys") else e.split()[0] for e in listed}
     assert listed == expected
+
+
+def test_progress_bar_on_a_terminal_shows_count_elapsed_and_eta(capsys: pytest.CaptureFixture[str]) -> None:
+    from fa4_aot.cli.progress import Progress
+
+    with Progress("build", quiet=False, as_json=False, tty=True) as bar:
+        for i in range(1, 4):
+            bar.update(i, 3, "built" if i < 3 else "failed", "FAIL some kernel")
+    err = capsys.readouterr().err
+    assert "3/3" in err and "ETA" in err and "0:00:0" in err and "build failed: FAIL some kernel" in err
