@@ -96,6 +96,28 @@ def parse_skus(src: TomlSource) -> dict[str, Sku]:
     return skus
 
 
+def sources(lines: list[str]) -> dict[str, str]:
+    """Where each SKU's figures come from: the comment lines just above or just below its `[skus.NAME]`
+    header in variants.toml, joined (pure: takes the file's lines)."""
+    found: dict[str, str] = {}
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"\s*\[skus\.([A-Za-z0-9-]+)\]\s*(#.*)?", line)
+        if not m:
+            continue
+        above: list[str] = []
+        for prev in reversed(lines[:i]):
+            if not prev.lstrip().startswith("#") or prev.lstrip().startswith("# ---"):
+                break
+            above.insert(0, prev)
+        below = []
+        for nxt in lines[i + 1:]:
+            if not nxt.lstrip().startswith("#"):
+                break
+            below.append(nxt)
+        found[m.group(1)] = " ".join(c.strip().lstrip("#").strip() for c in above + below)
+    return found
+
+
 def unknown(name: str, known: Iterable[str], what: str = "SKU") -> UnknownSku:
     """UnknownSku for `name`, listing `known` with a "did you mean" (case-insensitive, close spellings)."""
     names = sorted(set(known))

@@ -22,12 +22,20 @@ if TYPE_CHECKING:
 @variants_option("Variants file holding the SKU table (default: variants.toml).")
 @json_option()
 def skus(variants_file: Path | None, as_json: bool) -> None:
-    """List the GPU SKUs: arch target, SM count, L2 size, CUDA major."""
+    """List the GPU SKUs: arch target, SM count, L2 size, CUDA major, and where each figure comes from (the
+    comments beside each [skus.NAME] in variants.toml)."""
+    from ..skus import sources
+    from ..tomlsrc import TomlSource
+
     matrix = load_matrix(variants_file)
+    source = sources(TomlSource(matrix.path).lines)
     rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  description"]
-    rows += [f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  {s.description}"
-             for s in matrix.skus.values()]
-    doc = [{**s.target_facts(), "name": s.name, "description": s.description} for s in matrix.skus.values()]
+    for s in matrix.skus.values():
+        rows.append(f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  "
+                    f"{s.description}")
+        rows += [f"{'':14}source: {source[s.name]}"] if source.get(s.name) else []
+    doc = [{**s.target_facts(), "name": s.name, "description": s.description, "source": source.get(s.name, "")}
+           for s in matrix.skus.values()]
     emit(as_json, doc, "\n".join(rows))
 
 

@@ -160,3 +160,20 @@ def test_progress_bar_on_a_terminal_shows_count_elapsed_and_eta(capsys: pytest.C
             bar.update(i, 3, "built" if i < 3 else "failed", "FAIL some kernel")
     err = capsys.readouterr().err
     assert "3/3" in err and "ETA" in err and "0:00:0" in err and "build failed: FAIL some kernel" in err
+
+
+def test_skus_show_where_each_figure_comes_from(tmp_path: Path) -> None:
+    doc = json.loads(cli(tmp_path, "skus", "--json").output)
+    assert all(s["source"] for s in doc), [s["name"] for s in doc if not s["source"]]
+    text = cli(tmp_path, "skus").output
+    assert text.count("source: ") == len(doc) and "pytorch/ao/pull/4002" in text
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (["# above", "[skus.a]", "# below", "arch = 1"], {"a": "above below"}),
+    (["# --- SKUs.", "[skus.a]", "arch = 1", "[skus.b] # inline", "x = 1"], {"a": "", "b": ""}),
+])
+def test_sku_sources_table(lines: list[str], expected: dict[str, str]) -> None:
+    from fa4_aot.skus import sources
+
+    assert sources(lines) == expected
