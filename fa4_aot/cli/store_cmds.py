@@ -15,6 +15,7 @@ from ..maintenance import VerifyReport
 from ..skus import unknown
 from ..store import Entry, Store
 from .common import emit, existing, json_option, load_matrix, pass_store
+from .progress import Progress, quiet_option
 
 
 @click.command(name="list")
@@ -74,11 +75,17 @@ def _summary_lines(per_sku: list[dict[str, Any]]) -> list[str]:
 @click.option("--quarantine/--no-quarantine", default=True, show_default=True,
               help="Move every bad object, bad or dangling entry and symlink to <cache>/quarantine/<time>/ so no "
                    "load sees it (--no-quarantine: only report).")
-@json_option()
+@json_option("Print the report as JSON on stdout; one JSON line per object on stderr.")
+@quiet_option
 @pass_store
-def verify(store: Store, quarantine: bool, as_json: bool) -> None:
+def verify(store: Store, quarantine: bool, as_json: bool, quiet: bool) -> None:
     """Re-hash every object and check every index entry; quarantine what fails. Exits 1 on any problem."""
-    report = maintenance.verify(existing(store), quarantine=quarantine)
+    with Progress("verify", quiet=quiet, as_json=as_json) as bar:
+        def step(done: int, total: int, status: str) -> None:
+            if bar.mode != "lines" or status != "ok" or done == total or done % 100 == 0:
+                bar.update(done, total, status)
+
+        report = maintenance.verify(existing(store), quarantine=quarantine, progress=step)
     doc = {"objects": report.objects_checked, "entries": report.entries_checked, "ok": report.ok,
            "bad_objects": [{"expected": e, "actual": a} for e, a in report.bad_objects],
            "dangling_entries": report.dangling_entries,

@@ -107,7 +107,7 @@ def test_verify_names_a_corrupt_object_and_exits_1(tmp_path: Path) -> None:
     assert f"CORRUPT object {entry.object_digest}: bytes hash to {actual}\n" in result.output
     assert f"BAD entry index/{entry.kernel_key[:2]}/{entry.kernel_key}.json: its object" in result.output
     assert "2 problem(s)" in result.output and path.exists()
-    doc = json.loads(cli(tmp_path, "verify", "--no-quarantine", "--json").output)
+    doc = json.loads(cli(tmp_path, "verify", "--no-quarantine", "--json").stdout)  # per-object events go to stderr
     assert doc["ok"] is False and doc["bad_objects"] == [{"expected": entry.object_digest, "actual": actual}]
     assert doc["dangling_entries"] == [] and doc["quarantined"] == [] and doc["quarantine_dir"] is None
     assert [e["path"] for e in doc["bad_entries"]] == [f"index/{entry.kernel_key[:2]}/{entry.kernel_key}.json"]
@@ -117,7 +117,7 @@ def test_verify_quarantines_by_default_and_says_where(tmp_path: Path) -> None:
     store = Store(tmp_path)
     entry = put_entry(store, b"kernel bytes")
     store.object_path(entry.object_digest).write_bytes(b"kernel bytez")
-    doc = json.loads(cli(tmp_path, "verify", "--json").output)
+    doc = json.loads(cli(tmp_path, "verify", "--json").stdout)
     qdir = Path(doc["quarantine_dir"])
     obj, idx = (f"objects/{entry.object_digest[:2]}/{entry.object_digest[2:]}",
                 f"index/{entry.kernel_key[:2]}/{entry.kernel_key}.json")

@@ -177,3 +177,15 @@ def test_sku_sources_table(lines: list[str], expected: dict[str, str]) -> None:
     from fa4_aot.skus import sources
 
     assert sources(lines) == expected
+
+
+def test_verify_streams_json_events_and_is_silent_with_quiet(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    put(store, "a"), put(store, "b")
+    result = cli(tmp_path, "verify", "--json")
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [(e["event"], e["done"], e["total"], e["status"]) for e in events] == [("verify", 1, 2, "ok"),
+                                                                                 ("verify", 2, 2, "ok")]
+    assert json.loads(result.stdout)["ok"] is True
+    quiet = cli(tmp_path, "verify", "--quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout.strip().endswith("ok")
