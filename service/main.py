@@ -98,8 +98,16 @@ def prepare(settings: Settings) -> None:
         report = sync.import_store(session, store)
     log.info("store %s: imported %d kernels (%d new objects), removed %d stale temp files",
              store.root, report.kernels, report.objects, removed)
+    # tokens are checked against this database: `fa4-aot token create` must be given the same --cache-dir or --db
+    log.info("tokens and metadata: %s", _shown_url(settings.database_url))
     for line in report.skipped:
         log.warning("skipped store entry %s", line)
+
+
+def _shown_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 async def _service_error(_request: Request, exc: Exception) -> Response:
