@@ -100,6 +100,18 @@ class Remote:
         doc = self._request("GET", "/v1/revocations").json()
         return Revocations(set(doc["keys"]), set(doc["manifests"]))
 
+    def token_scope(self) -> str:
+        """The token's scope as the server sees it: "admin", "publish", "read", "none" (no token sent) or
+        "refused: <server's reason>". Asks GET /v1/audit?limit=1 (admin only): a 403 names the token's scope."""
+        try:
+            self._request("GET", "/v1/audit", params={"limit": 1})
+            return "admin"
+        except RemoteAuthError as e:
+            if "(401:" in str(e):
+                return "none"
+            found = re.search(r"has scope '(\w+)'", str(e))
+            return found.group(1) if found else f"refused: {str(e).split('(403: ', 1)[-1].split(')')[0]}"
+
     def push_manifest(self, sku: str, envelope: dict[str, Any]) -> None:
         self._request("PUT", f"/v1/skus/{sku}/manifests", ok=(200, 201), json=envelope)
 

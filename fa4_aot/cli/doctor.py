@@ -79,9 +79,15 @@ def _server(url: str | None, token: str | None) -> list[Check]:
         return [_check("server", "fail", str(e), "")]
     names = ", ".join(s.get("sku", s.get("name", "?")) for s in skus) or "no SKUs yet"
     found = [_check("server", "ok", f"{url} answers; it serves {names}")]
-    found.append(_check("token", "ok" if token else "warn", "a token is set (reads accepted)" if token else
-                        "no token: reads only if the server allows them",
-                        "" if token else f"`fa4-aot login --server {url}` with a token from `fa4-aot token create`"))
+    scope = remote.token_scope()
+    if scope in ("admin", "publish", "read"):
+        found.append(_check("token", "ok", f"accepted, scope {scope}",
+                            "" if scope != "read" else "publishing needs `fa4-aot token create --scope publish`"))
+    else:
+        found.append(_check("token", "warn" if scope == "none" else "fail",
+                            "no token: reads only, if the server allows them" if scope == "none" else scope,
+                            f"`fa4-aot login --server {url}` with a token from `fa4-aot token create` run where "
+                            "the server's database is"))
     return found
 
 

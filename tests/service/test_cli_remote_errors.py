@@ -143,3 +143,15 @@ def test_push_and_pull_progress_json_lines_quiet_and_plain(server: Server, tmp_p
     assert quiet.exit_code == 0 and quiet.stderr == "" and "pulled" in quiet.stdout
     plain = cli(tmp_path / "c", "push", "--server", server.url, "--token", server.tokens["publish"], "--sku", sku)
     assert "[5/5] push ok" in plain.stderr
+
+
+@pytest.mark.parametrize("who, expected", [("admin", "OK   token      accepted, scope admin"),
+                                           ("publish", "OK   token      accepted, scope publish"),
+                                           ("revoked", "FAIL token      refused: unknown or revoked token"),
+                                           (None, "WARN token      no token")])
+def test_doctor_reports_the_server_and_the_tokens_scope(server: Server, tmp_path: Path, who: str | None,
+                                                        expected: str) -> None:
+    args = ["doctor", "--server", server.url] + (["--token", server.tokens[who]] if who else [])
+    result = cli(tmp_path / "c", *args, env={"FA4_AOT_SKU": "h200", "FA4_AOT_CONFIG_DIR": str(tmp_path / "cfg")})
+    assert f"OK   server     {server.url} answers" in result.output
+    assert expected in result.output, result.output
