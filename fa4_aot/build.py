@@ -22,9 +22,10 @@ from typing import Any
 from . import fa4, kernel_keys
 from .calls import Call
 from .errors import DiskFull
+from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
-from .variants import Matrix, Variant
+from .variants import Matrix, ModelVariant, Variant
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Report:
     @property
     def not_built(self) -> int:
         return self.to_build - self.finished
+    by_variant: dict[str, set[str]] = field(default_factory=dict)  # label -> every kernel key it needs
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -67,6 +69,7 @@ class Report:
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
             "seconds": round(self.seconds, 2), "interrupted": self.interrupted, "not_built": self.not_built,
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
+            "variants": {name: len(keys) for name, keys in sorted(self.by_variant.items())},
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
         }
 
@@ -76,14 +79,18 @@ class Planned:
     family: str
     ident: str  # canonical compile-key JSON
     kernel_key: str
-    call_index: int
+    work_index: int  # the first work item that needs it
+    call: Call  # a concrete call of that item that makes FA4 choose it
+
+
+Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
 
 
 def build(
     matrix: Matrix,
     sku: Sku,
     store: Store,
-    variants: list[Variant] | None = None,
+    variants: list[Variant | ModelVariant] | None = None,
     jobs: int = 1,
     progress: Callable[[int, int, Result], None] | None = None,
     dry_run: bool = False,
@@ -91,20 +98,31 @@ def build(
     """Build every kernel of `variants` (default: all) for `sku` into `store`. Never raises for a kernel
     that fails to compile: it is in the report, which the caller turns into an exit status. With
     `dry_run`, plan only: kernels the store lacks are reported as "planned"."""
+    return build_calls(sku, store, work_of(matrix, sku, variants), jobs=jobs, progress=progress, dry_run=dry_run)
+
+
+def work_of(matrix: Matrix, sku: Sku, variants: list[Variant | ModelVariant] | None = None) -> Work:
+    """The work items of `variants` (default: all) that apply to `sku`: a shape-complete variant gives its
+    signatures, a grid variant its calls."""
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
-    work = [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
-    return build_calls(sku, store, work, jobs=jobs, progress=progress, dry_run=dry_run)
+    work: Work = []
+    for v in chosen:
+        items: list[Call | Signature] = [*v.signatures()] if isinstance(v, ModelVariant) or v.complete else [
+            *v.calls(matrix.shapes[v.shapes])]
+        work += [(v.name, item) for item in items]
+    return work
 
 
 def build_calls(
     sku: Sku,
     store: Store,
-    work: list[tuple[str, Call]],
+    work: Work,
     jobs: int = 1,
     progress: Callable[[int, int, Result], None] | None = None,
     dry_run: bool = False,
 ) -> Report:
-    """Build the kernels of explicit (label, call) pairs, e.g. the calls clients reported missing.
+    """Build the kernels of explicit (label, Call or Signature) pairs: a Call's kernels at its shapes, a
+    Signature's at every shape (complete.py), e.g. model signatures or the calls clients reported missing.
 
     Ctrl-C (KeyboardInterrupt) stops it within seconds: queued kernels are cancelled, workers are told to
     stop and the kernels they were compiling are dropped (entries are written last, so none is partial);
@@ -114,7 +132,7 @@ def build_calls(
     jobs = max(1, jobs)
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(sku, str(store.root)))
-    todo: dict[int, list[Planned]] = {}
+    todo: dict[Call, list[Planned]] = {}
     try:
         planned = _plan(pool, work, jobs, report)
         todo = _triage(planned, work, store, report, dry_run)
@@ -129,12 +147,12 @@ def build_calls(
     return report
 
 
-def _count_stored(todo: dict[int, list[Planned]], work: list[tuple[str, Call]], store: Store, report: Report) -> None:
+def _count_stored(todo: dict[Call, list[Planned]], work: Work, store: Store, report: Report) -> None:
     """After an interrupt: a worker stores each kernel as it finishes but reports a call's kernels together, so
     the store, not the reports, says which kernels of the unfinished calls were built."""
     reported = {r.kernel_key for r in report.results}
-    for index, kernels in todo.items():
-        name, call = work[index]
+    for call, kernels in todo.items():
+        name = work[kernels[0].work_index][0]
         for p in kernels:
             if p.kernel_key not in reported and store.has_entry(p.kernel_key):
                 report.results.append(Result("built", p.family, p.kernel_key, name, call.describe()))
@@ -159,43 +177,51 @@ def _shutdown(pool: ProcessPoolExecutor, stop: bool, grace: float = 5.0) -> None
             proc.join()
 
 
-def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, report: Report) -> list[Planned]:
-    """Every distinct kernel of `work`, each attributed to the first call that needs it."""
+def _plan(pool: ProcessPoolExecutor, work: Work, jobs: int, report: Report) -> list[Planned]:
+    """Every distinct kernel of `work`, each attributed to the first work item that needs it."""
     offsets = [list(range(i, len(work), jobs)) for i in range(jobs)]
     futures = [pool.submit(_plan_task, [work[i] for i in chunk]) for chunk in offsets]
     planned: dict[str, Planned] = {}
     for chunk, future in zip(offsets, futures, strict=True):
         kernels, failures = future.result()
-        for family, ident, kernel_key, local in kernels:
+        for family, ident, kernel_key, local, call in kernels:
             index = chunk[local]
-            if kernel_key not in planned or index < planned[kernel_key].call_index:
-                planned[kernel_key] = Planned(family, ident, kernel_key, index)
+            report.by_variant.setdefault(work[index][0], set()).add(kernel_key)
+            if kernel_key not in planned or index < planned[kernel_key].work_index:
+                planned[kernel_key] = Planned(family, ident, kernel_key, index, call)
         for local, error in failures:
-            name, call = work[chunk[local]]
-            report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
+            name, item = work[chunk[local]]
+            report.call_failures.append(Result("failed", "", "", name, _describe(item), error=error))
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
-def _triage(planned: list[Planned], work: list[tuple[str, Call]], store: Store, report: Report,
-            dry_run: bool) -> dict[int, list[Planned]]:
+def _describe(item: Call | Signature) -> str:
+    if isinstance(item, Call):
+        return item.describe()
+    return item.call(0, 0, 0).describe().replace(" b=0 sq=0 sk=0", " all shapes")
+
+
+def _triage(planned: list[Planned], work: Work, store: Store, report: Report,
+            dry_run: bool) -> dict[Call, list[Planned]]:
     """Record kernels already stored (or, in a dry run, all of them); group the rest by the call that builds them."""
-    todo: dict[int, list[Planned]] = {}
+    todo: dict[Call, list[Planned]] = {}
     for p in planned:
-        name, call = work[p.call_index]
+        name = work[p.work_index][0]
         if store.has_entry(p.kernel_key) or dry_run:
             status = "present" if store.has_entry(p.kernel_key) else "planned"
-            report.results.append(Result(status, p.family, p.kernel_key, name, call.describe()))
+            report.results.append(Result(status, p.family, p.kernel_key, name, p.call.describe()))
         else:
-            todo.setdefault(p.call_index, []).append(p)
+            todo.setdefault(p.call, []).append(p)
     return todo
 
 
-def _compile(pool: ProcessPoolExecutor, todo: dict[int, list[Planned]], work: list[tuple[str, Call]],
+def _compile(pool: ProcessPoolExecutor, todo: dict[Call, list[Planned]], work: Work,
              report: Report, progress: Callable[[int, int, Result], None] | None) -> None:
     total, done = sum(len(v) for v in todo.values()), 0
     report.to_build = total
-    futures = [pool.submit(_compile_task, *work[i], [(p.family, p.ident, p.kernel_key) for p in ps])
-               for i, ps in todo.items()]
+    futures = [pool.submit(_compile_task, work[ps[0].work_index][0], call,
+                           [(p.family, p.ident, p.kernel_key) for p in ps])
+               for call, ps in todo.items()]
     for future in as_completed(futures):
         try:
             results = future.result()
@@ -232,16 +258,20 @@ def _init_worker(sku: Sku, store_root: str) -> None:
     _worker.update(sku=sku, store=Store(Path(store_root)), tools=fa4.toolchain())
 
 
-def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, str]]]:
+def _plan_task(work: Work) -> tuple[list[tuple[str, str, str, int, Call]], list[tuple[int, str]]]:
+    sku: Sku = _worker["sku"]
     kernels, failures = [], []
-    for i, (_name, call) in enumerate(work):
+    for i, (_name, item) in enumerate(work):
         try:
-            seen = fa4.plan(call)
+            if isinstance(item, Call):
+                found = {ident: (key, item) for ident, key in fa4.plan(item).items()}
+            else:
+                found = fa4.plan_signature(item, sku)
         except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
             failures.append((i, _one_line(e)))
             continue
-        for (family, ident), key in seen.items():
-            kernels.append((family, ident, kernel_keys.kernel_key(family, key, _worker["sku"], _worker["tools"]), i))
+        for (family, ident), (key, call) in found.items():
+            kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, _worker["tools"]), i, call))
     return kernels, failures
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import signing
-from .build import Report, build_calls
+from .build import Report, Result, build_calls
 from .calls import Call
 from .errors import DiskFull, Fa4AotError, RemoteAuthError, Unreachable
 from .remote import Remote
@@ -94,18 +94,45 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
 
 def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
                    progress: Callable[..., None] | None = None) -> list[Report]:
-    """Build the calls clients reported missing (misses that carry a call), per SKU, and push the results."""
-    by_sku: dict[str, list[tuple[str, Call]]] = {}
-    for miss in remote.misses():
-        if miss.get("call") and miss.get("sku") in matrix.skus:
-            call = Call.from_dict(miss["call"])
-            by_sku.setdefault(miss["sku"], []).append(("from-misses", call))
+    """Build the kernels clients reported missing to `remote`, per SKU, and push the results."""
+    reports = build_misses(matrix, store, remote.misses(), jobs=jobs, progress=progress)
+    for report in reports:
+        push(store, remote, report.sku)
+    return reports
+
+
+def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], jobs: int = 1,
+                 progress: Callable[..., None] | None = None) -> list[Report]:
+    """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows, by re-planning the Call each
+    miss carries. A missed kernel the rebuild does not produce (no call recorded, or the call no longer selects
+    it) is a failure in its SKU's report, so nothing is left out silently."""
+    by_sku: dict[str, dict[str, dict[str, Any]]] = {}
+    for miss in misses:
+        if miss.get("sku") in matrix.skus:
+            by_sku.setdefault(miss["sku"], {})[miss["kernel_key"]] = miss
     reports = []
-    for name, work in sorted(by_sku.items()):
-        report = build_calls(matrix.sku(name), store, list(dict.fromkeys(work)), jobs=jobs, progress=progress)
-        push(store, remote, name)
+    for name, wanted in sorted(by_sku.items()):
+        work = list(dict.fromkeys(("from-misses", _call(m["call"])) for m in wanted.values() if m.get("call")))
+        report = build_calls(matrix.sku(name), store, list(work), jobs=jobs, progress=progress)
+        _unreproduced(report, wanted)
         reports.append(report)
     return reports
+
+
+def _call(doc: dict[str, Any]) -> Call:
+    return Call.from_dict(doc)
+
+
+def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]]) -> None:
+    done = {r.kernel_key for r in report.results if r.status in ("built", "present")}
+    for key, miss in sorted(wanted.items()):
+        if key in done:
+            continue
+        why = ("the client could not describe the call (score_mod, block sparsity...)" if not miss.get("call")
+               else "re-planning the recorded call did not select it (was FA4 or the SKU table changed?)")
+        report.results.append(Result(
+            "failed", miss["family"], key, "from-misses",
+            _call(miss["call"]).describe() if miss.get("call") else "", error=f"missed kernel not rebuilt: {why}"))
 
 
 def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer, progress: Progress | None,

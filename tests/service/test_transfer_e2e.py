@@ -124,8 +124,8 @@ def test_client_fetches_verified_kernels_and_degrades_when_the_server_is_down(
 def test_build_from_misses_builds_the_reported_call_and_pushes_it(server: Server, tmp_path: Path) -> None:
     call = Call(layout="dense", pass_="fwd", dtype="bf16", head_dim=64, head_dim_v=64, mask="full", window=(0, 0),
                 softcap=0.0, sink=False, num_splits=1, batch=1, seqlen_q=512, seqlen_k=512, heads_q=16, heads_kv=16)
-    miss = {"kernel_key": "e" * 64, "family": "_flash_attn_fwd", "compile_key": [], "sku": "b200",
-            "call": call.to_dict()}
+    [(family, kernel_key)] = planned_keys(call, "b200")  # a real miss names a kernel its call selects
+    miss = {"kernel_key": kernel_key, "family": family, "compile_key": [], "sku": "b200", "call": call.to_dict()}
     assert httpx.post(f"{server.url}/v1/misses", json=miss).status_code == 202
     result = run_cli("build", "--from-misses", "--server", server.url, "--token", server.tokens["publish"],
                      "--variants", str(TINY_VARIANTS), "--json", cache=tmp_path / "builder")
@@ -134,3 +134,23 @@ def test_build_from_misses_builds_the_reported_call_and_pushes_it(server: Server
     assert report["failed"] == 0 and report["kernels"] >= 1
     manifest = httpx.get(f"{server.url}/v1/skus/b200/manifest").json()
     assert set(report["kernel_keys"]) <= {k["kernel_key"] for k in manifest["kernels"]}
+    assert kernel_key in report["kernel_keys"]
+
+
+def planned_keys(call: Call, sku: str) -> list[tuple[str, str]]:
+    """(family, kernel key) of every kernel `call` needs on `sku`, planned in a fresh process configured for it."""
+    code = (
+        "import json, sys\n"
+        "from fa4_aot import fa4, kernel_keys, variants\n"
+        "from fa4_aot.calls import Call\n"
+        f"sku = variants.load({str(TINY_VARIANTS)!r}).sku({sku!r})\n"
+        "fa4.configure(sku)\n"
+        "tools = fa4.toolchain()\n"
+        "call = Call.from_dict(json.loads(sys.argv[1]))\n"
+        "print(json.dumps(sorted([f, kernel_keys.kernel_key(f, k, sku, tools)] for (f, _), k in "
+        "fa4.plan(call).items())))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(call.to_dict())], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [tuple(p) for p in json.loads(out.stdout.strip().splitlines()[-1])]
