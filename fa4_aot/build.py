@@ -50,6 +50,13 @@ class Report:
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
     seconds: float = 0.0
+    to_build: int = 0  # kernels the store lacked after planning
+    finished: int = 0  # of those, how many workers finished (built, failed, or found present under the lock)
+    interrupted: bool = False  # Ctrl-C (SIGINT) stopped the build: the kernels in flight were dropped
+
+    @property
+    def not_built(self) -> int:
+        return self.to_build - self.finished
     by_variant: dict[str, set[str]] = field(default_factory=dict)  # label -> every kernel key it needs
 
     def count(self, status: str) -> int:
@@ -64,7 +71,7 @@ class Report:
             "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count},
             "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
-            "seconds": round(self.seconds, 2),
+            "seconds": round(self.seconds, 2), "interrupted": self.interrupted, "not_built": self.not_built,
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
             "variants": {name: len(keys) for name, keys in sorted(self.by_variant.items())},
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
@@ -129,18 +136,59 @@ def build_calls(
     dry_run: bool = False,
 ) -> Report:
     """Build the kernels of explicit (label, Call or Signature) pairs: a Call's kernels at its shapes, a
-    Signature's at every shape (complete.py), e.g. model signatures or the calls clients reported missing."""
+    Signature's at every shape (complete.py), e.g. model signatures or the calls clients reported missing.
+
+    Ctrl-C (KeyboardInterrupt) stops it within seconds: queued kernels are cancelled, workers are told to
+    stop and the kernels they were compiling are dropped (entries are written last, so none is partial);
+    the report comes back with `interrupted` set and `not_built` counting what was left."""
     started = time.perf_counter()
     report = Report(sku=sku.name, calls=len(work), dispatch_sm_count=sku.sm_count)
     jobs = max(1, jobs)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
-                             initargs=(sku, str(store.root))) as pool:
+    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(sku, str(store.root)))
+    todo: dict[Call, list[Planned]] = {}
+    try:
         planned = _plan(pool, work, jobs, report)
         todo = _triage(planned, work, store, sku, report, dry_run)
         _compile(pool, todo, work, report, progress)
+    except KeyboardInterrupt:
+        report.interrupted = True
+    finally:
+        _shutdown(pool, stop=report.interrupted)
+    if report.interrupted:
+        _count_stored(todo, work, store, report)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _count_stored(todo: dict[Call, list[Planned]], work: Work, store: Store, report: Report) -> None:
+    """After an interrupt: a worker stores each kernel as it finishes but reports a call's kernels together, so
+    the store, not the reports, says which kernels of the unfinished calls were built."""
+    reported = {r.kernel_key for r in report.results}
+    for call, kernels in todo.items():
+        name = work[kernels[0].work_index][0]
+        for p in kernels:
+            if p.kernel_key not in reported and store.has_entry(p.kernel_key):
+                report.results.append(Result("built", p.family, p.kernel_key, name, call.describe()))
+                report.finished += 1
+
+
+def _shutdown(pool: ProcessPoolExecutor, stop: bool, grace: float = 5.0) -> None:
+    """Close the pool; with `stop`, cancel what is queued and end the workers: SIGTERM first (a worker exits
+    through its finally blocks, removing its temp files and releasing its locks), SIGKILL after `grace`."""
+    if not stop:
+        pool.shutdown()
+        return
+    workers = list(getattr(pool, "_processes", {}).values())  # the stdlib keeps no public handle on them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in workers:
+        proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in workers:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 def _plan(pool: ProcessPoolExecutor, work: Work, jobs: int, report: Report) -> list[Planned]:
@@ -185,6 +233,7 @@ def _triage(planned: list[Planned], work: Work, store: Store, sku: Sku, report: 
 def _compile(pool: ProcessPoolExecutor, todo: dict[Call, list[Planned]], work: Work,
              report: Report, progress: Callable[[int, int, Result], None] | None) -> None:
     total, done = sum(len(v) for v in todo.values()), 0
+    report.to_build = total
     futures = [pool.submit(_compile_task, work[ps[0].work_index][0], call,
                            [(p.family, p.ident, p.kernel_key) for p in ps])
                for call, ps in todo.items()]
@@ -198,6 +247,7 @@ def _compile(pool: ProcessPoolExecutor, todo: dict[Call, list[Planned]], work: W
         for result in results:
             report.results.append(result)
             done += 1
+            report.finished = done
             if progress:
                 progress(done, total, result)
 
@@ -208,7 +258,14 @@ _worker: dict[str, Any] = {}
 
 def _init_worker(sku: Sku, store_root: str) -> None:
     import os
+    import signal
+    import sys
     import warnings
+
+    # Ctrl-C reaches the whole process group: the parent decides (see _shutdown), workers do not die mid-write.
+    # Its SIGTERM then unwinds the worker through its finally blocks (temp files removed, locks released).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: silences FakeTensor data_ptr notices
     warnings.filterwarnings("ignore")  # CuTe's per-argument notices and torch's FakeTensor data_ptr notice

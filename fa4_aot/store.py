@@ -320,13 +320,13 @@ class Store:
                              "(it quarantines the entry) and rebuild")
         return entry
 
+    def remove_entry(self, kernel_key: str) -> None:
+        """Unlink the index entry of `kernel_key` (no link followed); nothing when it is already gone. The
+        entry goes first, its object after (gc or prune): a reader never sees an entry without its object."""
+        self._unlink(self.entry_path(kernel_key).relative_to(self.root).parts)
+
     def has_entry(self, kernel_key: str) -> bool:
         return self._is_file(self.entry_path(kernel_key))
-
-    def remove_entry(self, kernel_key: str) -> None:
-        """Unlink the entry for `kernel_key` (no link followed); nothing when it is already gone. Its object
-        stays (`fa4-aot gc` removes objects no entry names)."""
-        self._unlink(self.entry_path(kernel_key).relative_to(self.root).parts)
 
     def entries(self, sku: str | None = None, *, skipped: list[str] | None = None) -> Iterator[Entry]:
         """Every entry (of `sku`), in key order. Temp files and names that are not `<key>.json` are passed

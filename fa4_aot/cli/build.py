@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..store import Store
-from .common import emit, json_option, load_matrix, pass_store, variants_option
+from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
+from .progress import Progress, quiet_option
 
 if TYPE_CHECKING:
     from .. import build as build_mod
@@ -24,15 +25,23 @@ if TYPE_CHECKING:
                                              "and which row serves it now.")
 @json_option()
 def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
-    """List the GPU SKUs: arch target, SM count, L2 size, CUDA major."""
+    """List the GPU SKUs: arch target, SM count, L2 size, CUDA major, and where each figure comes from (the
+    comments beside each [skus.NAME] in variants.toml)."""
+    from ..skus import sources
+    from ..tomlsrc import TomlSource
+
     matrix = load_matrix(variants_file)
     if detect:
         _detect(matrix, as_json)
         return
+    source = sources(TomlSource(matrix.path).lines)
     rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  description"]
-    rows += [f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  {s.description}"
-             for s in matrix.skus.values()]
-    doc = [{**s.target_facts(), "name": s.name, "description": s.description} for s in matrix.skus.values()]
+    for s in matrix.skus.values():
+        rows.append(f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  "
+                    f"{s.description}")
+        rows += [f"{'':14}source: {source[s.name]}"] if source.get(s.name) else []
+    doc = [{**s.target_facts(), "name": s.name, "description": s.description, "source": source.get(s.name, "")}
+           for s in matrix.skus.values()]
     emit(as_json, doc, "\n".join(rows))
 
 
@@ -70,11 +79,13 @@ def _detect(matrix: Matrix, as_json: bool) -> None:
               help="Workloads for --model: train, prefill, decode.")
 @click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Build exactly these calls: JSON lines as FA4_AOT_RECORD writes them (see `fa4-aot coverage`).")
-@json_option("Print one JSON document: counts, kernel keys, failures.")
+@json_option("Print one JSON document (counts, kernel keys, failures) on stdout; per-kernel JSON lines on stderr.")
+@quiet_option
 @pass_store
 def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
           dry_run: bool, from_misses: bool, server: str | None, token: str | None, model_arg: str | None,
-          tp_arg: str, workload_arg: str, calls_file: Path | None, as_json: bool) -> None:
+          tp_arg: str, workload_arg: str, calls_file: Path | None, as_json: bool,
+          quiet: bool) -> None:
     """Cross-compile FA4 kernels for one SKU into the store (no GPU needed).
 
     Every [[variants]] entry is planned through FA4's own dispatch on fake tensors: at every batch and
@@ -93,26 +104,32 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         raise click.UsageError("--sku is required (or --from-misses)")
     target = matrix.sku(sku)
     chosen = matrix.select(list(only))
-    if not as_json:
+    if not (as_json or quiet):
         click.echo(f"building {sku} ({target.arch}, {target.sm_count} SMs) into {store.root} with {jobs} job(s)",
                    err=True)
     work = _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
-    if work is not None:
-        report = build_mod.build_calls(target, store, work, jobs=jobs, progress=_progress(as_json), dry_run=dry_run)
-    else:
-        report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=_progress(as_json),
-                                 dry_run=dry_run)
+    with Progress("build", quiet=quiet, as_json=as_json) as bar:
+        if work is not None:
+            report = build_mod.build_calls(target, store, work, jobs=jobs, progress=_progress(bar), dry_run=dry_run)
+        else:
+            report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=_progress(bar),
+                                     dry_run=dry_run)
     summary = (f"{sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
                f"{report.count('built')} built, {report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
                + f"{report.failed} failed ({report.seconds:.0f}s); planned with {sku}'s dispatch "
                f"({report.dispatch_sm_count} SMs)")
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    if report.interrupted:
+        summary = (f"INTERRUPTED {summary}; {report.not_built} not built (the kernels in flight were dropped, no "
+                   f"partial entry is left): run the same command again to build the rest")
     doc = report.to_dict()
     if dry_run:
         extra, doc["estimate"] = _dry_run_lines(report, store, target, jobs)
         lines += extra
     emit(as_json, doc, "\n".join([*lines, summary]))
+    if report.interrupted:
+        sys.exit(130)
     if report.failed:
         sys.exit(1)
 
@@ -152,15 +169,15 @@ def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
     return lines, guess.to_dict()
 
 
-def _progress(as_json: bool) -> Callable[[int, int, build_mod.Result], None]:
-    """One line per kernel on stderr (none with --json)."""
+def _progress(bar: Progress) -> Callable[[int, int, build_mod.Result], None]:
+    """Each finished kernel: a bar step, a line, or a JSON event (see progress.py)."""
 
     def progress(done: int, total: int, result: build_mod.Result) -> None:
-        if as_json:
-            return
         mark = {"built": "ok", "present": "--", "failed": "FAIL"}[result.status]
-        line = f"[{done}/{total}] {mark} {result.family} {result.seconds:.1f}s  {result.call}"
-        click.echo(line + (f"\n    {result.error}" if result.error else ""), err=True)
+        line = f"{mark} {result.family} {result.seconds:.1f}s  {result.call}" + \
+            (f"\n    {result.error}" if result.error else "")
+        bar.update(done, total, result.status, line, kernel_key=result.kernel_key, family=result.family,
+                   seconds=round(result.seconds, 3), call=result.call, error=result.error)
 
     return progress
 
@@ -172,9 +189,7 @@ def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str |
     from ..transfer import build_misses, rebuild_misses
 
     if server:
-        from ..remote import Remote
-
-        reports = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs)
+        reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs)
     else:
         reports = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs)
     docs = [r.to_dict() for r in reports]
