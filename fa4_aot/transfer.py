@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import signing
+from . import kernel_keys, signing
 from .build import Report, Result, build_calls
 from .calls import Call
 from .errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
@@ -135,7 +135,7 @@ def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], job
         calls = [_call(m.get("call")) for m in wanted.values()]
         work = list(dict.fromkeys(("from-misses", c) for c in calls if c is not None))
         report = build_calls(matrix.sku(name), store, list(work), jobs=jobs, progress=progress)
-        _unreproduced(report, wanted)
+        _unreproduced(report, wanted, store)
         reports.append(report)
     return reports
 
@@ -151,8 +151,8 @@ def _call(doc: Any) -> Call | None:
         return None
 
 
-def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]]) -> None:
-    done = {r.kernel_key for r in report.results if r.status in ("built", "present")}
+def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Store) -> None:
+    done = _done_keys(report, store)
     for key, miss in sorted(wanted.items()):
         if key in done:
             continue
@@ -161,6 +161,19 @@ def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]]) -> None:
         report.results.append(Result(
             "failed", miss["family"], key, "from-misses",
             call.describe() if (call := _call(miss.get("call"))) else "", error=f"missed kernel not rebuilt: {why}"))
+
+
+def _done_keys(report: Report, store: Store) -> set[str]:
+    """Keys of the kernels the report built or found, under both names a kernel may have: a client's miss names
+    the base key, while a kernel that consumed SKU constants is reported under its full key."""
+    done = set()
+    for r in report.results:
+        if r.status in ("built", "present"):
+            done.add(r.kernel_key)
+            entry = store.get_entry(r.kernel_key)
+            if entry is not None:
+                done.update(kernel_keys.entry_keys(entry))
+    return done
 
 
 def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer, progress: Progress | None,
