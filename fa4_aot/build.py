@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import recipe_store
 from .calls import Call
 from .fsutil import DiskFull
 from .skus import Sku
@@ -46,6 +47,8 @@ class Report:
     calls: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
+    recipes: int = 0  # lean-runtime regions recorded (fa4/record.py)
+    lean_failures: list[str] = field(default_factory=list)  # calls whose recipe could not be recorded
     seconds: float = 0.0
 
     def count(self, status: str) -> int:
@@ -59,7 +62,7 @@ class Report:
         return {
             "sku": self.sku, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
-            "seconds": round(self.seconds, 2),
+            "seconds": round(self.seconds, 2), "recipes": self.recipes, "lean_failures": self.lean_failures,
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
         }
@@ -105,20 +108,27 @@ def build_calls(
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
                              initargs=(sku, str(store.root))) as pool:
-        planned = _plan(pool, work, jobs, report)
+        planned = _plan(pool, work, jobs, report, store, dry_run)
         todo = _triage(planned, work, store, report, dry_run)
+        if not dry_run:
+            report.lean_failures += pool.submit(_relink_task, _unlinked(store, planned)).result()
         _compile(pool, todo, work, report, progress)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, report: Report) -> list[Planned]:
+def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, report: Report, store: Store,
+          dry_run: bool) -> list[Planned]:
     """Every distinct kernel of `work`, each attributed to the first call that needs it."""
     offsets = [list(range(i, len(work), jobs)) for i in range(jobs)]
     futures = [pool.submit(_plan_task, [work[i] for i in chunk]) for chunk in offsets]
     planned: dict[str, Planned] = {}
+    recipes: dict[str, list[dict[str, Any]]] = {}
     for chunk, future in zip(offsets, futures, strict=True):
-        kernels, failures = future.result()
+        kernels, failures, recorded, lean_failures = future.result()
+        for key, regions in recorded.items():
+            recipes.setdefault(key, []).extend(regions)
+        report.lean_failures += lean_failures
         for family, ident, kernel_key, local in kernels:
             index = chunk[local]
             if kernel_key not in planned or index < planned[kernel_key].call_index:
@@ -126,6 +136,10 @@ def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, re
         for local, error in failures:
             name, call = work[chunk[local]]
             report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
+    report.recipes = sum(len(r) for r in recipes.values())
+    if not dry_run:
+        for key, regions in recipes.items():
+            recipe_store.merge(store, key, regions)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
@@ -141,6 +155,14 @@ def _triage(planned: list[Planned], work: list[tuple[str, Call]], store: Store, 
         else:
             todo.setdefault(p.call_index, []).append(p)
     return todo
+
+
+def _unlinked(store: Store, planned: list[Planned]) -> list[str]:
+    """Stored kernels that lack a lean library for this host's architecture (built by an older fa4-aot)."""
+    from .fa4.link import host_arch
+
+    entries = [store.get_entry(p.kernel_key) for p in planned]
+    return [e.kernel_key for e in entries if e is not None and host_arch() not in e.shared_libs]
 
 
 def _compile(pool: ProcessPoolExecutor, todo: dict[int, list[Planned]], work: list[tuple[str, Call]],
@@ -178,10 +200,13 @@ def _init_worker(sku: Sku, store_root: str) -> None:
     _worker.update(sku=sku, store=Store(Path(store_root)))
 
 
-def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, str]]]:
+def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, str]],
+                                                    dict[str, list[dict[str, Any]]], list[str]]:
     from . import keys, plan
 
     kernels, failures = [], []
+    recorded: dict[str, list[dict[str, Any]]] = {}
+    lean_failures: list[str] = []
     for i, (_name, call) in enumerate(work):
         try:
             seen = plan.kernels_for(call)
@@ -190,7 +215,32 @@ def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, 
             continue
         for (family, ident), key in seen.items():
             kernels.append((family, ident, keys.kernel_key(family, key, _worker["sku"]), i))
-    return kernels, failures
+        try:
+            _record_recipe(call, recorded)
+        except Exception as e:  # the call still builds for install(); the lean runtime will say it lacks a recipe
+            lean_failures.append(f"{call.describe()}: {_one_line(e)}")
+    return kernels, failures, recorded, lean_failures
+
+
+def _record_recipe(call: Call, recorded: dict[str, list[dict[str, Any]]]) -> None:
+    """Record the lean-runtime recipe region of `call` unless one recorded here or in the store covers it."""
+    from . import keys, recipe
+    from .fa4 import record
+    from .signature import Signature
+
+    if call.layout not in recipe.SIZE_NAMES:
+        return
+    sig, sku, store = Signature.of(call), _worker["sku"], _worker["store"]
+    key = recipe_store.recipe_key(sig, sku)
+    known = _worker.setdefault("regions", {})
+    if key not in known:
+        tools = keys.toolchain()
+        known[key] = [r for r in recipe_store.load(store, key) if r.get("toolchain") == tools]
+    sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
+    if recipe_store.find(known[key], sizes) is None:
+        region = record.record(sig, sizes, sku)
+        known[key].append(region)
+        recorded.setdefault(key, []).append(region)
 
 
 def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) -> list[Result]:
@@ -217,7 +267,7 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
             kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=keys.canonical(key),
             sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
             toolchain=keys.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
-            hardware_queries=[list(q) for q in queries],
+            hardware_queries=[list(q) for q in queries], shared_libs=_shared_libs(store, data),
         ))
         results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
 
@@ -241,6 +291,43 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
     for (family, _ident), kk in by_ident.items():
         results.setdefault(kk, Result("failed", family, kk, variant, call.describe(), error=error))
     return list(results.values())
+
+
+def _shared_libs(store: Store, data: bytes) -> dict[str, Any]:
+    """Link the exported object for the lean runtime and store the library (and, once, the CuTe runtime)."""
+    from .fa4 import link
+
+    lib = link.link(data)
+    needs = {}
+    for name, path in link.runtime_libraries().items():
+        if name == "libtvm_ffi.so":  # from the apache-tvm-ffi wheel, a runtime dependency of fa4-aot
+            needs[name] = ""
+        else:
+            cached = _worker.setdefault("runtime_digests", {})
+            if name not in cached:
+                cached[name] = store.put_object(path.read_bytes())
+            needs[name] = cached[name]
+    return {link.host_arch(): {"digest": store.put_object(lib), "size": len(lib), "needs": needs}}
+
+
+def _relink_task(kernel_keys: list[str]) -> list[str]:
+    """Add the lean library to entries built before fa4-aot linked them (no recompiling). Returns errors."""
+    import dataclasses
+
+    store: Store = _worker["store"]
+    errors = []
+    for kk in kernel_keys:
+        try:
+            with store.lock(kk):
+                entry = store.get_entry(kk)
+                if entry is not None:
+                    libs = {**entry.shared_libs, **_shared_libs(store, store.read_object(entry.object_digest))}
+                    store.put_entry(dataclasses.replace(entry, shared_libs=libs))
+        except DiskFull:
+            raise
+        except Exception as e:
+            errors.append(f"relinking {kk[:16]}…: {_one_line(e)}")
+    return errors
 
 
 def _export(fn: Any) -> bytes:

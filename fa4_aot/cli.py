@@ -115,8 +115,9 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
     summary = (f"{sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} built, "
                f"{report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
-               + f"{report.failed} failed ({report.seconds:.0f}s)")
+               + f"{report.failed} failed ({report.seconds:.0f}s); {report.recipes} lean recipe region(s) recorded")
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    lines += [f"LEAN RUNTIME: {message}" for message in report.lean_failures]
     _emit(as_json, report.to_dict(), "\n".join([*lines, summary]))
     if report.failed:
         sys.exit(1)

@@ -194,7 +194,7 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
     for kind, path, name in scan_fanout(store.root / "objects", ""):
         if kind != "file" or path.lstat().st_mtime > cutoff:
             continue
-        live = {e.object_digest for e in store.entries()} if live is None else live
+        live = {d for e in store.entries() for d in e.digests()} if live is None else live
         if name not in live:
             report.removed_objects.append(name)
             report.bytes_freed += path.lstat().st_size

@@ -52,7 +52,7 @@ from .maintenance import GcReport, VerifyReport, scan_fanout
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
-_FOLDERS = ("objects", "index", "misses", "locks")
+_FOLDERS = ("objects", "index", "misses", "locks", "recipes")
 SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
 
 
@@ -84,10 +84,21 @@ class Entry:
     # What the compile asked the stand-in HardwareInfo (target.py), e.g. [["sm_count", 148]]: proof that
     # persistent schedulers baked the SKU's figures, not the build host's.
     hardware_queries: list[Any] = field(default_factory=list)
+    # The kernel linked for the lean runtime, per host architecture (link.py): {"x86_64": {"digest", "size",
+    # "needs": {SONAME: object digest, or "" for a library the client finds itself}}}. Absent in older entries.
+    shared_libs: dict[str, Any] = field(default_factory=dict)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    def digests(self) -> set[str]:
+        """Every object this entry refers to: the exported object, its linked libraries and their runtimes."""
+        found = {self.object_digest}
+        for lib in self.shared_libs.values():
+            found.add(lib["digest"])
+            found.update(d for d in lib.get("needs", {}).values() if d)
+        return found
 
     @classmethod
     def from_json(cls, text: str) -> Entry:
@@ -212,6 +223,19 @@ class Store:
             raise StoreError(f"object {path} changed while it was being verified; retry, and run `fa4-aot verify` "
                              "if it persists (something else is writing the store)")
         return path
+
+    def verified_file(self, digest: str) -> IO[bytes]:
+        """The object open for reading (at offset 0) after its bytes, read through this very descriptor, hashed
+        to `digest`: what is later read or mapped through it (e.g. /proc/self/fd/N) is what was verified."""
+        f = self._open_object(digest)
+        try:
+            actual = hash_stream(f).hexdigest()
+            self._check_digest(self.object_path(digest), digest, actual)
+            f.seek(0)
+        except BaseException:
+            f.close()
+            raise
+        return f
 
     def read_object(self, digest: str) -> bytes:
         """The object's bytes, hashed as they are read from one O_NOFOLLOW fd (the bytes returned are the

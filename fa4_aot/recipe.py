@@ -1,0 +1,138 @@
+"""Launch recipes: FA4's per-call host work, recorded by the planner (fa4/record.py), replayed without FA4.
+
+A recipe document holds, for one signature and one region of sizes:
+  guards   symexpr conditions on the sizes under which FA4 makes exactly these choices
+  inputs   {name: tensor slot}; fwd / bwd: steps; outputs {out, lse, dq, dk, dv, dsink: slot}
+  kernels  [{family, compile_key, kernel_key}] in first-launch order
+A step is a torch op ({"op": "aten.empty.memory_format", "args", "kwargs", "out": [slots]}) or a kernel launch
+({"launch": i, "args"}); arguments are JSON with {"t": slot}, {"e": size expression}, {"dtype": name},
+{"device": true}, {"in": "softmax_scale"}. `bind()` evaluates every size once per concrete sizes; `Bound.run`
+then only allocates and launches, as FA4 would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import symexpr
+
+RECIPE_FORMAT = 1
+SIZE_NAMES = {
+    "dense": ("batch", "seqlen_q", "seqlen_k"),
+    "varlen": ("batch", "total_q", "total_k", "max_seqlen_q", "max_seqlen_k"),
+}
+
+
+def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int) -> dict[str, int]:
+    """The recipe sizes of a Call (varlen: every sequence at the max length, as the planner's calls are)."""
+    if layout == "dense":
+        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    return {"batch": batch, "total_q": batch * seqlen_q, "total_k": batch * seqlen_k,
+            "max_seqlen_q": seqlen_q, "max_seqlen_k": seqlen_k}
+
+
+def covers(doc: Mapping[str, Any], sizes: Mapping[str, int]) -> bool:
+    return symexpr.holds(doc["guards"], sizes)
+
+
+@dataclass
+class Bound:
+    """A recipe at concrete sizes: step closures that read and write a slot list."""
+
+    fwd: list[Callable[[list[Any]], None]]
+    bwd: list[Callable[[list[Any]], None]]
+    doc: Mapping[str, Any]
+
+    def run(self, steps: list[Callable[[list[Any]], None]], slots: list[Any]) -> None:
+        for step in steps:
+            step(slots)
+
+
+def bind(doc: Mapping[str, Any], sizes: Mapping[str, int], functions: list[Any], device: Any,
+         softmax_scale: float) -> Bound:
+    """Closures for `doc`'s steps at `sizes`; `functions[i]` runs kernel i of doc["kernels"]."""
+    import torch
+
+    def value(x: Any) -> Any:
+        if isinstance(x, list):
+            return [value(y) for y in x]
+        if not isinstance(x, dict):
+            return x
+        if "e" in x:
+            return symexpr.evaluate(x["e"], sizes)
+        if "f" in x:
+            return x["f"]
+        if "in" in x:
+            return softmax_scale
+        if "dtype" in x:
+            return getattr(torch, x["dtype"])
+        if "torch" in x:
+            return getattr(torch, x["torch"])
+        if "device" in x:
+            return device
+        if "kw" in x:
+            return {k: value(v) for k, v in x["kw"].items()}
+        return x  # {"t": slot}: resolved per call
+
+    def compile_step(step: Mapping[str, Any]) -> Callable[[list[Any]], None]:
+        args = value(step["args"])
+        if "launch" in step:
+            return _launch(functions[step["launch"]], args)
+        return _op(_aten(step["op"]), args, value(step["kwargs"]), step["out"], step["tuple"])
+
+    return Bound([compile_step(s) for s in doc["fwd"]], [compile_step(s) for s in doc["bwd"]], doc)
+
+
+def _aten(name: str) -> Any:
+    import torch
+
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
+def _resolver(args: Any) -> Callable[[list[Any]], Any]:
+    """A function of the slots that rebuilds `args` with {"t": slot} replaced by the slot's tensor."""
+    if isinstance(args, dict) and set(args) == {"t"}:
+        slot = args["t"]
+        return lambda slots: slots[slot]
+    if isinstance(args, list):
+        parts = [_resolver(a) for a in args]
+        if all(getattr(p, "constant", False) for p in parts):
+            return _constant(args)
+        return lambda slots: [p(slots) for p in parts]
+    if isinstance(args, dict):
+        items = {k: _resolver(v) for k, v in args.items()}
+        return lambda slots: {k: p(slots) for k, p in items.items()}
+    return _constant(args)
+
+
+def _constant(value: Any) -> Callable[[list[Any]], Any]:
+    def get(slots: list[Any]) -> Any:
+        return value
+
+    get.constant = True  # type: ignore[attr-defined]
+    return get
+
+
+def _launch(fn: Any, args: list[Any]) -> Callable[[list[Any]], None]:
+    get = _resolver(args)
+
+    def launch(slots: list[Any]) -> None:
+        fn(*get(slots))
+
+    return launch
+
+
+def _op(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[int | None], is_tuple: bool
+        ) -> Callable[[list[Any]], None]:
+    get_args, get_kwargs = _resolver(args), _resolver(kwargs)
+
+    def op(slots: list[Any]) -> None:
+        result = fn(*get_args(slots), **get_kwargs(slots))
+        for slot, r in zip(outs, result if is_tuple else (result,), strict=True):
+            if slot is not None:
+                slots[slot] = r
+
+    return op
