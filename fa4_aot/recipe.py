@@ -136,3 +136,14 @@ def _op(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[int | None]
                 slots[slot] = r
 
     return op
+
+
+def concretize(value: Any, sizes: Mapping[str, int]) -> Any:
+    """`value` (steps, arguments) with every size expression evaluated: what FA4 does at exactly `sizes`."""
+    if isinstance(value, list):
+        return [concretize(v, sizes) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"e"}:
+            return symexpr.evaluate(value["e"], sizes)
+        return {k: concretize(v, sizes) for k, v in value.items()}
+    return value

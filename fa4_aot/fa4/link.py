@@ -9,22 +9,16 @@ The library records both only by SONAME (DT_NEEDED, no RPATH): the lean client l
 
 from __future__ import annotations
 
-import platform
 import subprocess
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from ..config import host_arch as host_arch  # the architecture of what this host links
 from ..errors import BuildError
 
 # SONAMEs a linked kernel needs, in the order the client loads them.
 NEEDED = ("libtvm_ffi.so", "libcute_dsl_runtime.so")
-
-
-def host_arch() -> str:
-    """The build host's architecture, which is the architecture of the libraries it links: x86_64 or aarch64."""
-    machine = platform.machine()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine)
 
 
 @lru_cache(maxsize=1)

@@ -33,17 +33,14 @@ class _Session:
         self.symbolic = symbolic
         self.scale = scale
         self.names: dict[Any, str] = {}
-        self.literal: dict[str, int] = {}
         self.index: dict[int, int] = {}
         self.keep: list[Any] = []  # keeps every traced tensor alive, so ids are never reused
         self.kernels: list[tuple[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
 
     def size(self, name: str, hint: int) -> Any:
-        """A symbolic size, or the literal for 0 and 1 (which torch specialises; the recipe guards them)."""
-        if hint < 2 or not self.symbolic:
-            if self.symbolic:
-                self.literal[name] = hint
+        """A symbolic size (sizes 0 and 1 too: the ShapeEnv does not specialise them), or the literal."""
+        if not self.symbolic:
             return hint
         from torch._dynamo.source import ConstantSource
 
@@ -89,8 +86,9 @@ class _Session:
         for sym, expr in self.env.replacements.items():
             if sym in self.names:
                 found.append(["eq", ["sym", self.names[sym]], sympy_json.encode(expr, self.names)])
-        found += [["ge", ["sym", name], 2] for name in self.names.values()]
-        found += [["eq", ["sym", name], value] for name, value in self.literal.items()]
+        for sym, name in self.names.items():  # what the ShapeEnv assumed without a guard (sizes are >= 0)
+            low = self.env.var_to_range[sym].lower
+            found.append(["ge", ["sym", name], int(low)])
         unique: dict[str, Any] = {keys.dumps(g): g for g in found if g is not True}
         return list(unique.values())
 
@@ -185,7 +183,7 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
 
     if sig.layout not in SIZE_NAMES:
         raise ValueError(f"layout {sig.layout!r} has no lean recipe yet (dense and varlen have)")
-    session = _Session(ShapeEnv(duck_shape=False), 1.0 / math.sqrt(sig.head_dim), symbolic)
+    session = _Session(ShapeEnv(duck_shape=False, specialize_zero_one=False), 1.0 / math.sqrt(sig.head_dim), symbolic)
     seen: dict[tuple[str, str], Any] = {}
     with FakeTensorMode(shape_env=session.env), _launching(interface), \
             caches.swapped(lambda family, _old: _LaunchRecorder(family, session, seen)):
