@@ -35,6 +35,7 @@ class _Session:
         self.names: dict[Any, str] = {}
         self.index: dict[int, int] = {}
         self.keep: list[Any] = []  # keeps every traced tensor alive, so ids are never reused
+        self.meta: list[Any] = []  # per slot: [shape, stride, dtype] as FA4 made it
         self.kernels: list[tuple[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
 
@@ -54,6 +55,7 @@ class _Session:
                 raise RuntimeError(f"FA4 used a tensor the recorder did not see created: {tuple(t.shape)}")
             self.index[id(t)] = len(self.keep)
             self.keep.append(t)
+            self.meta.append([self.encode(list(t.shape)), self.encode(list(t.stride())), self.encode(t.dtype)])
         return self.index[id(t)]
 
     def encode(self, x: Any) -> Any:
@@ -210,7 +212,7 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
     return {
         "format": RECIPE_FORMAT, "signature": sig.to_dict(), "guards": session.guards(),
         "inputs": {name: session.ref(t) for name, t in inputs.items() if isinstance(t, torch.Tensor)},
-        "tensors": len(session.keep), "fwd": fwd, "bwd": bwd, "outputs": outputs,
+        "tensors": len(session.keep), "meta": session.meta, "fwd": fwd, "bwd": bwd, "outputs": outputs,
         "softmax_scale": session.scale,
         "kernels": [{"family": f, "compile_key": keys.canonical(k), "kernel_key": keys.kernel_key(f, k, sku)}
                     for f, k in session.kernels],

@@ -1,0 +1,27 @@
+"""Run in a fresh process configured for one SKU: print the recorded recipe regions of (signature, sizes) pairs.
+
+argv: SKU, JSON list of [signature dict, sizes dict]. Prints a JSON list of recipe documents.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    from fa4_aot import config, target, variants
+
+    sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
+    target.configure(sku)
+    from fa4_aot.fa4 import record
+    from fa4_aot.signature import Signature
+
+    pairs = json.loads(sys.argv[2])
+    print(json.dumps([record.record(Signature.from_dict(sig), sizes, sku) for sig, sizes in pairs]))
+
+
+if __name__ == "__main__":
+    main()
