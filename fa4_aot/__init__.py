@@ -16,7 +16,8 @@ from typing import Any
 from .errors import BuildError, ConfigError, Fa4AotError, IntegrityError, KernelMissing, StoreError, UnknownSku
 
 __version__ = "0.1.0"
-__all__ = ["install", "load", "flash_attn_func", "flash_attn_varlen_func", "Fa4AotError", "ConfigError", "UnknownSku", "KernelMissing", "IntegrityError",
+__all__ = ["install", "load", "flash_attn_func", "flash_attn_varlen_func",
+           "Fa4AotError", "ConfigError", "UnknownSku", "KernelMissing", "IntegrityError",
            "StoreError", "BuildError"]
 
 

@@ -43,6 +43,10 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
     store = Store(cache_dir or config.default_cache_dir())
     found = _runtimes.get(store.root)
     if found is None:
+        if os.environ.get("FA4_AOT_TRUSTED_KEYS"):
+            raise Fa4AotError("FA4_AOT_TRUSTED_KEYS is set, but signed manifests do not list the lean runtime's "
+                              "libraries yet, so they cannot be checked against them; run FA4 through "
+                              "fa4_aot.install() on this host, or unset FA4_AOT_TRUSTED_KEYS for a store you trust")
         from . import variants
 
         matrix = variants.load(config.default_variants_file())
@@ -100,7 +104,7 @@ def _function() -> Any:
             out, lse_slot = slots[doc["outputs"]["out"]], doc["outputs"]["lse"]
             lse = None if lse_slot is None else slots[lse_slot]
             if bound.bwd:
-                kept = sorted(_fwd_slots_read_by_bwd(doc))
+                kept = bound.saved
                 ctx.save_for_backward(*(slots[i] for i in kept))
                 ctx.kept, ctx.bound, ctx.names = kept, bound, names
             if lse is not None:
@@ -119,25 +123,6 @@ def _function() -> Any:
             return (None, None, *(slots[doc["outputs"][grads[n]]] if n in grads else None for n in ctx.names))
 
     return LeanAttention
-
-
-def _fwd_slots_read_by_bwd(doc: dict[str, Any]) -> set[int]:
-    cached = doc.get("_kept")
-    if cached is None:
-        made_by_bwd = {s for step in doc["bwd"] for s in step.get("out", []) if s is not None}
-        made_by_bwd.add(doc["inputs"]["dout"])
-        cached = doc["_kept"] = {s for step in doc["bwd"] for s in _slots(step["args"])} - made_by_bwd
-    return set(cached)
-
-
-def _slots(args: Any) -> set[int]:
-    if isinstance(args, dict) and set(args) == {"t"}:
-        return {args["t"]}
-    if isinstance(args, list):
-        return set().union(*(_slots(a) for a in args)) if args else set()
-    if isinstance(args, dict):
-        return set().union(*(_slots(a) for a in args.values())) if args else set()
-    return set()
 
 
 _autograd: list[Any] = []

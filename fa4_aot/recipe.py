@@ -44,6 +44,7 @@ class Bound:
     fwd: list[Callable[[list[Any]], None]]
     bwd: list[Callable[[list[Any]], None]]
     doc: Mapping[str, Any]
+    saved: list[int]  # forward slots the backward reads (what autograd saves)
 
     def run(self, steps: list[Callable[[list[Any]], None]], slots: list[Any]) -> None:
         for step in steps:
@@ -82,7 +83,26 @@ def bind(doc: Mapping[str, Any], sizes: Mapping[str, int], functions: list[Any],
             return _launch(functions[step["launch"]], args)
         return _op(_aten(step["op"]), args, value(step["kwargs"]), step["out"], step["tuple"])
 
-    return Bound([compile_step(s) for s in doc["fwd"]], [compile_step(s) for s in doc["bwd"]], doc)
+    return Bound([compile_step(s) for s in doc["fwd"]], [compile_step(s) for s in doc["bwd"]], doc, saved_slots(doc))
+
+
+def saved_slots(doc: Mapping[str, Any]) -> list[int]:
+    """The forward's slots that the backward's steps read: inputs, out, lse and whatever else FA4 kept."""
+    if not doc["bwd"]:
+        return []
+    made = {s for step in doc["bwd"] for s in step.get("out", []) if s is not None} | {doc["inputs"]["dout"]}
+    return sorted({s for step in doc["bwd"] for s in _slots([step["args"], step.get("kwargs", {})])} - made)
+
+
+def _slots(args: Any) -> set[int]:
+    if isinstance(args, dict) and set(args) == {"t"}:
+        return {args["t"]}
+    if isinstance(args, list | dict):
+        found: set[int] = set()
+        for a in args.values() if isinstance(args, dict) else args:
+            found |= _slots(a)
+        return found
+    return set()
 
 
 def _aten(name: str) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import caches, keys
 from ..calls import _Ctx
-from ..recipe import SIZE_NAMES, RECIPE_FORMAT
+from ..recipe import RECIPE_FORMAT, SIZE_NAMES
 from ..signature import Signature
 from ..skus import Sku
 from . import sympy_json
