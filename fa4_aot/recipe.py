@@ -117,11 +117,11 @@ def _resolver(args: Any) -> Callable[[list[Any]], Any]:
     if isinstance(args, dict) and set(args) == {"t"}:
         slot = args["t"]
         return lambda slots: slots[slot]
-    if isinstance(args, list):
+    if isinstance(args, list):  # FA4 passed tuples (AuxData, block-sparse tuples, sizes): tvm_ffi takes either
         parts = [_resolver(a) for a in args]
         if all(getattr(p, "constant", False) for p in parts):
-            return _constant(args)
-        return lambda slots: [p(slots) for p in parts]
+            return _constant(tuple(p([]) for p in parts))
+        return lambda slots: tuple(p(slots) for p in parts)
     if isinstance(args, dict):
         items = {k: _resolver(v) for k, v in args.items()}
         return lambda slots: {k: p(slots) for k, p in items.items()}
