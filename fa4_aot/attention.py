@@ -38,6 +38,9 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
 
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
         learnable_sink is not None and learnable_sink.requires_grad))
+    if training and return_lse:
+        raise lean.Unsupported("return_lse=True with a backward pass: FA4 then back-propagates through lse, which "
+                               "no recipe records; call FA4 after fa4_aot.install() for this")
     window = tuple(window_size) if window_size is not None else (None, None)
     cache_key = (layout, q.dtype, q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], bool(causal), window,
                  float(softcap or 0.0), learnable_sink is None, num_splits, bool(deterministic), bool(return_lse),
