@@ -132,7 +132,11 @@ def run(attn: Attention, sizes: dict[str, int], tensors: dict[str, Any], scale: 
     """Forward (with autograd when the signature trains) of `attn` on named input tensors."""
     if not _autograd:
         _autograd.append(_function())
+    for name in ("q", "k", "v"):  # FA4's maybe_contiguous: a copy only when the last dimension is strided
+        if tensors[name].stride(-1) != 1:
+            tensors[name] = tensors[name].contiguous()
     bound = attn.bound(sizes, tensors["q"].device, scale)
+    bound.check(tensors)
     names = tuple(tensors)
     return _autograd[0].apply(bound, names, *tensors.values())
 

@@ -45,6 +45,18 @@ class Bound:
     bwd: list[Callable[[list[Any]], None]]
     doc: Mapping[str, Any]
     saved: list[int]  # forward slots the backward reads (what autograd saves)
+    expected: dict[str, tuple[tuple[int, ...], Any]]  # input name -> (shape, torch dtype) FA4 expects at these sizes
+
+    def check(self, tensors: Mapping[str, Any]) -> None:
+        """Raise ValueError unless every input has the shape and dtype FA4 asserts, on a CUDA device."""
+        for name, t in tensors.items():
+            shape, dtype = self.expected[name]
+            if t.shape != shape or t.dtype != dtype:
+                raise ValueError(f"{name}: got {tuple(t.shape)} {t.dtype}, expected {shape} {dtype} for these sizes "
+                                 "(as FA4 asserts)")
+        for name, t in tensors.items():
+            if not t.is_cuda:
+                raise ValueError(f"{name} is on {t.device}: the kernels need every input on a CUDA device")
 
     def run(self, steps: list[Callable[[list[Any]], None]], slots: list[Any]) -> None:
         for step in steps:
@@ -83,7 +95,12 @@ def bind(doc: Mapping[str, Any], sizes: Mapping[str, int], functions: list[Any],
             return _launch(functions[step["launch"]], args)
         return _op(_aten(step["op"]), args, value(step["kwargs"]), step["out"], step["tuple"])
 
-    return Bound([compile_step(s) for s in doc["fwd"]], [compile_step(s) for s in doc["bwd"]], doc, saved_slots(doc))
+    expected = {}
+    for name, slot in doc["inputs"].items():
+        shape, _stride, dtype = value(doc["meta"][slot])
+        expected[name] = (tuple(shape), dtype)
+    return Bound([compile_step(s) for s in doc["fwd"]], [compile_step(s) for s in doc["bwd"]], doc, saved_slots(doc),
+                 expected)
 
 
 def saved_slots(doc: Mapping[str, Any]) -> list[int]:

@@ -90,3 +90,17 @@ def test_softmax_scale_reaches_every_kernel_that_takes_it(regions):
     bound.run(bound.bwd, slots)
     assert seen[0] == [0.3] and seen[2] == [0.3], seen  # forward and main backward kernels take the scale
     assert {x for floats in seen for x in floats} <= {0.3, 1.0}
+
+
+def test_inputs_are_checked_as_fa4_asserts(regions):
+    import torch
+
+    region, sizes = regions[0], PAIRS[0][1]
+    bound = recipe.bind(region, sizes, [lambda *a: None for _ in region["kernels"]], torch.device("cpu"), None)
+    inputs = {n: t for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
+    with pytest.raises(ValueError, match="CUDA"):
+        bound.check(inputs)
+    with pytest.raises(ValueError, match="k: got"):
+        bound.check({**inputs, "k": inputs["k"][:1]})
+    with pytest.raises(ValueError, match="float16"):
+        bound.check({**inputs, "q": inputs["q"].half()})
