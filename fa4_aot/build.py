@@ -21,7 +21,7 @@ from typing import Any
 
 from . import recipe_store
 from .calls import Call
-from .fsutil import DiskFull
+from .errors import DiskFull
 from .skus import Sku
 from .store import Entry, Store
 from .variants import Matrix, Variant

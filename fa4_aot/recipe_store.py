@@ -15,7 +15,7 @@ from . import keys, symexpr
 from .errors import StoreError
 from .signature import Signature
 from .skus import Sku
-from .store import Store, check_hex
+from .store import Store
 
 
 def recipe_key(sig: Signature, sku: Sku) -> str:
@@ -23,23 +23,18 @@ def recipe_key(sig: Signature, sku: Sku) -> str:
     return hashlib.sha256(keys.dumps(doc).encode()).hexdigest()
 
 
-def _path(store: Store, key: str) -> Any:
-    check_hex(key, "recipe key")
-    return store.root / "recipes" / key[:2] / f"{key}.json"
-
-
 def load(store: Store, key: str) -> list[dict[str, Any]]:
     """The recorded regions under `key` ([] when none)."""
-    path = _path(store, key)
-    try:
-        with store._open(path) as f:
-            doc = json.loads(f.read())
-    except FileNotFoundError:
+    data = store.recipes(key)
+    if data is None:
         return []
+    try:
+        doc = json.loads(data)
     except ValueError as e:
-        raise StoreError(f"unreadable recipe file {path}: {e}; delete it and rerun `fa4-aot build`") from e
+        raise StoreError(f"unreadable recipe file {key} in {store.root}: {e}; rerun `fa4-aot build` (it rewrites "
+                         "the file)") from e
     if doc.get("key") != key:
-        raise StoreError(f"recipe file {path} holds key {doc.get('key')!r}; delete it and rerun `fa4-aot build`")
+        raise StoreError(f"recipe file {key} in {store.root} holds key {doc.get('key')!r}; rerun `fa4-aot build`")
     return list(doc["regions"])
 
 
@@ -50,13 +45,16 @@ def merge(store: Store, key: str, regions: list[dict[str, Any]]) -> int:
         return len(load(store, key))
     with store.lock(key):
         tools = regions[-1]["toolchain"]
-        kept = [r for r in load(store, key) if r.get("toolchain") == tools]
+        try:
+            kept = [r for r in load(store, key) if r.get("toolchain") == tools]
+        except StoreError:  # an unreadable file is replaced by what this build recorded
+            kept = []
         seen = {keys.dumps(r["guards"]) for r in kept}
         for region in regions:
             if region["toolchain"] == tools and keys.dumps(region["guards"]) not in seen:
                 kept.append(region)
                 seen.add(keys.dumps(region["guards"]))
-        store._write(_path(store, key), json.dumps({"key": key, "regions": kept}, sort_keys=True).encode())
+        store.put_recipes(key, json.dumps({"key": key, "regions": kept}, sort_keys=True).encode())
     return len(kept)
 
 
