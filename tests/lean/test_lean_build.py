@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import recipe, recipe_store
+from fa4_aot import maintenance, recipe, recipe_store
 from fa4_aot.config import host_arch
 from fa4_aot.signature import Signature
 from fa4_aot.store import Entry, Store
@@ -88,8 +88,8 @@ def test_recipe_region_covers_the_built_call_and_names_its_kernels(built: tuple[
 def test_gc_keeps_libraries_and_runtime(built: tuple[Path, dict]) -> None:
     root, _ = built
     store = Store(root)
-    assert store.gc(min_age=0).removed_objects == []
-    assert store.verify().ok
+    assert maintenance.gc(store, min_age=0).removed_objects == []
+    assert maintenance.verify(store).ok
 
 
 def test_entries_from_before_linking_parse_and_a_rebuild_links_them(tmp_path: Path) -> None:
