@@ -29,21 +29,21 @@ def install(mode: str = "strict", **kwargs: Any) -> Any:
 
 
 def load(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.attention.load (lean runtime). fa4_aot.client.load does the same through FA4 itself."""
-    from .attention import load as _load
+    """See fa4_aot.lean_api.load (lean runtime). fa4_aot.client.load does the same through FA4 itself."""
+    from .lean_api import load as _load
 
     return _load(*args, **kwargs)
 
 
 def flash_attn_func(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.attention.flash_attn_func (lean runtime)."""
-    from .attention import flash_attn_func as _fn
+    """See fa4_aot.lean_api.flash_attn_func (lean runtime)."""
+    from .lean_api import flash_attn_func as _fn
 
     return _fn(*args, **kwargs)
 
 
 def flash_attn_varlen_func(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.attention.flash_attn_varlen_func (lean runtime)."""
-    from .attention import flash_attn_varlen_func as _fn
+    """See fa4_aot.lean_api.flash_attn_varlen_func (lean runtime)."""
+    from .lean_api import flash_attn_varlen_func as _fn
 
     return _fn(*args, **kwargs)

@@ -1,15 +1,15 @@
 """`fa4-aot build`: plan every call of the selected variants for one SKU, then compile what the store lacks.
 
-Work happens in spawned worker processes configured for the target SKU (target.configure); this
+Work happens in spawned worker processes configured for the target SKU (fa4.configure); this
 process never imports FA4, so one process can build several SKUs in turn. Each kernel is compiled
-by exactly one worker (the first call that needs it), exported with export_to_c, and stored object
+by exactly one worker (the first call that needs it), exported (fa4.export), and stored object
 first, index entry last. Failures are reported per call and per kernel while the rest goes on.
+FA4 is reached only through the seam, fa4_aot.fa4.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -19,14 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import recipe_store
+from . import build_lean, fa4, kernel_keys
 from .calls import Call
 from .errors import DiskFull
 from .skus import Sku
 from .store import Entry, Store
 from .variants import Matrix, Variant
-
-EXPORT_FUNCTION = "func"  # the symbol name FA4's own persistent cache uses; loaders look it up
 
 
 @dataclass
@@ -47,8 +45,8 @@ class Report:
     calls: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
-    recipes: int = 0  # lean-runtime regions recorded (fa4/record.py)
-    lean_failures: list[str] = field(default_factory=list)  # calls whose recipe could not be recorded
+    recipes: int = 0  # lean-runtime recipe regions recorded (build_lean.py)
+    lean_failures: list[str] = field(default_factory=list)  # recipes or libraries the lean runtime will lack
     seconds: float = 0.0
 
     def count(self, status: str) -> int:
@@ -111,7 +109,8 @@ def build_calls(
         planned = _plan(pool, work, jobs, report, store, dry_run)
         todo = _triage(planned, work, store, report, dry_run)
         if not dry_run:
-            report.lean_failures += pool.submit(_relink_task, _unlinked(store, planned)).result()
+            unlinked = build_lean.unlinked(store, [p.kernel_key for p in planned])
+            report.lean_failures += pool.submit(_relink_task, unlinked).result() if unlinked else []
         _compile(pool, todo, work, report, progress)
     report.seconds = time.perf_counter() - started
     return report
@@ -123,11 +122,11 @@ def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, re
     offsets = [list(range(i, len(work), jobs)) for i in range(jobs)]
     futures = [pool.submit(_plan_task, [work[i] for i in chunk]) for chunk in offsets]
     planned: dict[str, Planned] = {}
-    recipes: dict[str, list[dict[str, Any]]] = {}
+    recorded: dict[str, list[dict[str, Any]]] = {}
     for chunk, future in zip(offsets, futures, strict=True):
-        kernels, failures, recorded, lean_failures = future.result()
-        for key, regions in recorded.items():
-            recipes.setdefault(key, []).extend(regions)
+        kernels, failures, regions, lean_failures = future.result()
+        for key, found in regions.items():
+            recorded.setdefault(key, []).extend(found)
         report.lean_failures += lean_failures
         for family, ident, kernel_key, local in kernels:
             index = chunk[local]
@@ -136,10 +135,7 @@ def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, re
         for local, error in failures:
             name, call = work[chunk[local]]
             report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
-    report.recipes = sum(len(r) for r in recipes.values())
-    if not dry_run:
-        for key, regions in recipes.items():
-            recipe_store.merge(store, key, regions)
+    report.recipes = sum(len(r) for r in recorded.values()) if dry_run else build_lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
@@ -155,14 +151,6 @@ def _triage(planned: list[Planned], work: list[tuple[str, Call]], store: Store, 
         else:
             todo.setdefault(p.call_index, []).append(p)
     return todo
-
-
-def _unlinked(store: Store, planned: list[Planned]) -> list[str]:
-    """Stored kernels that lack a lean library for this host's architecture (built by an older fa4-aot)."""
-    from .fa4.link import host_arch
-
-    entries = [store.get_entry(p.kernel_key) for p in planned]
-    return [e.kernel_key for e in entries if e is not None and host_arch() not in e.shared_libs]
 
 
 def _compile(pool: ProcessPoolExecutor, todo: dict[int, list[Planned]], work: list[tuple[str, Call]],
@@ -194,80 +182,53 @@ def _init_worker(sku: Sku, store_root: str) -> None:
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: silences FakeTensor data_ptr notices
     warnings.filterwarnings("ignore")  # CuTe's per-argument notices and torch's FakeTensor data_ptr notice
-    from . import target
-
-    target.configure(sku)
-    _worker.update(sku=sku, store=Store(Path(store_root)))
+    fa4.configure(sku)
+    _worker.update(sku=sku, store=Store(Path(store_root)), tools=fa4.toolchain())
 
 
 def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, str]],
                                                     dict[str, list[dict[str, Any]]], list[str]]:
-    from . import keys, plan
-
     kernels, failures = [], []
     recorded: dict[str, list[dict[str, Any]]] = {}
     lean_failures: list[str] = []
     for i, (_name, call) in enumerate(work):
         try:
-            seen = plan.kernels_for(call)
+            seen = fa4.plan(call)
         except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
             failures.append((i, _one_line(e)))
             continue
         for (family, ident), key in seen.items():
-            kernels.append((family, ident, keys.kernel_key(family, key, _worker["sku"]), i))
+            kernels.append((family, ident, kernel_keys.kernel_key(family, key, _worker["sku"], _worker["tools"]), i))
         try:
-            _record_recipe(call, recorded)
+            build_lean.record_recipe(_worker, call, recorded)
         except Exception as e:  # the call still builds for install(); the lean runtime will say it lacks a recipe
-            lean_failures.append(f"{call.describe()}: {_one_line(e)}")
+            lean_failures.append(f"recipe of {call.describe()}: {_one_line(e)}")
     return kernels, failures, recorded, lean_failures
 
 
-def _record_recipe(call: Call, recorded: dict[str, list[dict[str, Any]]]) -> None:
-    """Record the lean-runtime recipe region of `call` unless one recorded here or in the store covers it."""
-    from . import keys, recipe
-    from .fa4 import record
-    from .signature import Signature
-
-    if call.layout not in recipe.SIZE_NAMES:
-        return
-    sig, sku, store = Signature.of(call), _worker["sku"], _worker["store"]
-    key = recipe_store.recipe_key(sig, sku)
-    known = _worker.setdefault("regions", {})
-    if key not in known:
-        tools = keys.toolchain()
-        known[key] = [r for r in recipe_store.load(store, key) if r.get("toolchain") == tools]
-    sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
-    if recipe_store.find(known[key], sizes) is None:
-        region = record.record(sig, sizes, sku)
-        known[key].append(region)
-        recorded.setdefault(key, []).append(region)
+def _relink_task(kernel_keys: list[str]) -> list[str]:
+    return build_lean.relink(_worker, kernel_keys, _one_line)
 
 
 def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) -> list[Result]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from . import caches, calls, target
-
     store: Store = _worker["store"]
     sku: Sku = _worker["sku"]
     by_ident = {(f, ident): kk for f, ident, kk in wanted}
     results: dict[str, Result] = {}
     # kernels compile one after another, so the HardwareInfo queries since the last one belong to this one
-    asked = [len(target.hardware_calls())]
+    asked = [len(fa4.hardware_calls())]
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
-        from . import keys
-
-        kk = by_ident[(family, keys.dumps(keys.canonical(key)))]
-        queries = target.hardware_calls()[asked[0]:]
+        kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
+        queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
-        data = _export(fn)
+        data = fa4.export(fn)
         digest = store.put_object(data)
         store.put_entry(Entry(
-            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=keys.canonical(key),
+            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=kernel_keys.canonical(key),
             sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
-            toolchain=keys.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
-            hardware_queries=[list(q) for q in queries], shared_libs=_shared_libs(store, data),
+            toolchain=_worker["tools"], variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
+            hardware_queries=[list(q) for q in queries], shared_libs=build_lean.shared_libs(_worker, data),
         ))
         results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
 
@@ -281,8 +242,7 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
                 results[kk] = Result("present", ident[0], kk, variant, call.describe())
         try:
             if pending:
-                with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Compiler(family, pending, done)):
-                    calls.run(call)
+                fa4.compile_call(call, pending, done)
             error = "FA4 did not ask for this kernel when the call was re-run"
         except DiskFull:  # not this kernel's fault: every later write fails too, so the build stops
             raise
@@ -291,53 +251,6 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
     for (family, _ident), kk in by_ident.items():
         results.setdefault(kk, Result("failed", family, kk, variant, call.describe(), error=error))
     return list(results.values())
-
-
-def _shared_libs(store: Store, data: bytes) -> dict[str, Any]:
-    """Link the exported object for the lean runtime and store the library (and, once, the CuTe runtime)."""
-    from .fa4 import link
-
-    lib = link.link(data)
-    needs = {}
-    for name, path in link.runtime_libraries().items():
-        if name == "libtvm_ffi.so":  # from the apache-tvm-ffi wheel, a runtime dependency of fa4-aot
-            needs[name] = ""
-        else:
-            cached = _worker.setdefault("runtime_digests", {})
-            if name not in cached:
-                cached[name] = store.put_object(path.read_bytes())
-            needs[name] = cached[name]
-    return {link.host_arch(): {"digest": store.put_object(lib), "size": len(lib), "needs": needs}}
-
-
-def _relink_task(kernel_keys: list[str]) -> list[str]:
-    """Add the lean library to entries built before fa4-aot linked them (no recompiling). Returns errors."""
-    import dataclasses
-
-    store: Store = _worker["store"]
-    errors = []
-    for kk in kernel_keys:
-        try:
-            with store.lock(kk):
-                entry = store.get_entry(kk)
-                if entry is not None:
-                    libs = {**entry.shared_libs, **_shared_libs(store, store.read_object(entry.object_digest))}
-                    store.put_entry(dataclasses.replace(entry, shared_libs=libs))
-        except DiskFull:
-            raise
-        except Exception as e:
-            errors.append(f"relinking {kk[:16]}…: {_one_line(e)}")
-    return errors
-
-
-def _export(fn: Any) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="fa4-aot-export-") as tmp:
-        path = Path(tmp) / "kernel.o"
-        fn.export_to_c(object_file_path=str(path), function_name=EXPORT_FUNCTION)
-        data = path.read_bytes()
-    if not data:
-        raise RuntimeError("export_to_c wrote an empty object file")
-    return data
 
 
 def _one_line(e: BaseException) -> str:

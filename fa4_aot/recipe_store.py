@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from . import keys, symexpr
+from . import kernel_keys, symexpr
 from .errors import StoreError
 from .signature import Signature
 from .skus import Sku
@@ -20,7 +20,7 @@ from .store import Store
 
 def recipe_key(sig: Signature, sku: Sku) -> str:
     doc = {"signature": sig.to_dict(), "target": sku.target_facts()}
-    return hashlib.sha256(keys.dumps(doc).encode()).hexdigest()
+    return hashlib.sha256(kernel_keys.dumps(doc).encode()).hexdigest()
 
 
 def load(store: Store, key: str) -> list[dict[str, Any]]:
@@ -49,11 +49,11 @@ def merge(store: Store, key: str, regions: list[dict[str, Any]]) -> int:
             kept = [r for r in load(store, key) if r.get("toolchain") == tools]
         except StoreError:  # an unreadable file is replaced by what this build recorded
             kept = []
-        seen = {keys.dumps(r["guards"]) for r in kept}
+        seen = {kernel_keys.dumps(r["guards"]) for r in kept}
         for region in regions:
-            if region["toolchain"] == tools and keys.dumps(region["guards"]) not in seen:
+            if region["toolchain"] == tools and kernel_keys.dumps(region["guards"]) not in seen:
                 kept.append(region)
-                seen.add(keys.dumps(region["guards"]))
+                seen.add(kernel_keys.dumps(region["guards"]))
         store.put_recipes(key, json.dumps({"key": key, "regions": kept}, sort_keys=True).encode())
     return len(kept)
 

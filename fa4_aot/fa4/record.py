@@ -17,12 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .. import caches, keys
-from ..calls import _Ctx
+from ..kernel_keys import canonical, dumps, kernel_key
 from ..recipe import RECIPE_FORMAT, SIZE_NAMES
 from ..signature import Signature
 from ..skus import Sku
-from . import sympy_json
+from . import caches, sympy_json
+from .dispatch import _Ctx
+from .versions import toolchain
 
 
 class _Session:
@@ -91,7 +92,7 @@ class _Session:
         for sym, name in self.names.items():  # what the ShapeEnv assumed without a guard (sizes are >= 0)
             low = self.env.var_to_range[sym].lower
             found.append(["ge", ["sym", name], int(low)])
-        unique: dict[str, Any] = {keys.dumps(g): g for g in found if g is not True}
+        unique: dict[str, Any] = {dumps(g): g for g in found if g is not True}
         return list(unique.values())
 
 
@@ -126,10 +127,10 @@ class _LaunchRecorder(caches.Recorder):
         s, family, key = self.session, self.family, _concrete(key)
 
         def launch(*args: Any) -> None:
-            ident = (family, keys.dumps(keys.canonical(key)))
-            if ident not in [(f, keys.dumps(keys.canonical(k))) for f, k in s.kernels]:
+            ident = (family, dumps(canonical(key)))
+            if ident not in [(f, dumps(canonical(k))) for f, k in s.kernels]:
                 s.kernels.append((family, key))
-            number = [(f, keys.dumps(keys.canonical(k))) for f, k in s.kernels].index(ident)
+            number = [(f, dumps(canonical(k))) for f, k in s.kernels].index(ident)
             s.steps.append({"launch": number, "args": s.encode(list(args))})
 
         return launch
@@ -214,9 +215,9 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
         "inputs": {name: session.ref(t) for name, t in inputs.items() if isinstance(t, torch.Tensor)},
         "tensors": len(session.keep), "meta": session.meta, "fwd": fwd, "bwd": bwd, "outputs": outputs,
         "softmax_scale": session.scale,
-        "kernels": [{"family": f, "compile_key": keys.canonical(k), "kernel_key": keys.kernel_key(f, k, sku)}
+        "kernels": [{"family": f, "compile_key": canonical(k), "kernel_key": kernel_key(f, k, sku, toolchain())}
                     for f, k in session.kernels],
-        "recorded_at": dict(sizes), "toolchain": keys.toolchain(),
+        "recorded_at": dict(sizes), "toolchain": toolchain(),
     }
 
 

@@ -97,11 +97,11 @@ def test_lean_bitwise_equal_to_fa4(fa4, name, layout, hkv, training, flags):
 
 def test_lean_steady_state_calls_reuse_bound_plans(fa4):
     import fa4_aot
-    from fa4_aot import attention
+    from fa4_aot import lean_api
 
     for _ in range(3):
         _run(fa4_aot.flash_attn_func, "dense", 2, True, {"causal": True})
-    bound = [len(a._bound) for a in attention._cache.values()]
+    bound = [len(a._bound) for a in lean_api._cache.values()]
     assert bound and max(bound) == 1, bound
 
 

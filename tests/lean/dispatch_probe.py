@@ -16,12 +16,11 @@ import warnings
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    from fa4_aot import config, target, variants
+    from fa4_aot import config, fa4, variants
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
-    target.configure(sku)
-    from fa4_aot import keys, recipe, recipe_store
-    from fa4_aot.fa4 import record
+    fa4.configure(sku)
+    from fa4_aot import kernel_keys, recipe, recipe_store
     from fa4_aot.signature import Signature
 
     sigs = [Signature.from_dict(d) for d in json.loads(sys.argv[2])]
@@ -33,14 +32,14 @@ def main() -> None:
             sizes = _random_sizes(sig.layout, rng)
             region = recipe_store.find(regions, sizes)
             if region is None:
-                region = record.record(sig, sizes, sku)
+                region = fa4.record_recipe(sig, sizes, sku)
                 regions.append(region)
                 report["recorded"] += 1
                 assert recipe_store.find(regions, sizes) is region, "a region must hold where it was recorded"
-            fa4 = record.record(sig, sizes, sku, symbolic=False)
+            fa4 = fa4.record_recipe(sig, sizes, sku, symbolic=False)
             mine = {part: recipe.concretize(region[part], sizes) for part in ("fwd", "bwd", "outputs", "inputs")}
             theirs = {part: fa4[part] for part in ("fwd", "bwd", "outputs", "inputs")}
-            same = keys.dumps(mine) == keys.dumps(theirs) and \
+            same = kernel_keys.dumps(mine) == kernel_keys.dumps(theirs) and \
                 [k["kernel_key"] for k in region["kernels"]] == [k["kernel_key"] for k in fa4["kernels"]]
             report["compared"] += 1
             if not same:

@@ -12,15 +12,14 @@ import warnings
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    from fa4_aot import config, target, variants
+    from fa4_aot import config, fa4, variants
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
-    target.configure(sku)
-    from fa4_aot.fa4 import record
+    fa4.configure(sku)
     from fa4_aot.signature import Signature
 
     pairs = json.loads(sys.argv[2])
-    print(json.dumps([record.record(Signature.from_dict(sig), sizes, sku) for sig, sizes in pairs]))
+    print(json.dumps([fa4.record_recipe(Signature.from_dict(sig), sizes, sku) for sig, sizes in pairs]))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import fa4_aot
-from fa4_aot import attention, lean
+from fa4_aot import lean, lean_api
 from fa4_aot.errors import Fa4AotError
 
 
@@ -42,16 +42,16 @@ def test_varlen_needs_cu_seqlens_and_integer_max_lengths() -> None:
     ({"training": True, "deterministic": True}, "full", (0, 0), "bwd_det"), ({"training": True}, "full", (0, 0), "bwd"),
 ])
 def test_signature_matches_what_the_planner_records(kw: dict, mask: str, window: tuple, pass_: str) -> None:
-    sig = attention.signature("dense", "torch.bfloat16", 8, 64, 2, 64, **kw)
+    sig = lean_api.signature("dense", "torch.bfloat16", 8, 64, 2, 64, **kw)
     assert (sig.mask, sig.window, sig.pass_, sig.heads_q, sig.heads_kv, sig.dtype) == (mask, window, pass_, 8, 2,
                                                                                         "bf16")
 
 
 def test_half_open_window_and_fp32_are_refused() -> None:
     with pytest.raises(ValueError, match="both sides"):
-        attention.signature("dense", "torch.bfloat16", 8, 64, 8, 64, window_size=(128, None))
+        lean_api.signature("dense", "torch.bfloat16", 8, 64, 8, 64, window_size=(128, None))
     with pytest.raises(ValueError, match="bf16 or fp16"):
-        attention.signature("dense", "torch.float32", 8, 64, 8, 64)
+        lean_api.signature("dense", "torch.float32", 8, 64, 8, 64)
 
 
 def test_trusted_keys_refuse_the_lean_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
