@@ -51,7 +51,8 @@ class Libraries:
         entry = self.store.get_entry(kernel_key)
         lib = entry.shared_libs.get(self.arch) if entry is not None else None
         if lib is None:
-            why = "is not in" if entry is None else f"has no {self.arch} library (built before linking) in"
+            why = "is not in" if entry is None else (f"has no {self.arch} library (built before linking, or "
+                                                      "pulled from a server, which does not carry them yet) in")
             raise KernelMissing(
                 f"kernel {kernel_key[:16]}… ({family}) for SKU {self.sku_name} {why} {self.store.root}; run "
                 f"`fa4-aot build --sku {self.sku_name}` on an {self.arch} build host (it links stored kernels "
