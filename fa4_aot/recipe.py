@@ -130,18 +130,45 @@ def _aten(name: str) -> Any:
 
 
 def _resolver(args: Any) -> Callable[[list[Any]], Any]:
-    """A function of the slots that rebuilds `args` with {"t": slot} replaced by the slot's tensor."""
+    """A function of the slots that rebuilds `args` with {"t": slot} replaced by the slot's tensor. Constant parts
+    are built once; per call only the tensor positions are filled in (this is the whole per-call host work)."""
     if isinstance(args, dict) and set(args) == {"t"}:
         slot = args["t"]
-        return lambda slots: slots[slot]
-    if isinstance(args, list):  # FA4 passed tuples (AuxData, block-sparse tuples, sizes): tvm_ffi takes either
-        parts = [_resolver(a) for a in args]
-        if all(getattr(p, "constant", False) for p in parts):
-            return _constant(tuple(p([]) for p in parts))
-        return lambda slots: tuple(p(slots) for p in parts)
-    if isinstance(args, dict):
-        items = {k: _resolver(v) for k, v in args.items()}
-        return lambda slots: {k: p(slots) for k, p in items.items()}
+
+        def ref(slots: list[Any]) -> Any:
+            return slots[slot]
+
+        ref.slot = slot  # type: ignore[attr-defined]
+        return ref
+    if isinstance(args, list | dict):
+        keys = list(args) if isinstance(args, dict) else list(range(len(args)))
+        parts = {k: _resolver(args[k]) for k in keys}
+        fixed = {k: p([]) for k, p in parts.items() if getattr(p, "constant", False)}
+        if len(fixed) == len(parts):
+            return _constant(tuple(fixed[k] for k in keys) if isinstance(args, list) else fixed)
+        refs = [(k, p.slot) for k, p in parts.items() if hasattr(p, "slot")]
+        nested = [(k, p) for k, p in parts.items() if k not in fixed and not hasattr(p, "slot")]
+        if isinstance(args, dict):
+            def fill_dict(slots: list[Any]) -> Any:
+                out = dict(fixed)
+                for k, slot in refs:
+                    out[k] = slots[slot]
+                for k, p in nested:
+                    out[k] = p(slots)
+                return out
+
+            return fill_dict
+        template = [fixed.get(k) for k in keys]
+
+        def fill(slots: list[Any]) -> Any:
+            out = template.copy()
+            for i, slot in refs:
+                out[i] = slots[slot]
+            for i, p in nested:
+                out[i] = p(slots)
+            return tuple(out)
+
+        return fill
     return _constant(args)
 
 
