@@ -100,6 +100,13 @@ class Entry:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
 
+    def published(self) -> dict[str, Any]:
+        """The entry as the service knows it: without `shared_libs`, which stay in the store that linked them
+        (the server carries neither lean libraries nor recipes yet, so it must not name them to its clients)."""
+        data = asdict(self)
+        del data["shared_libs"]
+        return data
+
     def digests(self) -> set[str]:
         """Every object this entry refers to: the exported object, its linked libraries and their runtimes."""
         found = {self.object_digest}
