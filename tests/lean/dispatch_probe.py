@@ -36,11 +36,11 @@ def main() -> None:
                 regions.append(region)
                 report["recorded"] += 1
                 assert recipe_store.find(regions, sizes) is region, "a region must hold where it was recorded"
-            fa4 = fa4.record_recipe(sig, sizes, sku, symbolic=False)
+            concrete = fa4.record_recipe(sig, sizes, sku, symbolic=False)
             mine = {part: recipe.concretize(region[part], sizes) for part in ("fwd", "bwd", "outputs", "inputs")}
-            theirs = {part: fa4[part] for part in ("fwd", "bwd", "outputs", "inputs")}
+            theirs = {part: concrete[part] for part in ("fwd", "bwd", "outputs", "inputs")}
             same = kernel_keys.dumps(mine) == kernel_keys.dumps(theirs) and \
-                [k["kernel_key"] for k in region["kernels"]] == [k["kernel_key"] for k in fa4["kernels"]]
+                [k["kernel_key"] for k in region["kernels"]] == [k["kernel_key"] for k in concrete["kernels"]]
             report["compared"] += 1
             if not same:
                 report["mismatches"].append({"signature": sig.to_dict(), "sizes": sizes})
