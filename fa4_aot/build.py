@@ -15,16 +15,17 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import build_lean, fa4, kernel_keys
 from .calls import Call
 from .errors import DiskFull
+from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
-from .variants import Matrix, Variant
+from .variants import Matrix, ModelVariant, Variant
 
 
 @dataclass
@@ -43,11 +44,15 @@ class Result:
 class Report:
     sku: str
     calls: int = 0
+    # FA4's dispatch read this SM count while planning (FLASH_ATTENTION_NUM_SMS): the kernels chosen for a call
+    # (split-KV, persistent, 2-CTA) are those of this SKU's dispatch, whoever else shares them
+    dispatch_sm_count: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
     recipes: int = 0  # lean-runtime recipe regions recorded (build_lean.py)
     lean_failures: list[str] = field(default_factory=list)  # recipes or libraries the lean runtime will lack
     seconds: float = 0.0
+    by_variant: dict[str, set[str]] = field(default_factory=dict)  # label -> every kernel key it needs
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -58,10 +63,12 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sku": self.sku, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
+            "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count},
+            "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
             "seconds": round(self.seconds, 2), "recipes": self.recipes, "lean_failures": self.lean_failures,
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
+            "variants": {name: len(keys) for name, keys in sorted(self.by_variant.items())},
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
         }
 
@@ -70,15 +77,29 @@ class Report:
 class Planned:
     family: str
     ident: str  # canonical compile-key JSON
-    kernel_key: str
-    call_index: int
+    kernel_key: str  # the base key (no constants): the compile decides what it consumes
+    work_index: int  # the first work item that needs it
+    call: Call  # a concrete call of that item that makes FA4 choose it
+
+
+Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
+
+
+def stored_key(store: Store, base_key: str, sku: Sku) -> str | None:
+    """The key under which `store` holds the kernel with base key `base_key` for `sku`, or None: the base key
+    when its kernel consumed no constant, else the variant for the SKU's constant values if it is stored."""
+    entry = store.get_entry(base_key)
+    if entry is None or not entry.hardware_queries:
+        return None if entry is None else base_key
+    full = kernel_keys.variant_key(entry, sku.constants())
+    return full if store.has_entry(full) else None
 
 
 def build(
     matrix: Matrix,
     sku: Sku,
     store: Store,
-    variants: list[Variant] | None = None,
+    variants: list[Variant | ModelVariant] | None = None,
     jobs: int = 1,
     progress: Callable[[int, int, Result], None] | None = None,
     dry_run: bool = False,
@@ -86,41 +107,53 @@ def build(
     """Build every kernel of `variants` (default: all) for `sku` into `store`. Never raises for a kernel
     that fails to compile: it is in the report, which the caller turns into an exit status. With
     `dry_run`, plan only: kernels the store lacks are reported as "planned"."""
+    return build_calls(sku, store, work_of(matrix, sku, variants), jobs=jobs, progress=progress, dry_run=dry_run)
+
+
+def work_of(matrix: Matrix, sku: Sku, variants: list[Variant | ModelVariant] | None = None) -> Work:
+    """The work items of `variants` (default: all) that apply to `sku`: a shape-complete variant gives its
+    signatures, a grid variant its calls."""
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
-    work = [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
-    return build_calls(sku, store, work, jobs=jobs, progress=progress, dry_run=dry_run)
+    work: Work = []
+    for v in chosen:
+        items: list[Call | Signature] = [*v.signatures()] if isinstance(v, ModelVariant) or v.complete else [
+            *v.calls(matrix.shapes[v.shapes])]
+        work += [(v.name, item) for item in items]
+    return work
 
 
 def build_calls(
     sku: Sku,
     store: Store,
-    work: list[tuple[str, Call]],
+    work: Work,
     jobs: int = 1,
     progress: Callable[[int, int, Result], None] | None = None,
     dry_run: bool = False,
 ) -> Report:
-    """Build the kernels of explicit (label, call) pairs, e.g. the calls clients reported missing."""
+    """Build the kernels of explicit (label, Call or Signature) pairs: a Call's kernels at its shapes, a
+    Signature's at every shape (complete.py), e.g. model signatures or the calls clients reported missing."""
     started = time.perf_counter()
-    report = Report(sku=sku.name, calls=len(work))
+    report = Report(sku=sku.name, calls=len(work), dispatch_sm_count=sku.sm_count)
     jobs = max(1, jobs)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
                              initargs=(sku, str(store.root))) as pool:
         planned = _plan(pool, work, jobs, report, store, dry_run)
-        todo = _triage(planned, work, store, report, dry_run)
+        todo = _triage(planned, work, store, sku, report, dry_run)
         if not dry_run:
-            unlinked = build_lean.unlinked(store, [p.kernel_key for p in planned])
+            unlinked = build_lean.unlinked(store, [p.kernel_key for p in planned], sku)
             report.lean_failures += pool.submit(_relink_task, unlinked).result() if unlinked else []
         _compile(pool, todo, work, report, progress)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, report: Report, store: Store,
+def _plan(pool: ProcessPoolExecutor, work: Work, jobs: int, report: Report, store: Store,
           dry_run: bool) -> list[Planned]:
-    """Every distinct kernel of `work`, each attributed to the first call that needs it."""
+    """Every distinct kernel of `work`, each attributed to the first work item that needs it; the recipe regions
+    the workers recorded are saved to the store (counted only, in a dry run)."""
     offsets = [list(range(i, len(work), jobs)) for i in range(jobs)]
-    futures = [pool.submit(_plan_task, [work[i] for i in chunk]) for chunk in offsets]
+    futures = [pool.submit(_plan_record_task, [work[i] for i in chunk]) for chunk in offsets]
     planned: dict[str, Planned] = {}
     recorded: dict[str, list[dict[str, Any]]] = {}
     for chunk, future in zip(offsets, futures, strict=True):
@@ -128,36 +161,45 @@ def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, re
         for key, found in regions.items():
             recorded.setdefault(key, []).extend(found)
         report.lean_failures += lean_failures
-        for family, ident, kernel_key, local in kernels:
+        for family, ident, kernel_key, local, call in kernels:
             index = chunk[local]
-            if kernel_key not in planned or index < planned[kernel_key].call_index:
-                planned[kernel_key] = Planned(family, ident, kernel_key, index)
+            report.by_variant.setdefault(work[index][0], set()).add(kernel_key)
+            if kernel_key not in planned or index < planned[kernel_key].work_index:
+                planned[kernel_key] = Planned(family, ident, kernel_key, index, call)
         for local, error in failures:
-            name, call = work[chunk[local]]
-            report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
+            name, item = work[chunk[local]]
+            report.call_failures.append(Result("failed", "", "", name, _describe(item), error=error))
     report.recipes = sum(len(r) for r in recorded.values()) if dry_run else build_lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
-def _triage(planned: list[Planned], work: list[tuple[str, Call]], store: Store, report: Report,
-            dry_run: bool) -> dict[int, list[Planned]]:
+def _describe(item: Call | Signature) -> str:
+    if isinstance(item, Call):
+        return item.describe()
+    return item.call(0, 0, 0).describe().replace(" b=0 sq=0 sk=0", " all shapes")
+
+
+def _triage(planned: list[Planned], work: Work, store: Store, sku: Sku, report: Report,
+            dry_run: bool) -> dict[Call, list[Planned]]:
     """Record kernels already stored (or, in a dry run, all of them); group the rest by the call that builds them."""
-    todo: dict[int, list[Planned]] = {}
+    todo: dict[Call, list[Planned]] = {}
     for p in planned:
-        name, call = work[p.call_index]
-        if store.has_entry(p.kernel_key) or dry_run:
-            status = "present" if store.has_entry(p.kernel_key) else "planned"
-            report.results.append(Result(status, p.family, p.kernel_key, name, call.describe()))
+        name = work[p.work_index][0]
+        held = stored_key(store, p.kernel_key, sku)
+        if held or dry_run:
+            report.results.append(Result("present" if held else "planned", p.family, held or p.kernel_key,
+                                         name, p.call.describe()))
         else:
-            todo.setdefault(p.call_index, []).append(p)
+            todo.setdefault(p.call, []).append(p)
     return todo
 
 
-def _compile(pool: ProcessPoolExecutor, todo: dict[int, list[Planned]], work: list[tuple[str, Call]],
+def _compile(pool: ProcessPoolExecutor, todo: dict[Call, list[Planned]], work: Work,
              report: Report, progress: Callable[[int, int, Result], None] | None) -> None:
     total, done = sum(len(v) for v in todo.values()), 0
-    futures = [pool.submit(_compile_task, *work[i], [(p.family, p.ident, p.kernel_key) for p in ps])
-               for i, ps in todo.items()]
+    futures = [pool.submit(_compile_task, work[ps[0].work_index][0], call,
+                           [(p.family, p.ident, p.kernel_key) for p in ps])
+               for call, ps in todo.items()]
     for future in as_completed(futures):
         try:
             results = future.result()
@@ -186,24 +228,28 @@ def _init_worker(sku: Sku, store_root: str) -> None:
     _worker.update(sku=sku, store=Store(Path(store_root)), tools=fa4.toolchain())
 
 
-def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, str]],
-                                                    dict[str, list[dict[str, Any]]], list[str]]:
+def _plan_task(work: Work) -> tuple[list[tuple[str, str, str, int, Call]], list[tuple[int, str]]]:
+    sku: Sku = _worker["sku"]
     kernels, failures = [], []
-    recorded: dict[str, list[dict[str, Any]]] = {}
-    lean_failures: list[str] = []
-    for i, (_name, call) in enumerate(work):
+    for i, (_name, item) in enumerate(work):
         try:
-            seen = fa4.plan(call)
+            if isinstance(item, Call):
+                found = {ident: (key, item) for ident, key in fa4.plan(item).items()}
+            else:
+                found = fa4.plan_signature(item, sku)
         except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
             failures.append((i, _one_line(e)))
             continue
-        for (family, ident), key in seen.items():
-            kernels.append((family, ident, kernel_keys.kernel_key(family, key, _worker["sku"], _worker["tools"]), i))
-        try:
-            build_lean.record_recipe(_worker, call, recorded)
-        except Exception as e:  # the call still builds for install(); the lean runtime will say it lacks a recipe
-            lean_failures.append(f"recipe of {call.describe()}: {_one_line(e)}")
-    return kernels, failures, recorded, lean_failures
+        for (family, ident), (key, call) in found.items():
+            kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, _worker["tools"]), i, call))
+    return kernels, failures
+
+
+def _plan_record_task(work: Work) -> tuple[list[tuple[str, str, str, int, Call]], list[tuple[int, str]],
+                                           dict[str, list[dict[str, Any]]], list[str]]:
+    """_plan_task, then the lean runtime's recipe regions (build_lean.record_work); coverage plans without them."""
+    kernels, failures = _plan_task(work)
+    return (kernels, failures, *build_lean.record_work(_worker, work, kernels, failures, _one_line))
 
 
 def _relink_task(kernel_keys: list[str]) -> list[str]:
@@ -219,27 +265,31 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
     asked = [len(fa4.hardware_calls())]
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
-        kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
+        base = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
         queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
         data = fa4.export(fn)
-        digest = store.put_object(data)
-        store.put_entry(Entry(
-            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=kernel_keys.canonical(key),
-            sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
-            toolchain=_worker["tools"], variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
-            hardware_queries=[list(q) for q in queries], shared_libs=build_lean.shared_libs(_worker, data),
-        ))
-        results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
+        entry = Entry(
+            kernel_key=base, object_digest=store.put_object(data), size=len(data), family=family,
+            compile_key=kernel_keys.canonical(key), sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
+            l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain=_worker["tools"], variant=variant,
+            call=call.describe(), compile_seconds=round(seconds, 3), hardware_queries=[list(q) for q in queries],
+            shared_libs=build_lean.shared_libs(_worker, data))  # on the base entry and the full one alike
+        full = kernel_keys.entry_keys(entry)[1]
+        store.put_entry(replace(entry, kernel_key=full))
+        if full != base and not store.has_entry(base):  # the signpost: which constants this kernel consumed
+            store.put_entry(entry)
+        results[base] = Result("built", family, full, variant, call.describe(), seconds=seconds, size=len(data))
 
     with ExitStack() as stack:
         for kk in sorted(by_ident.values()):
             stack.enter_context(store.lock(kk))
         # Re-check under the locks: another builder on this cache may have finished meanwhile.
-        pending = {ident for ident, kk in by_ident.items() if not store.has_entry(kk)}
+        held = {ident: stored_key(store, kk, sku) for ident, kk in by_ident.items()}
+        pending = {ident for ident, key in held.items() if key is None}
         for ident, kk in by_ident.items():
             if ident not in pending:
-                results[kk] = Result("present", ident[0], kk, variant, call.describe())
+                results[kk] = Result("present", ident[0], held[ident] or kk, variant, call.describe())
         try:
             if pending:
                 fa4.compile_call(call, pending, done)

@@ -3,7 +3,8 @@
 Worker side (in build.py's spawned workers, through the FA4 seam): `shared_libs` links an exported object
 (fa4.link) and stores it with, once, the CuTe runtime it needs; `record_recipe` records the region of a call
 (fa4.record_recipe) unless one already covers it; `relink` adds libraries to entries built before linking.
-Parent side: `unlinked` lists those entries, `save` merges the recorded regions into the store.
+`record_work` records the regions of a planning worker's work items. Parent side: `unlinked` lists the entries
+to relink, `save` merges the recorded regions into the store.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import fa4, recipe, recipe_store
+from . import fa4, kernel_keys, recipe, recipe_store
 from .calls import Call
 from .config import host_arch
 from .errors import DiskFull
 from .signature import Signature
+from .skus import Sku
 from .store import Store
 
 
@@ -51,11 +53,30 @@ def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[d
         recorded.setdefault(key, []).append(region)
 
 
-def relink(worker: dict[str, Any], kernel_keys: list[str], one_line: Any) -> list[str]:
+def record_work(worker: dict[str, Any], work: list[tuple[str, Call | Signature]], kernels: list[tuple[Any, ...]],
+                failures: list[tuple[int, str]], one_line: Any) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """(regions recorded, errors) for the work items FA4 accepted (build._plan_task's `kernels`, `failures`): a
+    Call's region at its own sizes; a Signature's at the calls its shape-complete plan chose (one per kernel),
+    not at every shape, so sizes between them may fall outside every region (KernelMissing names them)."""
+    rejected = {i for i, _error in failures}
+    recorded: dict[str, list[dict[str, Any]]] = {}
+    errors: list[str] = []
+    for i, (_label, item) in enumerate(work):
+        if i in rejected:
+            continue
+        for call in [item] if isinstance(item, Call) else dict.fromkeys(k[4] for k in kernels if k[3] == i):
+            try:
+                record_recipe(worker, call, recorded)
+            except Exception as e:  # the call still builds for install(); the lean runtime will say it lacks a recipe
+                errors.append(f"recipe of {call.describe()}: {one_line(e)}")
+    return recorded, errors
+
+
+def relink(worker: dict[str, Any], keys: list[str], one_line: Any) -> list[str]:
     """Add this host's library to entries that lack it (built before linking): no recompiling. Returns errors."""
     store: Store = worker["store"]
     errors = []
-    for kk in kernel_keys:
+    for kk in keys:
         try:
             with store.lock(kk):
                 entry = store.get_entry(kk)
@@ -69,9 +90,16 @@ def relink(worker: dict[str, Any], kernel_keys: list[str], one_line: Any) -> lis
     return errors
 
 
-def unlinked(store: Store, kernel_keys: list[str]) -> list[str]:
-    """Stored kernels among `kernel_keys` without a library for this host's architecture."""
-    entries = [store.get_entry(kk) for kk in kernel_keys]
+def unlinked(store: Store, base_keys: list[str], sku: Sku) -> list[str]:
+    """Stored entries of the kernels with `base_keys` without a library for this host's architecture: each base
+    entry and, for a kernel that consumed SKU constants, its full entry for `sku`'s values (both entries point at
+    one object, so both carry its libraries)."""
+    keys = []
+    for base in base_keys:
+        entry = store.get_entry(base)
+        if entry is not None:
+            keys += [base] + ([kernel_keys.variant_key(entry, sku.constants())] if entry.hardware_queries else [])
+    entries = [store.get_entry(kk) for kk in dict.fromkeys(keys)]
     return [e.kernel_key for e in entries if e is not None and host_arch() not in e.shared_libs]
 
 

@@ -16,16 +16,17 @@ from . import config, recipe, recipe_store
 from .errors import Fa4AotError, KernelMissing
 from .lean_libs import Libraries
 from .signature import Signature
-from .skus import Sku, detect_device, select
+from .skus import Constants, Sku, detect_device, select
 from .store import Store
 
 
 class Runtime:
     """One store and the detected SKU: recipe files and kernels, loaded on first use, kept for the process."""
 
-    def __init__(self, store: Store, sku: Sku) -> None:
+    def __init__(self, store: Store, sku: Sku, constants: Constants | None = None) -> None:
         self.store, self.sku = store, sku
-        self.libraries = Libraries(store, sku.name)
+        # the device's constants pick, for a kernel that consumed some, the build with the device's values
+        self.libraries = Libraries(store, sku.name, constants or sku.constants())
         self._attention: dict[Signature, Attention] = {}
 
     def attention(self, sig: Signature) -> Attention:
@@ -50,8 +51,8 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
         from . import variants
 
         matrix = variants.load(config.default_variants_file())
-        sku, _trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
-        found = _runtimes[store.root] = Runtime(store, sku)
+        sku, constants, _trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
+        found = _runtimes[store.root] = Runtime(store, sku, constants)
     return found
 
 

@@ -17,9 +17,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from . import kernel_keys
 from .config import host_arch
 from .errors import KernelMissing
-from .store import Store
+from .skus import Constants
+from .store import Entry, Store
 
 EXPORT_FUNCTION = "func"  # build.EXPORT_FUNCTION (not imported: build pulls in the build machinery)
 
@@ -27,9 +29,10 @@ EXPORT_FUNCTION = "func"  # build.EXPORT_FUNCTION (not imported: build pulls in 
 class Libraries:
     """Kernel functions by kernel key, loaded once per process from one store."""
 
-    def __init__(self, store: Store, sku_name: str) -> None:
+    def __init__(self, store: Store, sku_name: str, constants: Constants | None = None) -> None:
         self.store = store
         self.sku_name = sku_name
+        self.constants = constants
         self.arch = host_arch()
         self._functions: dict[str, Any] = {}
         self._runtimes: dict[str, Any] = {}
@@ -48,10 +51,10 @@ class Libraries:
     def _load(self, kernel_key: str, family: str) -> Any:
         import tvm_ffi
 
-        entry = self.store.get_entry(kernel_key)
+        entry, why = self._entry(kernel_key)
         lib = entry.shared_libs.get(self.arch) if entry is not None else None
         if lib is None:
-            why = "is not in" if entry is None else (f"has no {self.arch} library (built before linking, or "
+            why = (why or "is not in") if entry is None else (f"has no {self.arch} library (built before linking, or "
                                                       "pulled from a server, which does not carry them yet) in")
             raise KernelMissing(
                 f"kernel {kernel_key[:16]}… ({family}) for SKU {self.sku_name} {why} {self.store.root}; run "
@@ -64,6 +67,23 @@ class Libraries:
         module = self._open(lib["digest"], ".so", tvm_ffi.load_module)
         self._modules.append(module)
         return module[EXPORT_FUNCTION]
+
+    def _entry(self, base_key: str) -> tuple[Entry | None, str]:
+        """(the entry of the kernel with base key `base_key` for this device, or None; why not): the base entry
+        when its kernel consumed no SKU constant (or no constants were given), else the build with the device's
+        values (Installation.find's rule, on the local store only)."""
+        base = self.store.get_entry(base_key)
+        if base is None or not base.hardware_queries or self.constants is None:
+            return base, ""
+        try:
+            full = self.store.get_entry(kernel_keys.variant_key(base, self.constants))
+        except ValueError as e:  # a constant this version cannot compute
+            return None, f"cannot be chosen ({e}); it is not in"
+        if full is None:
+            diff = ", ".join(f"{n} = {mine} (built: {theirs})"
+                             for n, (theirs, mine) in kernel_keys.differing(base, self.constants).items())
+            return None, f"consumed SKU constants and no build has this device's values ({diff}) in"
+        return full, ""
 
     def _runtime(self, soname: str, digest: str) -> None:
         if soname not in self._runtimes:
