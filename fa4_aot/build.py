@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import fa4, kernel_keys
+from . import build_lean, fa4, kernel_keys
 from .calls import Call
 from .errors import DiskFull
 from .signature import Signature
@@ -49,6 +49,8 @@ class Report:
     dispatch_sm_count: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
+    recipes: int = 0  # lean-runtime recipe regions recorded (build_lean.py)
+    lean_failures: list[str] = field(default_factory=list)  # recipes or libraries the lean runtime will lack
     seconds: float = 0.0
     to_build: int = 0  # kernels the store lacked after planning
     finished: int = 0  # of those, how many workers finished (built, failed, or found present under the lock)
@@ -72,6 +74,7 @@ class Report:
             "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
             "seconds": round(self.seconds, 2), "interrupted": self.interrupted, "not_built": self.not_built,
+            "recipes": self.recipes, "lean_failures": self.lean_failures,
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
             "variants": {name: len(keys) for name, keys in sorted(self.by_variant.items())},
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
@@ -148,8 +151,11 @@ def build_calls(
     pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(sku, str(store.root)))
     todo: dict[Call, list[Planned]] = {}
     try:
-        planned = _plan(pool, work, jobs, report)
+        planned = _plan(pool, work, jobs, report, store, dry_run)
         todo = _triage(planned, work, store, sku, report, dry_run)
+        if not dry_run:
+            unlinked = build_lean.unlinked(store, [p.kernel_key for p in planned], sku)
+            report.lean_failures += pool.submit(_relink_task, unlinked).result() if unlinked else []
         _compile(pool, todo, work, report, progress)
     except KeyboardInterrupt:
         report.interrupted = True
@@ -191,13 +197,19 @@ def _shutdown(pool: ProcessPoolExecutor, stop: bool, grace: float = 5.0) -> None
             proc.join()
 
 
-def _plan(pool: ProcessPoolExecutor, work: Work, jobs: int, report: Report) -> list[Planned]:
-    """Every distinct kernel of `work`, each attributed to the first work item that needs it."""
+def _plan(pool: ProcessPoolExecutor, work: Work, jobs: int, report: Report, store: Store,
+          dry_run: bool) -> list[Planned]:
+    """Every distinct kernel of `work`, each attributed to the first work item that needs it; the recipe regions
+    the workers recorded are saved to the store (counted only, in a dry run)."""
     offsets = [list(range(i, len(work), jobs)) for i in range(jobs)]
-    futures = [pool.submit(_plan_task, [work[i] for i in chunk]) for chunk in offsets]
+    futures = [pool.submit(_plan_record_task, [work[i] for i in chunk]) for chunk in offsets]
     planned: dict[str, Planned] = {}
+    recorded: dict[str, list[dict[str, Any]]] = {}
     for chunk, future in zip(offsets, futures, strict=True):
-        kernels, failures = future.result()
+        kernels, failures, regions, lean_failures = future.result()
+        for key, found in regions.items():
+            recorded.setdefault(key, []).extend(found)
+        report.lean_failures += lean_failures
         for family, ident, kernel_key, local, call in kernels:
             index = chunk[local]
             report.by_variant.setdefault(work[index][0], set()).add(kernel_key)
@@ -206,6 +218,7 @@ def _plan(pool: ProcessPoolExecutor, work: Work, jobs: int, report: Report) -> l
         for local, error in failures:
             name, item = work[chunk[local]]
             report.call_failures.append(Result("failed", "", "", name, _describe(item), error=error))
+    report.recipes = sum(len(r) for r in recorded.values()) if dry_run else build_lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
@@ -290,6 +303,17 @@ def _plan_task(work: Work) -> tuple[list[tuple[str, str, str, int, Call]], list[
     return kernels, failures
 
 
+def _plan_record_task(work: Work) -> tuple[list[tuple[str, str, str, int, Call]], list[tuple[int, str]],
+                                           dict[str, list[dict[str, Any]]], list[str]]:
+    """_plan_task, then the lean runtime's recipe regions (build_lean.record_work); coverage plans without them."""
+    kernels, failures = _plan_task(work)
+    return (kernels, failures, *build_lean.record_work(_worker, work, kernels, failures, _one_line))
+
+
+def _relink_task(kernel_keys: list[str]) -> list[str]:
+    return build_lean.relink(_worker, kernel_keys, _one_line)
+
+
 def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) -> list[Result]:
     store: Store = _worker["store"]
     sku: Sku = _worker["sku"]
@@ -307,7 +331,8 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
             kernel_key=base, object_digest=store.put_object(data), size=len(data), family=family,
             compile_key=kernel_keys.canonical(key), sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
             l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain=_worker["tools"], variant=variant,
-            call=call.describe(), compile_seconds=round(seconds, 3), hardware_queries=[list(q) for q in queries])
+            call=call.describe(), compile_seconds=round(seconds, 3), hardware_queries=[list(q) for q in queries],
+            shared_libs=build_lean.shared_libs(_worker, data))  # on the base entry and the full one alike
         full = kernel_keys.entry_keys(entry)[1]
         store.put_entry(replace(entry, kernel_key=full))
         if full != base and not store.has_entry(base):  # the signpost: which constants this kernel consumed

@@ -146,7 +146,7 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
     old = [f.name for f in store.scan("objects") if f.kind == "file" and (store.object_mtime(f.name) or cutoff + 1)
            <= cutoff]
     if old:
-        live = {e.object_digest for e in store.entries()}
+        live = {d for e in store.entries() for d in e.digests()}
         doomed = [d for d in old if d not in live]
         if dry_run:  # nothing is removed, so nothing is locked (or created)
             report.removed_objects = doomed
@@ -172,7 +172,7 @@ def _remove_unreferenced(store: Store, digests: list[str], cutoff: float, report
                 held.append(digest)
             except StoreError:  # a writer holds it: the object is in use, leave it
                 continue
-        live = {e.object_digest for e in store.entries()}  # again, now that no writer can add one for these
+        live = {d for e in store.entries() for d in e.digests()}  # again, now that no writer can add one for these
         for digest in held:
             mtime = store.object_mtime(digest)
             if digest in live or mtime is None or mtime > cutoff:

@@ -15,7 +15,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from typing import Any
 
 import httpx
@@ -231,7 +230,7 @@ class Remote:
             self._request("PUT", f"/v1/objects/{entry.object_digest}", ok=(200, 201), content=data,
                           headers={"Content-Type": "application/octet-stream"})
             uploaded = True
-        self._request("POST", "/v1/kernels", ok=(200, 201), json=asdict(entry))
+        self._request("POST", "/v1/kernels", ok=(200, 201), json=entry.published())
         return uploaded
 
     def report_miss(self, doc: dict[str, Any]) -> None:

@@ -118,8 +118,9 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
                f"{report.count('built')} built, {report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
                + f"{report.failed} failed ({report.seconds:.0f}s); planned with {sku}'s dispatch "
-               f"({report.dispatch_sm_count} SMs)")
+               f"({report.dispatch_sm_count} SMs); {report.recipes} lean recipe region(s) recorded")
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    lines += [f"LEAN RUNTIME: {message}" for message in report.lean_failures]
     if report.interrupted:
         summary = (f"INTERRUPTED {summary}; {report.not_built} not built (the kernels in flight were dropped, no "
                    f"partial entry is left): run the same command again to build the rest")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response, status
@@ -64,12 +64,12 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
                            f"store (or not {entry.size} bytes); upload it again with "
                            f"PUT /v1/objects/{entry.object_digest}, then publish the kernel again")
         if is_new or not store.has_entry(entry.kernel_key):
-            store.put_entry(entry)
+            store.put_entry(_keep_local_libraries(store, entry))
 
     with store.lock(kernel.kernel_key):
         entry, is_new = crud.publish_kernel(session, kernel=kernel, actor=crud.token_label(token), write=write)
     response.status_code = status.HTTP_201_CREATED if is_new else status.HTTP_200_OK
-    return KernelOut(**asdict(entry))
+    return KernelOut(**entry.published())
 
 
 def _adopt_unrecorded_object(session: Session, store: Store, digest: str, *, actor: str) -> None:
@@ -83,3 +83,11 @@ def _adopt_unrecorded_object(session: Session, store: Store, digest: str, *, act
         return
     size = hashed[1]
     crud.record_object(session, digest=digest, size=size, actor=actor)
+
+
+def _keep_local_libraries(store: Store, entry: Entry) -> Entry:
+    """A store the server shares with a build host keeps the lean libraries that host linked for this object."""
+    existing = store.get_entry(entry.kernel_key)
+    if existing is not None and existing.object_digest == entry.object_digest and existing.shared_libs:
+        return dataclasses.replace(entry, shared_libs=existing.shared_libs)
+    return entry
