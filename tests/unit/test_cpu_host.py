@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 
 def run(code: str, tmp_path: Path, **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FA4_AOT_")}
-    done = subprocess.run([sys.executable, "-c", f"import fa4_aot, pathlib\n{code}"], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", f"import fa4_aot, fa4_aot.client, pathlib\n{code}"], capture_output=True,
                           text=True, cwd=ROOT, timeout=600, env={**clean, "FA4_AOT_CACHE": str(tmp_path), **env})
     return done.stdout + done.stderr
 
@@ -30,12 +30,12 @@ def run(code: str, tmp_path: Path, **env: str) -> str:
     ("(1, 512, 16, 128), layout='weird'", "layout must be one of"),
 ])
 def test_argument_errors_come_before_the_gpu_check(tmp_path: Path, args: str, message: str) -> None:
-    out = run(f"fa4_aot.load({args})", tmp_path)
+    out = run(f"fa4_aot.client.load({args})", tmp_path)
     assert "ValueError" in out and message in out and "CUDA" not in out
 
 
 def test_forced_sku_plans_and_checks_the_store_without_a_gpu(tmp_path: Path) -> None:
-    out = run("fa4_aot.load((1, 512, 16, 128), causal=True)", tmp_path, FA4_AOT_SKU="h200")
+    out = run("fa4_aot.client.load((1, 512, 16, 128), causal=True)", tmp_path, FA4_AOT_SKU="h200")
     assert "KernelMissing" in out and "for SKU h200 is not in" in out and "causal b=1 sq=512" in out
 
 
