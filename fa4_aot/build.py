@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ class Result:
 class Report:
     sku: str
     calls: int = 0
+    # FA4's dispatch read this SM count while planning (FLASH_ATTENTION_NUM_SMS): the kernels chosen for a call
+    # (split-KV, persistent, 2-CTA) are those of this SKU's dispatch, whoever else shares them
+    dispatch_sm_count: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
     seconds: float = 0.0
@@ -65,7 +68,8 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sku": self.sku, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
+            "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count},
+            "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
             "seconds": round(self.seconds, 2), "interrupted": self.interrupted, "not_built": self.not_built,
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
@@ -78,12 +82,22 @@ class Report:
 class Planned:
     family: str
     ident: str  # canonical compile-key JSON
-    kernel_key: str
+    kernel_key: str  # the base key (no constants): the compile decides what it consumes
     work_index: int  # the first work item that needs it
     call: Call  # a concrete call of that item that makes FA4 choose it
 
 
 Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
+
+
+def stored_key(store: Store, base_key: str, sku: Sku) -> str | None:
+    """The key under which `store` holds the kernel with base key `base_key` for `sku`, or None: the base key
+    when its kernel consumed no constant, else the variant for the SKU's constant values if it is stored."""
+    entry = store.get_entry(base_key)
+    if entry is None or not entry.hardware_queries:
+        return None if entry is None else base_key
+    full = kernel_keys.variant_key(entry, sku.constants())
+    return full if store.has_entry(full) else None
 
 
 def build(
@@ -128,14 +142,14 @@ def build_calls(
     stop and the kernels they were compiling are dropped (entries are written last, so none is partial);
     the report comes back with `interrupted` set and `not_built` counting what was left."""
     started = time.perf_counter()
-    report = Report(sku=sku.name, calls=len(work))
+    report = Report(sku=sku.name, calls=len(work), dispatch_sm_count=sku.sm_count)
     jobs = max(1, jobs)
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(sku, str(store.root)))
     todo: dict[Call, list[Planned]] = {}
     try:
         planned = _plan(pool, work, jobs, report)
-        todo = _triage(planned, work, store, report, dry_run)
+        todo = _triage(planned, work, store, sku, report, dry_run)
         _compile(pool, todo, work, report, progress)
     except KeyboardInterrupt:
         report.interrupted = True
@@ -201,15 +215,16 @@ def _describe(item: Call | Signature) -> str:
     return item.call(0, 0, 0).describe().replace(" b=0 sq=0 sk=0", " all shapes")
 
 
-def _triage(planned: list[Planned], work: Work, store: Store, report: Report,
+def _triage(planned: list[Planned], work: Work, store: Store, sku: Sku, report: Report,
             dry_run: bool) -> dict[Call, list[Planned]]:
     """Record kernels already stored (or, in a dry run, all of them); group the rest by the call that builds them."""
     todo: dict[Call, list[Planned]] = {}
     for p in planned:
         name = work[p.work_index][0]
-        if store.has_entry(p.kernel_key) or dry_run:
-            status = "present" if store.has_entry(p.kernel_key) else "planned"
-            report.results.append(Result(status, p.family, p.kernel_key, name, p.call.describe()))
+        held = stored_key(store, p.kernel_key, sku)
+        if held or dry_run:
+            report.results.append(Result("present" if held else "planned", p.family, held or p.kernel_key,
+                                         name, p.call.describe()))
         else:
             todo.setdefault(p.call, []).append(p)
     return todo
@@ -284,27 +299,30 @@ def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) 
     asked = [len(fa4.hardware_calls())]
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
-        kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
+        base = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
         queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
         data = fa4.export(fn)
-        digest = store.put_object(data)
-        store.put_entry(Entry(
-            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=kernel_keys.canonical(key),
-            sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
-            toolchain=_worker["tools"], variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
-            hardware_queries=[list(q) for q in queries],
-        ))
-        results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
+        entry = Entry(
+            kernel_key=base, object_digest=store.put_object(data), size=len(data), family=family,
+            compile_key=kernel_keys.canonical(key), sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
+            l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain=_worker["tools"], variant=variant,
+            call=call.describe(), compile_seconds=round(seconds, 3), hardware_queries=[list(q) for q in queries])
+        full = kernel_keys.entry_keys(entry)[1]
+        store.put_entry(replace(entry, kernel_key=full))
+        if full != base and not store.has_entry(base):  # the signpost: which constants this kernel consumed
+            store.put_entry(entry)
+        results[base] = Result("built", family, full, variant, call.describe(), seconds=seconds, size=len(data))
 
     with ExitStack() as stack:
         for kk in sorted(by_ident.values()):
             stack.enter_context(store.lock(kk))
         # Re-check under the locks: another builder on this cache may have finished meanwhile.
-        pending = {ident for ident, kk in by_ident.items() if not store.has_entry(kk)}
+        held = {ident: stored_key(store, kk, sku) for ident, kk in by_ident.items()}
+        pending = {ident for ident, key in held.items() if key is None}
         for ident, kk in by_ident.items():
             if ident not in pending:
-                results[kk] = Result("present", ident[0], kk, variant, call.describe())
+                results[kk] = Result("present", ident[0], held[ident] or kk, variant, call.describe())
         try:
             if pending:
                 fa4.compile_call(call, pending, done)

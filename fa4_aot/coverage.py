@@ -136,7 +136,7 @@ def check_calls(sku: Any, store: Any, calls: list[Call], calls_file: Path, jobs:
     """One verdict per call; the fix builds exactly the calls of the file."""
     planned = plan(sku, store.root, calls, jobs)
     fix = f"fa4-aot build --sku {sku.name} --calls {calls_file}"
-    return [judge(c.describe(), [c], [p], store.has_entry, fix) for c, p in zip(calls, planned, strict=True)]
+    return [judge(c.describe(), [c], [p], _held(store, sku), fix) for c, p in zip(calls, planned, strict=True)]
 
 
 def check_model(sku: Any, store: Any, model: Any, tps: tuple[int, ...], workloads: tuple[str, ...],
@@ -150,5 +150,13 @@ def check_model(sku: Any, store: Any, model: Any, tps: tuple[int, ...], workload
     for item, p in zip(items, planned, strict=True):
         fix = (f"fa4-aot build --sku {sku.name} --model {model_arg} --tp {item.tp} "
                f"--workload {','.join(item.workloads)}")
-        out.append(judge(item.label, [item.signature], [p], store.has_entry, fix))
+        out.append(judge(item.label, [item.signature], [p], _held(store, sku), fix))
     return out
+
+
+def _held(store: Any, sku: Any) -> Any:
+    """Whether the store serves a base kernel key to `sku`: the kernel, or its variant for the SKU's consumed
+    constants (issue 13: base keys are shared by the SKUs of an arch)."""
+    from .build import stored_key
+
+    return lambda base: stored_key(store, base, sku) is not None

@@ -10,9 +10,11 @@ from typing import Any
 from . import signing
 from .build import Report, Result, build_calls
 from .calls import Call
-from .errors import DiskFull, Fa4AotError, RemoteAuthError, Unreachable
+from .errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
 from .remote import Remote
+from .skus import Sku
 from .store import Store
+from .trust import Trust
 from .variants import Matrix
 
 Progress = Callable[[int, int, str], None]
@@ -71,13 +73,22 @@ def _push_manifests(store: Store, remote: Remote, entries: list[Any], result: Tr
                 result.failures.append(f"manifest {signing.manifest_id(envelope)}: {e}")
 
 
-def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progress | None = None) -> Transfer:
-    """Mirror every kernel the server holds for `sku` into `store` (an air-gapped copy), verified."""
-    wanted = [k for k in remote.manifest(sku)["kernels"] if not store.has_entry(k["kernel_key"])]
+def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progress | None = None,
+         trust: Trust | None = None) -> Transfer:
+    """Mirror every kernel the server holds for `sku` into `store` (an air-gapped copy), verified, under the
+    client's trust policy (`trust`, default Trust.from_env): with trusted keys only kernels a valid signed
+    manifest lists with their digest (the others are failures), without them only with FA4_AOT_INSECURE=1
+    (TrustError otherwise)."""
+    listing = remote.manifest(sku)
+    trust = trust or Trust.from_env(_sku_of(listing, sku, remote.url), store, remote)
+    refusal = trust.refuse_remote()
+    if refusal:
+        raise TrustError(f"pull refused: {refusal}")
+    wanted = [k for k in listing.get("kernels", []) if not store.has_entry(k["kernel_key"])]
     result = Transfer(kernels=len(wanted))
 
     def one(k: dict[str, Any]) -> dict[str, Any]:
-        if remote.fetch_kernel(k["kernel_key"], store) is None:
+        if remote.fetch_kernel(k["kernel_key"], store, accept=trust.check) is None:
             raise RuntimeError(f"{remote.url} listed kernel {k['kernel_key']} but no longer has it")
         return k
 
@@ -90,6 +101,15 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
         signing.save(store, envelope)
         result.manifests += 1
     return result
+
+
+def _sku_of(listing: dict[str, Any], name: str, url: str) -> Sku:
+    """The SKU a server's manifest describes (its facts are what signed manifests must match)."""
+    facts: Any = listing.get("sku")
+    try:
+        return Sku(name, facts["arch"], int(facts["sm_count"]), int(facts["l2_bytes"]), int(facts["cuda_major"]))
+    except (TypeError, KeyError, ValueError):
+        raise RemoteError(f"{url} describes SKU {name} without its facts; is it an fa4-aot server?") from None
 
 
 def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
@@ -112,15 +132,23 @@ def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], job
             by_sku.setdefault(miss["sku"], {})[miss["kernel_key"]] = miss
     reports = []
     for name, wanted in sorted(by_sku.items()):
-        work = list(dict.fromkeys(("from-misses", _call(m["call"])) for m in wanted.values() if m.get("call")))
+        calls = [_call(m.get("call")) for m in wanted.values()]
+        work = list(dict.fromkeys(("from-misses", c) for c in calls if c is not None))
         report = build_calls(matrix.sku(name), store, list(work), jobs=jobs, progress=progress)
         _unreproduced(report, wanted)
         reports.append(report)
     return reports
 
 
-def _call(doc: dict[str, Any]) -> Call:
-    return Call.from_dict(doc)
+def _call(doc: Any) -> Call | None:
+    """The Call a miss carries, or None when it carries none or one this fa4-aot cannot read (a server may hold
+    misses from other clients): that miss is then reported as not reproduced, and the others still build."""
+    if not doc:
+        return None
+    try:
+        return Call.from_dict(doc)
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]]) -> None:
@@ -132,7 +160,7 @@ def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]]) -> None:
                else "re-planning the recorded call did not select it (was FA4 or the SKU table changed?)")
         report.results.append(Result(
             "failed", miss["family"], key, "from-misses",
-            _call(miss["call"]).describe() if miss.get("call") else "", error=f"missed kernel not rebuilt: {why}"))
+            call.describe() if (call := _call(miss.get("call"))) else "", error=f"missed kernel not rebuilt: {why}"))
 
 
 def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer, progress: Progress | None,

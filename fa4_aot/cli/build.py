@@ -21,14 +21,19 @@ if TYPE_CHECKING:
 
 @click.command()
 @variants_option("Variants file holding the SKU table (default: variants.toml).")
+@click.option("--detect", is_flag=True, help="On a GPU host: the table row for the local device, with sources, "
+                                             "and which row serves it now.")
 @json_option()
-def skus(variants_file: Path | None, as_json: bool) -> None:
+def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
     """List the GPU SKUs: arch target, SM count, L2 size, CUDA major, and where each figure comes from (the
     comments beside each [skus.NAME] in variants.toml)."""
     from ..skus import sources
     from ..tomlsrc import TomlSource
 
     matrix = load_matrix(variants_file)
+    if detect:
+        _detect(matrix, as_json)
+        return
     source = sources(TomlSource(matrix.path).lines)
     rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  description"]
     for s in matrix.skus.values():
@@ -38,6 +43,20 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
     doc = [{**s.target_facts(), "name": s.name, "description": s.description, "source": source.get(s.name, "")}
            for s in matrix.skus.values()]
     emit(as_json, doc, "\n".join(rows))
+
+
+def _detect(matrix: Matrix, as_json: bool) -> None:
+    from ..skus import detect_device, row_for, select
+
+    device = detect_device()
+    row = row_for(device)
+    sku, constants, trace = select(matrix.skus, device)
+    doc = {"row": row, "served_by": sku.name, "constants": constants.__dict__, "trace": trace}
+    lines = [f"[skus.{row['name']}]"]
+    lines += [f"{k} = {v!r}".replace("'", '"') + f"  # {row['sources'].get(k, '')}".rstrip(" #")
+              for k, v in row.items() if k not in ("name", "sources")]
+    lines += ["", f"served now by [skus.{sku.name}]:", *(f"  {t}" for t in trace)]
+    emit(as_json, doc, "\n".join(lines))
 
 
 @click.command()
@@ -98,7 +117,8 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
     summary = (f"{sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
                f"{report.count('built')} built, {report.count('present')} already present, "
                + (f"{report.count('planned')} to build, " if dry_run else "")
-               + f"{report.failed} failed ({report.seconds:.0f}s)")
+               + f"{report.failed} failed ({report.seconds:.0f}s); planned with {sku}'s dispatch "
+               f"({report.dispatch_sm_count} SMs)")
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
     if report.interrupted:
         summary = (f"INTERRUPTED {summary}; {report.not_built} not built (the kernels in flight were dropped, no "

@@ -27,11 +27,11 @@ def _device() -> tuple[list[Check], str | None]:
     skus = load_matrix(None).skus
     try:
         if not has_cuda():
-            sku, _ = select(skus, None, forced=forced)
+            sku, _, _ = select(skus, None, forced=forced)
             return [_check("device", "ok", f"no CUDA device; FA4_AOT_SKU={sku.name} ({sku.arch})",
                            "this host can build and check kernels for it; load them on a GPU host")], sku.name
         device = detect_device()
-        sku, trace = select(skus, device, forced=forced)
+        sku, _, trace = select(skus, device, forced=forced)
         return [_check("device", "ok", f"{device.name} matches SKU {sku.name} ({'; '.join(trace)})")], sku.name
     except Fa4AotError as e:
         step = "a build host needs no GPU: `fa4-aot build --sku NAME`" if not has_cuda() else ""

@@ -6,6 +6,7 @@ Runs against both databases (the `server` fixture is parametrized over SQLite an
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -51,6 +52,9 @@ def object_gets(server: Server) -> float:
     return sum(float(m) for m in re.findall(pattern, text))
 
 
+UNSIGNED = {"FA4_AOT_INSECURE": "1"}  # these builds are unsigned: pull takes them only when told to
+
+
 def test_push_then_pull_into_an_empty_cache_is_byte_identical(server: Server, built: Path, tmp_path: Path) -> None:
     local = list(Store(built).entries())
     first = push(server, built)
@@ -58,7 +62,8 @@ def test_push_then_pull_into_an_empty_cache_is_byte_identical(server: Server, bu
     assert push(server, built)["objects_sent"] == 0  # HEAD first: nothing is uploaded twice
     mirror = tmp_path / "mirror"
     for sku in ("h200", "b200"):
-        result = run_cli("pull", "--server", server.url, "--sku", sku, "--json", cache=mirror)
+        result = run_cli("pull", "--server", server.url, "--sku", sku, "--json", cache=mirror,
+                         env=UNSIGNED)
         assert result.returncode == 0 and json.loads(result.stdout)["failures"] == []
     pulled = Store(mirror)
     assert {e.kernel_key for e in pulled.entries()} == {e.kernel_key for e in local}
@@ -76,7 +81,8 @@ def test_eight_processes_pulling_one_sku_download_each_object_once(server: Serve
     cache = tmp_path / "shared-node-cache"
     cmd = [sys.executable, "-m", "fa4_aot", "--cache-dir", str(cache), "pull", "--server", server.url,
            "--sku", "h200", "--json"]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(8)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, **UNSIGNED}) for _ in range(8)]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
