@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(
 def run(code: str, tmp_path: Path, **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FA4_AOT_")}
     prelude = "import fa4_aot, fa4_aot.client, pathlib\n"
-    done = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, cwd=ROOT, timeout=600, env={**clean, "FA4_AOT_CACHE": str(tmp_path), **env})
+    done = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600, env={**clean, "FA4_AOT_CACHE": str(tmp_path), **env})
     return done.stdout + done.stderr
 
 
