@@ -51,7 +51,10 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
     limited to other SKUs."""
     check_sku_allowed(token, kernel.sku)
     if not kernel_keys.has_valid_key(kernel):  # type: ignore[arg-type]
-        recomputed = " or ".join(kernel_keys.entry_keys(kernel))  # type: ignore[arg-type]  # a validation error of the field, shaped like FastAPI's own 422s
+        try:
+            recomputed = " or ".join(kernel_keys.entry_keys(kernel))  # type: ignore[arg-type]
+        except ValueError as e:
+            recomputed = f"nothing ({e})"  # a validation error of the field, shaped like FastAPI's own 422s
         raise RequestValidationError([{
             "type": "value_error", "loc": ("body", "kernel_key"), "input": kernel.kernel_key,
             "msg": f"kernel_key {kernel.kernel_key} is not the key of this entry's fields (they hash to "
