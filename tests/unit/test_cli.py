@@ -54,8 +54,10 @@ def test_skus_table(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert lines[0].split()[:5] == ["sku", "arch", "SMs", "L2", "MiB"]
-    assert [line.split()[0] for line in lines[1:]] == list(KNOWN)
-    assert "h200" in lines[3] and "132" in lines[3] and "60.0" in lines[3]
+    assert sorted(line.split()[0] for line in lines[1:]) == sorted(KNOWN)
+    h200 = {line.split()[0]: line.split() for line in lines[1:]}["h200"]
+    assert h200[1:5] == ["sm_90a", "132", "60.0", "13"]
+    assert {line.split()[0]: line.split() for line in lines[1:]}["h200-cu12"][1:5] == ["sm_90a", "132", "60.0", "12"]
 
 
 def test_skus_json(tmp_path: Path) -> None:

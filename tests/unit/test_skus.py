@@ -15,7 +15,8 @@ from tests.conftest import assert_located
 
 ROOT = Path(__file__).resolve().parents[2]
 SKUS = variants.load(ROOT / "variants.toml").skus
-KNOWN = ("h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "rtx-pro-6000")
+KNOWN = ("h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "rtx-pro-6000",
+         "h100-sxm-cu12", "h200-cu12", "b200-cu12")
 
 
 def device_like(name: str, **change: object) -> DeviceInfo:
@@ -66,14 +67,12 @@ def test_select_tells_neighbours_apart(device: DeviceInfo, expected: str, neighb
 @pytest.mark.parametrize(
     ("device", "in_message"),
     [
-        (device_like("h200", cuda_major=12), "CUDA 12"),
-        (device_like("b200", cuda_major=12), "CUDA 12"),
         (DeviceInfo("NVIDIA A100-SXM4-80GB", (8, 0), 108, 41943040, 12), "sm_80"),
         (device_like("h100-sxm", sm_count=120), "120 SMs"),
         (device_like("h200", l2_bytes=40 << 20), "L2 40 MiB"),
         (DeviceInfo("RTX 5090", (12, 0), 170, 100663296, 13), "RTX 5090"),
     ],
-    ids=["h200-cuda12", "b200-cuda12", "a100", "odd-sm-count", "odd-l2", "rtx-5090"],
+    ids=["a100", "odd-sm-count", "odd-l2", "rtx-5090"],
 )
 def test_unknown_device_says_what_it_saw_and_how_to_add_it(device: DeviceInfo, in_message: str) -> None:
     with pytest.raises(UnknownSku) as e:
@@ -83,6 +82,24 @@ def test_unknown_device_says_what_it_saw_and_how_to_add_it(device: DeviceInfo, i
     assert all(name in message for name in KNOWN)
     assert "[skus.NAME]" in message and "variants.toml" in message
     assert "fa4-aot build --sku NAME" in message and "FA4_AOT_SKU" in message
+
+
+@pytest.mark.parametrize(("cuda_major", "expected"), [(13, "h200"), (12, "h200-cu12")])
+def test_torch_cuda_major_picks_the_flavour(cuda_major: int, expected: str) -> None:
+    sku, trace = select(SKUS, device_like("h200", cuda_major=cuda_major))
+    assert sku.name == expected and sku.cuda_major == cuda_major
+    other = "h200" if expected == "h200-cu12" else "h200-cu12"
+    assert f"{other}: CUDA {SKUS[other].cuda_major} != {cuda_major}" in trace
+
+
+@pytest.mark.bad_input("SKU detection")
+@pytest.mark.parametrize("name", ["b300", "gb200", "rtx-pro-6000"])
+def test_cuda12_torch_on_a_cuda13_only_sku_says_which_flavour_to_add(name: str) -> None:
+    with pytest.raises(UnknownSku) as e:
+        select(SKUS, device_like(name, cuda_major=12))
+    message = str(e.value)
+    assert f"matches {name} (CUDA 13)" in message and "built for CUDA 12 (torch.version.cuda)" in message
+    assert f"[skus.{name}]" in message and f"fa4-aot build --sku {name}-cu12" in message
 
 
 @pytest.mark.parametrize(
@@ -147,6 +164,14 @@ PARSE_ERRORS = [
      ["'arch'", "'sm_80a'", "sm_90a, sm_100a, sm_103a, sm_110a, sm_120a"]),
     _case("cuda-major-11", GOOD.replace("cuda_major = 13", "cuda_major = 11  # HERE"),
      ["'cuda_major'", "allowed values: 12, 13"]),
+    _case("cuda-major-list-11", GOOD.replace("cuda_major = 13", "cuda_major = [13, 11]  # HERE"),
+     ["'cuda_major'", "allowed values: 12, 13", "[13, 12]"]),
+    _case("cuda-major-twice", GOOD.replace("cuda_major = 13", "cuda_major = [12, 12]  # HERE"),
+     ["'cuda_major'", "allowed values"]),
+    _case("cuda-major-empty", GOOD.replace("cuda_major = 13", "cuda_major = []  # HERE"),
+     ["'cuda_major'", "allowed values"]),
+    _case("cuda-major-str", GOOD.replace("cuda_major = 13", 'cuda_major = ["12"]  # HERE'),
+     ["'cuda_major'", "expected int or a list of ints"]),
     _case("zero-sms", GOOD.replace("sm_count = 132", "sm_count = 0  # HERE"), ["'sm_count'", "must be positive"]),
     _case("description-type", GOOD + "description = 141  # HERE\n", ["'description'", "expected str"]),
 ]
@@ -188,3 +213,21 @@ def test_good_sku_file_loads(tmp_path: Path) -> None:
     loaded = variants.load(path).skus
     assert list(loaded) == ["good", "bad"]
     assert loaded["good"] == Sku("good", "sm_90a", 132, 62914560, 13, "fine")
+
+
+def test_cuda_major_list_makes_one_sku_per_flavour(tmp_path: Path) -> None:
+    path = tmp_path / "skus.toml"
+    path.write_text(f"[skus.h200]\n{GOOD.replace('cuda_major = 13', 'cuda_major = [13, 12]')}")
+    loaded = variants.load(path).skus
+    assert list(loaded) == ["h200", "h200-cu12"]
+    assert (loaded["h200"].cuda_major, loaded["h200-cu12"].cuda_major) == (13, 12)
+    assert dataclasses.replace(loaded["h200-cu12"], name="h200", cuda_major=13) == loaded["h200"]
+
+
+def test_derived_flavour_name_may_not_shadow_a_table(tmp_path: Path) -> None:
+    path = tmp_path / "skus.toml"
+    path.write_text(f"[skus.h200]\n{GOOD.replace('cuda_major = 13', 'cuda_major = [13, 12]  # HERE')}\n"
+                    f"[skus.h200-cu12]\n{GOOD.replace('cuda_major = 13', 'cuda_major = 12')}")
+    with pytest.raises(ConfigError) as e:
+        variants.load(path)
+    assert_located(e.value, path, 5, ["'cuda_major'", "'h200-cu12' is defined twice"])
