@@ -15,7 +15,8 @@ from fa4_aot.cli import main
 from fa4_aot.store import Entry, Miss, Store
 
 ROOT = Path(__file__).resolve().parents[2]
-KNOWN = ("h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "rtx-pro-6000")
+KNOWN = ("h100-sxm", "h100-sxm-cu12", "h100-pcie", "h200", "h200-cu12", "b200", "b200-cu12", "gb200", "b300",
+         "rtx-pro-6000")
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +55,7 @@ def test_skus_table(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert lines[0].split()[:5] == ["sku", "arch", "SMs", "L2", "MiB"]
-    assert sorted(line.split()[0] for line in lines[1:]) == sorted(KNOWN)
+    assert [line.split()[0] for line in lines[1:]] == list(KNOWN)
     h200 = {line.split()[0]: line.split() for line in lines[1:]}["h200"]
     assert h200[1:5] == ["sm_90a", "132", "60.0", "13"]
     assert {line.split()[0]: line.split() for line in lines[1:]}["h200-cu12"][1:5] == ["sm_90a", "132", "60.0", "12"]
