@@ -1,36 +1,32 @@
-"""`fa4-aot build`: plan every call of the selected variants for one SKU, then compile what the store lacks.
+"""`fa4-aot build`: plan every call of the selected variants for each SKU, then compile what the store lacks.
 
-Work happens in spawned worker processes configured for the target SKU (target.configure); this
-process never imports FA4, so one process can build several SKUs in turn. Each kernel is compiled
-by exactly one worker (the first call that needs it), exported with export_to_c, and stored object
+Work runs in an executor's worker processes configured for the target SKU (executors.py: a local process pool,
+or Ray in farm.py); this process never imports FA4, so one process can build several SKUs in turn. Each kernel
+is one compile task, attributed to the first call that needs it, exported with export_to_c, and stored object
 first, index entry last. Failures are reported per call and per kernel while the rest goes on.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import tempfile
 import time
-import traceback
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .calls import Call
-from .fsutil import DiskFull
+from .executors import CompileTask, Executor, LocalExecutor, Outcome
 from .skus import Sku
-from .store import Entry, Store
+from .store import Store
 from .variants import Matrix, Variant
+from .worker import EXPORT_FUNCTION  # noqa: F401  (re-exported: the client looks the symbol up)
 
-EXPORT_FUNCTION = "func"  # the symbol name FA4's own persistent cache uses; loaders look it up
+Progress = Callable[[int, int, "Result"], None]
 
 
 @dataclass
 class Result:
-    status: str  # "built", "present" or "failed"
+    status: str  # "built", "present", "planned" or "failed"
     family: str
     kernel_key: str
     variant: str
@@ -38,6 +34,7 @@ class Result:
     seconds: float = 0.0
     size: int = 0
     error: str = ""
+    sku: str = ""
 
 
 @dataclass
@@ -73,188 +70,117 @@ class Planned:
     call_index: int
 
 
-def build(
-    matrix: Matrix,
-    sku: Sku,
-    store: Store,
-    variants: list[Variant] | None = None,
-    jobs: int = 1,
-    progress: Callable[[int, int, Result], None] | None = None,
-    dry_run: bool = False,
-) -> Report:
+def build(matrix: Matrix, sku: Sku, store: Store, variants: list[Variant] | None = None, jobs: int = 1,
+          progress: Progress | None = None, dry_run: bool = False, executor: Executor | None = None) -> Report:
     """Build every kernel of `variants` (default: all) for `sku` into `store`. Never raises for a kernel
     that fails to compile: it is in the report, which the caller turns into an exit status. With
     `dry_run`, plan only: kernels the store lacks are reported as "planned"."""
+    return build_calls(sku, store, matrix_work(matrix, sku, variants), jobs=jobs, progress=progress,
+                       dry_run=dry_run, executor=executor)
+
+
+def build_many(matrix: Matrix, skus: list[Sku], store: Store, variants: list[Variant] | None = None,
+               jobs: int = 1, progress: Progress | None = None, dry_run: bool = False,
+               executor: Executor | None = None) -> list[Report]:
+    """build() for several SKUs in turn through one executor (a Ray cluster stays connected across them)."""
+    with _executor(executor, jobs) as ex:
+        return [build(matrix, sku, store, variants, progress=progress, dry_run=dry_run, executor=ex) for sku in skus]
+
+
+def matrix_work(matrix: Matrix, sku: Sku, variants: list[Variant] | None = None) -> list[tuple[str, Call]]:
+    """(variant name, call) of every call of `variants` (default: all) that applies to `sku`."""
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
-    work = [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
-    return build_calls(sku, store, work, jobs=jobs, progress=progress, dry_run=dry_run)
+    return [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
 
 
-def build_calls(
-    sku: Sku,
-    store: Store,
-    work: list[tuple[str, Call]],
-    jobs: int = 1,
-    progress: Callable[[int, int, Result], None] | None = None,
-    dry_run: bool = False,
-) -> Report:
-    """Build the kernels of explicit (label, call) pairs, e.g. the calls clients reported missing."""
+def build_calls(sku: Sku, store: Store, work: list[tuple[str, Call]], jobs: int = 1,
+                progress: Progress | None = None, dry_run: bool = False, executor: Executor | None = None,
+                present: Callable[[str], bool] | None = None) -> Report:
+    """Build the kernels of explicit (label, call) pairs, e.g. the calls clients reported missing.
+    `present(kernel_key)` says what needs no build (default: the store has its entry)."""
     started = time.perf_counter()
     report = Report(sku=sku.name, calls=len(work))
-    jobs = max(1, jobs)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
-                             initargs=(sku, str(store.root))) as pool:
-        planned = _plan(pool, work, jobs, report)
-        todo = _triage(planned, work, store, report, dry_run)
-        _compile(pool, todo, work, report, progress)
+    with _executor(executor, jobs) as ex:
+        planned = _plan(ex, sku, store, work, report)
+        todo = _triage(planned, work, present or store.has_entry, report, dry_run)
+        _compile(ex, sku, store, todo, report, progress)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _plan(pool: ProcessPoolExecutor, work: list[tuple[str, Call]], jobs: int, report: Report) -> list[Planned]:
+@contextmanager
+def _executor(given: Executor | None, jobs: int) -> Iterator[Executor]:
+    """`given` (its owner closes it), or a local pool of `jobs` closed at the end."""
+    if given is not None:
+        yield given
+        return
+    local = LocalExecutor(jobs)
+    try:
+        yield local
+    finally:
+        local.close()
+
+
+def _plan(ex: Executor, sku: Sku, store: Store, work: list[tuple[str, Call]], report: Report) -> list[Planned]:
     """Every distinct kernel of `work`, each attributed to the first call that needs it."""
-    offsets = [list(range(i, len(work), jobs)) for i in range(jobs)]
-    futures = [pool.submit(_plan_task, [work[i] for i in chunk]) for chunk in offsets]
+    n = max(1, min(ex.plan_chunks(len(work)), len(work)))
+    offsets = [list(range(i, len(work), n)) for i in range(n)]
     planned: dict[str, Planned] = {}
-    for chunk, future in zip(offsets, futures, strict=True):
-        kernels, failures = future.result()
+    for c, (kernels, failures) in ex.plan(sku, store, [[work[i] for i in chunk] for chunk in offsets]):
         for family, ident, kernel_key, local in kernels:
-            index = chunk[local]
+            index = offsets[c][local]
             if kernel_key not in planned or index < planned[kernel_key].call_index:
                 planned[kernel_key] = Planned(family, ident, kernel_key, index)
         for local, error in failures:
-            name, call = work[chunk[local]]
-            report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error))
+            name, call = work[offsets[c][local]]
+            report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error, sku=sku.name))
+    report.call_failures.sort(key=lambda r: (r.variant, r.call))
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
-def _triage(planned: list[Planned], work: list[tuple[str, Call]], store: Store, report: Report,
-            dry_run: bool) -> dict[int, list[Planned]]:
-    """Record kernels already stored (or, in a dry run, all of them); group the rest by the call that builds them."""
-    todo: dict[int, list[Planned]] = {}
+def _triage(planned: list[Planned], work: list[tuple[str, Call]], present: Callable[[str], bool], report: Report,
+            dry_run: bool) -> list[tuple[Planned, CompileTask]]:
+    """Record kernels already built (or, in a dry run, all of them); one compile task for each of the rest."""
+    todo = []
     for p in planned:
         name, call = work[p.call_index]
-        if store.has_entry(p.kernel_key) or dry_run:
-            status = "present" if store.has_entry(p.kernel_key) else "planned"
-            report.results.append(Result(status, p.family, p.kernel_key, name, call.describe()))
+        there = present(p.kernel_key)
+        if there or dry_run:
+            report.results.append(Result("present" if there else "planned", p.family, p.kernel_key, name,
+                                         call.describe(), sku=report.sku))
         else:
-            todo.setdefault(p.call_index, []).append(p)
+            todo.append((p, CompileTask(name, call, ((p.family, p.ident, p.kernel_key),))))
     return todo
 
 
-def _compile(pool: ProcessPoolExecutor, todo: dict[int, list[Planned]], work: list[tuple[str, Call]],
-             report: Report, progress: Callable[[int, int, Result], None] | None) -> None:
-    total, done = sum(len(v) for v in todo.values()), 0
-    futures = [pool.submit(_compile_task, *work[i], [(p.family, p.ident, p.kernel_key) for p in ps])
-               for i, ps in todo.items()]
-    for future in as_completed(futures):
-        try:
-            results = future.result()
-        except DiskFull:
-            for other in futures:
-                other.cancel()
-            raise
-        for result in results:
+def _compile(ex: Executor, sku: Sku, store: Store, todo: list[tuple[Planned, CompileTask]], report: Report,
+             progress: Progress | None) -> None:
+    tasks = [t for _p, t in todo]
+    done = 0
+    for i, outcomes in ex.compile(sku, store, tasks):
+        for outcome in outcomes:
+            result = _result(store, tasks[i], outcome, sku)
             report.results.append(result)
             done += 1
             if progress:
-                progress(done, total, result)
+                progress(done, len(tasks), result)
 
 
-# -- worker side: everything below runs in spawned processes configured for one SKU ----------------
-_worker: dict[str, Any] = {}
+def _result(store: Store, task: CompileTask, outcome: Outcome, sku: Sku) -> Result:
+    """The outcome as a report line; bytes that came back are committed here, object first, entry last."""
+    if outcome.data is not None and outcome.entry is not None and not commit(store, outcome.entry, outcome.data):
+        outcome.status, outcome.error = "failed", "the bytes that came back do not hash to the worker's digest"
+    return Result(outcome.status, outcome.family, outcome.kernel_key, task.variant, task.call.describe(),
+                  seconds=outcome.seconds, size=outcome.size, error=outcome.error, sku=sku.name)
 
 
-def _init_worker(sku: Sku, store_root: str) -> None:
-    import os
-    import warnings
-
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: silences FakeTensor data_ptr notices
-    warnings.filterwarnings("ignore")  # CuTe's per-argument notices and torch's FakeTensor data_ptr notice
-    from . import target
-
-    target.configure(sku)
-    _worker.update(sku=sku, store=Store(Path(store_root)))
-
-
-def _plan_task(work: list[tuple[str, Call]]) -> tuple[list[tuple[str, str, str, int]], list[tuple[int, str]]]:
-    from . import keys, plan
-
-    kernels, failures = [], []
-    for i, (_name, call) in enumerate(work):
-        try:
-            seen = plan.kernels_for(call)
-        except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
-            failures.append((i, _one_line(e)))
-            continue
-        for (family, ident), key in seen.items():
-            kernels.append((family, ident, keys.kernel_key(family, key, _worker["sku"]), i))
-    return kernels, failures
-
-
-def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) -> list[Result]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from . import caches, calls, target
-
-    store: Store = _worker["store"]
-    sku: Sku = _worker["sku"]
-    by_ident = {(f, ident): kk for f, ident, kk in wanted}
-    results: dict[str, Result] = {}
-    # kernels compile one after another, so the HardwareInfo queries since the last one belong to this one
-    asked = [len(target.hardware_calls())]
-
-    def done(family: str, key: Any, fn: Any, seconds: float) -> None:
-        from . import keys
-
-        kk = by_ident[(family, keys.dumps(keys.canonical(key)))]
-        queries = target.hardware_calls()[asked[0]:]
-        asked[0] += len(queries)
-        data = _export(fn)
-        digest = store.put_object(data)
-        store.put_entry(Entry(
-            kernel_key=kk, object_digest=digest, size=len(data), family=family, compile_key=keys.canonical(key),
-            sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
-            toolchain=keys.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
-            hardware_queries=[list(q) for q in queries],
-        ))
-        results[kk] = Result("built", family, kk, variant, call.describe(), seconds=seconds, size=len(data))
-
-    with ExitStack() as stack:
-        for kk in sorted(by_ident.values()):
-            stack.enter_context(store.lock(kk))
-        # Re-check under the locks: another builder on this cache may have finished meanwhile.
-        pending = {ident for ident, kk in by_ident.items() if not store.has_entry(kk)}
-        for ident, kk in by_ident.items():
-            if ident not in pending:
-                results[kk] = Result("present", ident[0], kk, variant, call.describe())
-        try:
-            if pending:
-                with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Compiler(family, pending, done)):
-                    calls.run(call)
-            error = "FA4 did not ask for this kernel when the call was re-run"
-        except DiskFull:  # not this kernel's fault: every later write fails too, so the build stops
-            raise
-        except Exception as e:
-            error = _one_line(e)
-    for (family, _ident), kk in by_ident.items():
-        results.setdefault(kk, Result("failed", family, kk, variant, call.describe(), error=error))
-    return list(results.values())
-
-
-def _export(fn: Any) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="fa4-aot-export-") as tmp:
-        path = Path(tmp) / "kernel.o"
-        fn.export_to_c(object_file_path=str(path), function_name=EXPORT_FUNCTION)
-        data = path.read_bytes()
-    if not data:
-        raise RuntimeError("export_to_c wrote an empty object file")
-    return data
-
-
-def _one_line(e: BaseException) -> str:
-    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    at = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
-    text = " ".join(str(e).split())[:300] or "no message"
-    return f"{type(e).__name__}: {text}{at}"
+def commit(store: Store, entry: Any, data: bytes) -> bool:
+    """Store one kernel that a remote worker built: its object first, then the entry that makes it visible.
+    Returns False (and stores no entry) when the bytes do not hash to the entry's digest."""
+    with store.lock(entry.kernel_key):
+        if store.has_entry(entry.kernel_key):
+            return True
+        if store.put_object(data) != entry.object_digest:
+            return False
+        store.put_entry(entry)
+        return True

@@ -69,21 +69,31 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--sku", help="Target SKU from `fa4-aot skus`, e.g. h200 or b200 (required unless --from-misses).")
+@click.option("--sku", help="Target SKU(s) from `fa4-aot skus`: h200, several as h200,b200-cu12, or all "
+              "(required unless --from-misses).")
 @click.option("--variants", "variants_file", type=click.Path(dir_okay=False, path_type=Path), envvar="FA4_AOT_VARIANTS",
               help="Variant matrix (default: variants.toml).")
 @click.option("--only", multiple=True, metavar="NAME", help="Build only these [[variants]] entries (repeatable).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 256),
-              help="Compiler processes; each needs about 1.5 GB of memory.")
+              help="Compiler processes (local executor; a new local Ray instance gets this many CPUs); each "
+                   "needs about 1.5 GB of memory.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: a process pool here; ray: tasks on a Ray cluster (pip install 'fa4-aot[farm]').")
+@click.option("--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to use ($RAY_ADDRESS; default: start a "
+              "local one for this build).")
+@click.option("--push", "push_url", metavar="URL", help="With --executor ray: workers publish each kernel to this "
+              "server (needs --token) instead of sending it back to this store.")
 @click.option("--dry-run", is_flag=True, help="Plan only: count the kernels and show the calls FA4 rejects.")
 @click.option("--from-misses", is_flag=True, help="Build the calls clients reported missing to --server, then push.")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
-@click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses ($FA4_AOT_TOKEN).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document: counts, kernel keys, failures.")
+@click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses and --push ($FA4_AOT_TOKEN).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document: counts, kernel keys, failures "
+              "(a list of them, one per SKU, when several SKUs are built).")
 @click.pass_context
 def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
-          dry_run: bool, from_misses: bool, server: str | None, token: str | None, as_json: bool) -> None:
-    """Cross-compile FA4 kernels for one SKU into the store (no GPU needed).
+          executor: str, ray_address: str | None, push_url: str | None, dry_run: bool, from_misses: bool,
+          server: str | None, token: str | None, as_json: bool) -> None:
+    """Cross-compile FA4 kernels for one or more SKUs into the store (no GPU needed).
 
     Every [[variants]] entry is crossed with its shape grid and run through FA4's own dispatch on fake
     tensors; each distinct kernel is compiled once. Kernels already in the store are not rebuilt.
@@ -97,29 +107,65 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
         return
     if not sku:
         raise click.UsageError("--sku is required (or --from-misses with --server)")
-    target = matrix.sku(sku)
+    if push_url and executor != "ray":
+        raise click.UsageError("--push needs --executor ray; with the local executor, run `fa4-aot push` after it")
+    targets = list(matrix.skus.values()) if sku == "all" else [matrix.sku(s.strip()) for s in sku.split(",")]
     chosen = matrix.select(list(only))
     store = _store(ctx)
+    ex = _executor(executor, jobs, ray_address, push_url, token)
+    if not as_json:
+        where = f"Ray ({ray_address or 'local'})" if executor == "ray" else f"{jobs} job(s)"
+        click.echo(f"building {', '.join(t.name for t in targets)} into {push_url or store.root} on {where}", err=True)
+    try:
+        reports = [_build_one(build_mod, matrix, t, store, chosen, ex, dry_run, as_json, push_url, token)
+                   for t in targets]
+    finally:
+        ex.close()
+    docs = [r.to_dict() for r in reports]
+    _emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(_build_lines(reports, dry_run)))
+    if any(r.failed for r in reports):
+        sys.exit(1)
 
-    def progress(done: int, total: int, result: build_mod.Result) -> None:
+
+def _executor(kind: str, jobs: int, address: str | None, push_url: str | None, token: str | None) -> Any:
+    if kind == "ray":
+        from .farm import RayExecutor
+
+        return RayExecutor(address, num_cpus=jobs, push=push_url, token=token)
+    from .executors import LocalExecutor
+
+    return LocalExecutor(jobs)
+
+
+def _build_one(build_mod: Any, matrix: Any, target: Any, store: Store, chosen: Any, ex: Any, dry_run: bool,
+               as_json: bool, push_url: str | None, token: str | None) -> Any:
+    def progress(done: int, total: int, result: Any) -> None:
         if as_json:
             return
         mark = {"built": "ok", "present": "--", "failed": "FAIL"}[result.status]
-        line = f"[{done}/{total}] {mark} {result.family} {result.seconds:.1f}s  {result.call}"
+        line = f"[{target.name} {done}/{total}] {mark} {result.family} {result.seconds:.1f}s  {result.call}"
         click.echo(line + (f"\n    {result.error}" if result.error else ""), err=True)
 
-    if not as_json:
-        click.echo(f"building {sku} ({target.arch}, {target.sm_count} SMs) into {store.root} with {jobs} job(s)",
-                   err=True)
-    report = build_mod.build(matrix, target, store, chosen, jobs=jobs, progress=progress, dry_run=dry_run)
-    summary = (f"{sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} built, "
-               f"{report.count('present')} already present, "
-               + (f"{report.count('planned')} to build, " if dry_run else "")
-               + f"{report.failed} failed ({report.seconds:.0f}s)")
-    lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
-    _emit(as_json, report.to_dict(), "\n".join([*lines, summary]))
-    if report.failed:
-        sys.exit(1)
+    present = None
+    if push_url:  # the server, not this store, is where built kernels go: ask it what it has
+        from .remote import Remote
+
+        have = {k["kernel_key"] for k in Remote(push_url, token=token).manifest(target.name)["kernels"]}
+        present = have.__contains__
+    work = build_mod.matrix_work(matrix, target, chosen)
+    return build_mod.build_calls(target, store, work, progress=progress, dry_run=dry_run, executor=ex,
+                                 present=present)
+
+
+def _build_lines(reports: list[Any], dry_run: bool) -> list[str]:
+    lines = []
+    for report in reports:
+        lines += [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+        lines.append(f"{report.sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} "
+                     f"built, {report.count('present')} already present, "
+                     + (f"{report.count('planned')} to build, " if dry_run else "")
+                     + f"{report.failed} failed ({report.seconds:.0f}s)")
+    return lines
 
 
 def _build_misses(ctx: click.Context, matrix: Any, server: str | None, token: str | None, jobs: int,

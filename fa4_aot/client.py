@@ -177,7 +177,7 @@ def load_object(path: Path) -> Any:
     """Load an exported kernel object as FA4's own persistent cache does (cache_utils.JITPersistentCache)."""
     import cutlass.cute as cute
 
-    from .build import EXPORT_FUNCTION
+    from .worker import EXPORT_FUNCTION
 
     module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
     return getattr(module, EXPORT_FUNCTION)

@@ -139,10 +139,14 @@ class Remote:
     def push_entry(self, entry: Entry, store: Store) -> bool:
         """Publish one local kernel: upload its object unless the server has it (HEAD first), then its entry.
         Returns True if the object was uploaded."""
+        return self.publish(entry, lambda: store.read_object(entry.object_digest))
+
+    def publish(self, entry: Entry, data: Callable[[], bytes]) -> bool:
+        """Upload the object `data()` returns unless the server has it (HEAD first), then the entry that makes it
+        visible. Returns True if the object was uploaded. The server re-hashes the upload (422 on a mismatch)."""
         uploaded = False
         if not self.has_object(entry.object_digest):
-            data = store.read_object(entry.object_digest)
-            self._request("PUT", f"/v1/objects/{entry.object_digest}", ok=(200, 201), content=data,
+            self._request("PUT", f"/v1/objects/{entry.object_digest}", ok=(200, 201), content=data(),
                           headers={"Content-Type": "application/octet-stream"})
             uploaded = True
         self._request("POST", "/v1/kernels", ok=(200, 201), json=asdict(entry))

@@ -1,0 +1,181 @@
+"""Where a build's work runs. The orchestrator (build.py) plans, triages, reports progress and writes the store;
+an executor only runs its tasks in worker processes configured for the task's SKU and says how each ended.
+
+- LocalExecutor (default): a process pool on this host, one SKU at a time; its workers write the store
+  themselves, each kernel under its lock, so several builders may share one store.
+- farm.RayExecutor (`--executor ray`, extra `fa4-aot[farm]`): Ray tasks on a cluster; objects travel back to
+  the driver, which writes them, or go straight to a server.
+
+A SKU whose CUDA major differs from this interpreter's compiler runs in workers of that flavour's interpreter
+(flavours.python_for): the local pool spawns them from it, Ray gives the tasks a runtime_env with it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.spawn
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import flavours
+from .calls import Call
+from .skus import Sku
+from .store import Entry, Store
+from .worker import PlanOut, Wanted
+
+
+@dataclass(frozen=True)
+class CompileTask:
+    variant: str
+    call: Call
+    wanted: tuple[Wanted, ...]
+
+
+@dataclass
+class Outcome:
+    """How one kernel of a task ended. `entry` and `data` come back when the executor's workers do not write the
+    store themselves; the orchestrator then commits them (object first, entry last)."""
+
+    kernel_key: str
+    family: str
+    status: str  # "built", "present" or "failed"
+    error: str = ""
+    seconds: float = 0.0
+    size: int = 0
+    entry: Entry | None = None
+    data: bytes | None = None
+
+
+class Executor(Protocol):
+    name: str
+
+    def plan_chunks(self, calls: int) -> int:
+        """How many tasks to cut the planning of `calls` calls into."""
+        ...
+
+    def plan(self, sku: Sku, store: Store, chunks: list[list[tuple[str, Call]]]) -> Iterator[tuple[int, PlanOut]]:
+        """Plan each chunk in a worker for `sku`; yield (chunk index, its kernels and rejected calls)."""
+        ...
+
+    def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
+        """Compile each task's kernels for `sku`; yield (task index, outcomes) as tasks finish, in any order.
+        Raises DiskFull (and stops) when the store is full; any other failure is an outcome."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """A spawn-started process pool on this host, kept for one SKU at a time."""
+
+    name = "local"
+
+    def __init__(self, jobs: int = 1) -> None:
+        self.jobs = max(1, jobs)
+        self._pool: ProcessPoolExecutor | None = None
+        self._key: tuple[Sku, str] | None = None
+        self._stack = ExitStack()
+
+    def plan_chunks(self, calls: int) -> int:
+        return self.jobs
+
+    def plan(self, sku: Sku, store: Store, chunks: list[list[tuple[str, Call]]]) -> Iterator[tuple[int, PlanOut]]:
+        pool = self._pool_for(sku, store)
+        futures = [pool.submit(_plan_task, chunk) for chunk in chunks]
+        for i, future in enumerate(futures):
+            yield i, future.result()
+
+    def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
+        pool = self._pool_for(sku, store)
+        futures: dict[Future[list[Outcome]], int] = {pool.submit(_compile_task, t): i for i, t in enumerate(tasks)}
+        try:
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+        self._stack.close()
+        self._pool, self._key = None, None
+
+    def _pool_for(self, sku: Sku, store: Store) -> ProcessPoolExecutor:
+        root = str(store.root)
+        if self._pool is not None and self._key == (sku, root):
+            return self._pool
+        self.close()
+        python = flavours.python_for(sku.cuda_major)
+        sys_path: tuple[str, ...] = ()
+        if not flavours.is_own(python):
+            sys_path = flavours.sys_path_of(python)
+            self._stack.enter_context(_spawning_with(python))
+        context = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(self.jobs, mp_context=context, initializer=_init,
+                                         initargs=(sku, root, sys_path))
+        self._key = (sku, root)
+        return self._pool
+
+
+class _spawning_with:
+    """Spawn new processes from another interpreter while the block runs (multiprocessing's setting is global;
+    workers of a ProcessPoolExecutor are spawned while tasks are submitted, so the pool's whole life)."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self.saved = ""
+
+    def __enter__(self) -> None:
+        self.saved = multiprocessing.spawn.get_executable() or sys.executable  # type: ignore[attr-defined]
+        multiprocessing.spawn.set_executable(self.python)
+
+    def __exit__(self, *exc: object) -> None:
+        multiprocessing.spawn.set_executable(self.saved)
+
+
+# -- in the pool's workers --------------------------------------------------------------------------
+_state: dict[str, Any] = {}
+
+
+def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
+    # configure() runs in the first task, so that a wrong environment fails that task with a BuildError
+    if sys_path:  # a worker of another flavour's interpreter: multiprocessing gave it the driver's sys.path
+        sys.path[:] = sys_path
+    _state.update(sku=sku, store=Store(Path(store_root)))
+
+
+def _plan_task(work: list[tuple[str, Call]]) -> PlanOut:
+    from . import worker
+
+    return worker.plan_calls(_state["sku"], work)
+
+
+def _compile_task(task: CompileTask) -> list[Outcome]:
+    """Compile under the kernels' locks, re-checking first: another builder on this store may have finished."""
+    from . import worker
+
+    store: Store = _state["store"]
+    outcomes: list[Outcome] = []
+
+    def sink(entry: Entry, data: bytes) -> None:
+        store.put_object(data)
+        store.put_entry(entry)
+        outcomes.append(Outcome(entry.kernel_key, entry.family, "built", seconds=entry.compile_seconds,
+                                size=entry.size))
+
+    with ExitStack() as stack:
+        for _family, _ident, kk in sorted(task.wanted, key=lambda w: w[2]):
+            stack.enter_context(store.lock(kk))
+        pending = [w for w in task.wanted if not store.has_entry(w[2])]
+        outcomes += [Outcome(w[2], w[0], "present") for w in task.wanted if w not in pending]
+        errors = worker.compile_kernels(_state["sku"], task.variant, task.call, pending, sink) if pending else {}
+    by_key = {w[2]: w[0] for w in task.wanted}
+    outcomes += [Outcome(kk, by_key[kk], "failed", error=error) for kk, error in errors.items()]
+    return outcomes
+
