@@ -81,6 +81,8 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
               help="local: a process pool here; ray: tasks on a Ray cluster (pip install 'fa4-aot[farm]').")
 @click.option("--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to use ($RAY_ADDRESS; default: start a "
               "local one for this build).")
+@click.option("--ray-node-ip", envvar="FA4_AOT_RAY_NODE_IP", help="This host's address in the Ray cluster, when "
+              "Ray's guess is wrong (e.g. 127.0.0.1 for a cluster started with --node-ip-address=127.0.0.1).")
 @click.option("--push", "push_url", metavar="URL", help="With --executor ray: workers publish each kernel to this "
               "server (needs --token) instead of sending it back to this store.")
 @click.option("--dry-run", is_flag=True, help="Plan only: count the kernels and show the calls FA4 rejects.")
@@ -91,8 +93,8 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
               "(a list of them, one per SKU, when several SKUs are built).")
 @click.pass_context
 def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
-          executor: str, ray_address: str | None, push_url: str | None, dry_run: bool, from_misses: bool,
-          server: str | None, token: str | None, as_json: bool) -> None:
+          executor: str, ray_address: str | None, ray_node_ip: str | None, push_url: str | None, dry_run: bool,
+          from_misses: bool, server: str | None, token: str | None, as_json: bool) -> None:
     """Cross-compile FA4 kernels for one or more SKUs into the store (no GPU needed).
 
     Every [[variants]] entry is crossed with its shape grid and run through FA4's own dispatch on fake
@@ -112,7 +114,7 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
     targets = list(matrix.skus.values()) if sku == "all" else [matrix.sku(s.strip()) for s in sku.split(",")]
     chosen = matrix.select(list(only))
     store = _store(ctx)
-    ex = _executor(executor, jobs, ray_address, push_url, token)
+    ex = _executor(executor, jobs, ray_address, ray_node_ip, push_url, token)
     if not as_json:
         where = f"Ray ({ray_address or 'local'})" if executor == "ray" else f"{jobs} job(s)"
         click.echo(f"building {', '.join(t.name for t in targets)} into {push_url or store.root} on {where}", err=True)
@@ -127,11 +129,12 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
         sys.exit(1)
 
 
-def _executor(kind: str, jobs: int, address: str | None, push_url: str | None, token: str | None) -> Any:
+def _executor(kind: str, jobs: int, address: str | None, node_ip: str | None, push_url: str | None,
+              token: str | None) -> Any:
     if kind == "ray":
         from .farm import RayExecutor
 
-        return RayExecutor(address, num_cpus=jobs, push=push_url, token=token)
+        return RayExecutor(address, num_cpus=jobs, push=push_url, token=token, node_ip=node_ip)
     from .executors import LocalExecutor
 
     return LocalExecutor(jobs)

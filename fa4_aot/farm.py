@@ -28,24 +28,27 @@ MAX_RETRIES = 3  # attempts after a worker dies (a kernel that fails to compile 
 
 
 class RayExecutor:
-    """Ray tasks on the cluster at `address` (None: a local one of `num_cpus` CPUs, stopped by close())."""
+    """Ray tasks on the cluster at `address` (None: a local one of `num_cpus` CPUs on 127.0.0.1, stopped by close()).
+    `node_ip` is this driver's address as the cluster knows its node (Ray guesses the host's network address)."""
 
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, push: str | None = None,
-                 token: str | None = None, max_retries: int = MAX_RETRIES) -> None:
+                 token: str | None = None, max_retries: int = MAX_RETRIES, node_ip: str | None = None) -> None:
         try:
             import ray
         except ImportError as e:
             raise BuildError("--executor ray needs Ray: pip install 'fa4-aot[farm]' (ray==2.60.0)") from e
         try:
             ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+                     log_to_driver=False, configure_logging=False,
+                     _node_ip_address=node_ip or (None if address else "127.0.0.1"))
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise BuildError(f"cannot connect to the Ray cluster at {address or 'a new local instance'}: {e}; "
                              "start one with `ray start --head` or check --ray-address / RAY_ADDRESS") from e
         self._ray = ray
-        self._task = ray.remote(_run).options(num_cpus=1, max_retries=max_retries, retry_exceptions=False)
+        self._task = ray.remote(_run)
+        self._retries = max_retries
         self._push = (push, token) if push else None
         self._envs: dict[Sku, dict[str, Any]] = {}
 
@@ -77,7 +80,8 @@ class RayExecutor:
         self._ray.shutdown()
 
     def _submit(self, sku: Sku, kind: str, payload: Any) -> Any:
-        return self._task.options(runtime_env=self._env(sku)).remote(kind, sku, payload, self._push)
+        return self._task.options(num_cpus=1, max_retries=self._retries, retry_exceptions=False,
+                                  runtime_env=self._env(sku)).remote(kind, sku, payload, self._push)
 
     def _env(self, sku: Sku) -> dict[str, Any]:
         if sku not in self._envs:
