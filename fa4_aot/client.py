@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import calls, config, keys
 from .calls import Call
-from .errors import KernelMissing
+from .errors import Fa4AotError, KernelMissing
 from .signing import TrustError
 from .skus import Sku, detect_device, select
 from .store import Miss, Store
@@ -69,6 +69,30 @@ class Installation:
             return False
         self.stats.fetched += 1
         return True
+
+
+    def fetch_many(self, kernel_keys: list[str]) -> int:
+        """fetch() for several kernels: one request (a bundle) when the server offers it, else one by one on
+        FETCH_THREADS threads. Returns how many were downloaded; never raises (reasons kept as in fetch())."""
+        if self.remote is None or not kernel_keys:
+            return 0
+        from .remote import RemoteError
+
+        self.remote_error = self.trust.refuse_remote()
+        if self.remote_error:
+            return 0
+        try:
+            stored, skipped = self.remote.fetch_bundle(kernel_keys, self.store, accept=self.trust.check)
+        except RemoteError:  # an older server without bundles, or a broken one: the per-kernel path retries
+            with ThreadPoolExecutor(min(FETCH_THREADS, len(kernel_keys))) as pool:
+                return sum(pool.map(self.fetch, kernel_keys))
+        except Fa4AotError as e:  # bytes that do not match their digest: nothing of them was stored
+            self.remote_error = str(e)
+            return 0
+        if skipped:
+            self.remote_error = next(iter(skipped.values()))
+        self.stats.fetched += len(stored)
+        return len(stored)
 
 
 _installed: Installation | None = None
@@ -247,9 +271,7 @@ def load(
     needed = plan.kernels_for(call)
     kernel_keys = [keys.kernel_key(family, key, inst.sku) for (family, _), key in needed.items()]
     absent = [kk for kk in kernel_keys if not inst.store.has_entry(kk)]
-    if absent and inst.remote is not None:
-        with ThreadPoolExecutor(min(FETCH_THREADS, len(absent))) as pool:
-            list(pool.map(inst.fetch, absent))
+    inst.fetch_many(absent)
     functions = caches.fa4_functions()
     with calls.running(call):
         for (family, _), key in needed.items():
