@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -118,11 +119,13 @@ def build(ctx: click.Context, sku: str | None, variants_file: Path | None, only:
     if not as_json:
         where = f"Ray ({ray_address or 'local'})" if executor == "ray" else f"{jobs} job(s)"
         click.echo(f"building {', '.join(t.name for t in targets)} into {push_url or store.root} on {where}", err=True)
-    try:
-        reports = [_build_one(build_mod, matrix, t, store, chosen, ex, dry_run, as_json, push_url, token)
-                   for t in targets]
-    finally:
-        ex.close()
+    # stdout carries only the result: what an executor prints (Ray reports dead workers there) goes to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            reports = [_build_one(build_mod, matrix, t, store, chosen, ex, dry_run, as_json, push_url, token)
+                       for t in targets]
+        finally:
+            ex.close()
     docs = [r.to_dict() for r in reports]
     _emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(_build_lines(reports, dry_run)))
     if any(r.failed for r in reports):
