@@ -156,8 +156,7 @@ def _build_one(build_mod: Any, matrix: Any, target: Any, store: Store, chosen: A
     if push_url:  # the server, not this store, is where built kernels go: ask it what it has
         from .remote import Remote
 
-        have = {k["kernel_key"] for k in Remote(push_url, token=token).manifest(target.name)["kernels"]}
-        present = have.__contains__
+        present = Remote(push_url, token=token).kernel_keys(target.name).__contains__
     work = build_mod.matrix_work(matrix, target, chosen)
     return build_mod.build_calls(target, store, work, progress=progress, dry_run=dry_run, executor=ex,
                                  present=present)

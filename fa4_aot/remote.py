@@ -72,6 +72,11 @@ class Remote:
     def manifest(self, sku: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/skus/{sku}/manifest").json()
 
+    def kernel_keys(self, sku: str) -> set[str]:
+        """Every kernel key the server holds for `sku` (none when it does not know the SKU yet)."""
+        response = self._request("GET", f"/v1/skus/{sku}/manifest", ok=(200, 404))
+        return set() if response.status_code == 404 else {k["kernel_key"] for k in response.json()["kernels"]}
+
     def kernel(self, kernel_key: str) -> Entry | None:
         """The server's entry for `kernel_key`, or None when it has none."""
         response = self._request("GET", f"/v1/kernels/{check_hex(kernel_key, 'kernel key')}", ok=(200, 404))
