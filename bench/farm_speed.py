@@ -19,16 +19,19 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from fa4_aot import build, config, variants
-from fa4_aot.calls import Call
-from fa4_aot.executors import LocalExecutor
-from fa4_aot.farm import RayExecutor
-from fa4_aot.store import Store
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's fa4_aot, not an installed one
+
+from fa4_aot import build, config, variants  # noqa: E402
+from fa4_aot.calls import Call  # noqa: E402
+from fa4_aot.executors import LocalExecutor  # noqa: E402
+from fa4_aot.farm import RayExecutor  # noqa: E402
+from fa4_aot.store import Store  # noqa: E402
 
 
 def executor(kind: str, jobs: int) -> Any:

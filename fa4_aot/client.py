@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import calls, config, keys
 from .calls import Call
-from .errors import Fa4AotError, KernelMissing
-from .signing import TrustError
+from .errors import Fa4AotError, KernelMissing, TrustError
 from .skus import Sku, detect_device, select
 from .store import Miss, Store
 from .trust import Trust
@@ -55,7 +54,7 @@ class Installation:
         the reason is kept for error messages."""
         if self.remote is None:
             return False
-        from .remote import RemoteError
+        from .errors import RemoteError
 
         self.remote_error = self.trust.refuse_remote()
         if self.remote_error:

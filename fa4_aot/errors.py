@@ -42,3 +42,20 @@ class StoreError(Fa4AotError):
 
 class BuildError(Fa4AotError):
     """A build could not run, or some of its kernels failed to compile."""
+
+
+class DiskFull(StoreError):
+    """A write ran out of space (ENOSPC, EFBIG, EDQUOT). Nothing partial was left behind. Picklable, so it
+    crosses from build workers to the CLI unchanged."""
+
+
+class TrustError(Fa4AotError):
+    """A manifest, key or kernel failed verification; the message says which check and how to fix it."""
+
+
+class RemoteError(Fa4AotError):
+    """The server could not be reached or refused a request; the message names the server and the fix."""
+
+
+class DatabaseError(Fa4AotError):
+    """The service's database URL cannot be used (unsupported driver, unreachable server)."""

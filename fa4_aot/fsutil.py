@@ -11,12 +11,13 @@ import pwd
 import secrets
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from .errors import StoreError
+from .errors import DiskFull, StoreError
 
 TMP_SUFFIX = ".tmp"
 FILE_MODE = 0o600  # owner-only: nobody else can swap the bytes a client loads
@@ -24,11 +25,6 @@ DIR_MODE = 0o700
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
-
-
-class DiskFull(StoreError):
-    """A write ran out of space (ENOSPC, EFBIG, EDQUOT). Nothing partial was left behind. Picklable, so it
-    crosses from build workers to the CLI unchanged."""
 
 
 def sha256_file(path: Path) -> str:
@@ -202,49 +198,88 @@ def _open_at(folder: int, name: str, flags: int, mode: int, path: Path) -> int:
 
 def atomic_write(path: Path, data: bytes | Iterable[bytes], *, root: Path | None = None, mode: int = FILE_MODE,
                  dir_mode: int = DIR_MODE) -> None:
-    """Write `data` to `path` so that readers see either the old file or the whole new one.
-
-    A unique temp file beside the target (`.<name>.<pid>.<rand>.tmp`, same filesystem), fsync, os.replace,
-    fsync of the folder; the temp file is removed in `finally`, so a failed write leaves nothing behind. A
-    process killed mid-write leaves only a `.*.tmp` file, which no reader ever opens and `fa4-aot gc` removes.
-    The file gets exactly `mode`; missing folders get `dir_mode`. With `root` (a store root above `path`),
-    no link below it is followed, and a symlinked folder raises StoreError. Running out of space raises
-    DiskFull.
-    """
-    try:
-        if root is None:
-            make_dirs(path.parent, dir_mode)
-            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        else:
-            folder = open_dir_beneath(root, path.parent.relative_to(root).parts, create_mode=dir_mode)
-        try:
-            _write_in(folder, path.name, data, mode)
-        finally:
-            os.close(folder)
-    except OSError as e:
-        if e.errno in _DISK_FULL:
-            raise disk_full(path, e) from e
-        raise
-
-
-def _write_in(folder: int, name: str, data: bytes | Iterable[bytes], mode: int) -> None:
-    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+    """Write `data` to `path` so that readers see either the old file or the whole new one (see AtomicFile,
+    which this is the one-call form of). Running out of space raises DiskFull."""
     chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode, dir_fd=folder)
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(fd, mode)  # exactly `mode`, whatever the umask
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-        _fsync_dir(folder)
-    finally:
+    with AtomicFile(path, root=root, mode=mode, dir_mode=dir_mode) as f, f.disk_full():
+        for chunk in chunks:
+            f.write(chunk)
+        f.commit()
+
+
+class AtomicFile:
+    """The one way fa4-aot writes a file: `with AtomicFile(path) as f: f.write(...); f.commit()`.
+
+    A unique temp file beside the target (`.<name>.<pid>.<rand>.tmp`, same filesystem, O_EXCL|O_NOFOLLOW),
+    fsync, os.replace, fsync of the folder on commit(); leaving the block without commit() (an exception, a
+    rejected upload) removes the temp file, so a failed write leaves nothing behind. A process killed mid-write
+    leaves only a `.*.tmp` file, which no reader ever opens and `fa4-aot gc` removes. The file gets exactly
+    `mode`; missing folders get `dir_mode`. With `root` (a store root above `path`), no link below it is
+    followed, and a symlinked folder raises StoreError. Running out of space raises DiskFull.
+    """
+
+    def __init__(self, path: Path, *, root: Path | None = None, mode: int = FILE_MODE, dir_mode: int = DIR_MODE
+                 ) -> None:
+        self.path, self.root, self.mode, self.dir_mode = path, root, mode, dir_mode
+        self.tmp = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        self._folder: int | None = None
+        self._file: IO[bytes] | None = None
+
+    def __enter__(self) -> AtomicFile:
+        with self.disk_full():
+            if self.root is None:
+                make_dirs(self.path.parent, self.dir_mode)
+                self._folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            else:
+                parts = self.path.parent.relative_to(self.root).parts
+                self._folder = open_dir_beneath(self.root, parts, create_mode=self.dir_mode)
+            try:
+                fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, self.mode,
+                             dir_fd=self._folder)
+                os.fchmod(fd, self.mode)  # exactly `mode`, whatever the umask
+            except BaseException:
+                os.close(self._folder)
+                raise
+            self._file = os.fdopen(fd, "wb")
+        return self
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        assert self._file is not None, "AtomicFile.write outside its with block"
+        with self.disk_full():
+            self._file.write(chunk)
+
+    def commit(self) -> None:
+        """Make the written bytes the file at `path` (fsync, rename, fsync of the folder)."""
+        assert self._file is not None and self._folder is not None, "AtomicFile.commit outside its with block"
+        with self.disk_full():
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self.tmp, self.path.name, src_dir_fd=self._folder, dst_dir_fd=self._folder)
+            _fsync_dir(self._folder)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        assert self._file is not None and self._folder is not None
         try:
-            os.unlink(tmp, dir_fd=folder)
-        except FileNotFoundError:
-            pass
+            with self.disk_full():
+                self._file.close()  # after a failure, flushing what is buffered can itself run out of space
+        finally:
+            try:
+                os.unlink(self.tmp, dir_fd=self._folder)  # gone after commit(); left by a failed write
+            except FileNotFoundError:
+                pass
+            os.close(self._folder)
+
+    @contextmanager
+    def disk_full(self) -> Iterator[None]:
+        """Turn ENOSPC, EFBIG or EDQUOT raised inside it (by a write, or by the bytes' source) into DiskFull."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno in _DISK_FULL:
+                raise disk_full(self.path, e) from e
+            raise
 
 
 def _fsync_dir(folder: int) -> None:

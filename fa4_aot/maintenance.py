@@ -1,26 +1,16 @@
 """Keeping a store healthy: `verify` (re-hash, check entries, quarantine what fails) and `gc` (unreferenced
-objects, dead writers' temp files). Store.verify and Store.gc are the entry points; nothing here follows a link
-below the store root."""
+objects, dead writers' temp files). Built on the Store API (scan, hash_object, quarantine, temp_files): this
+module decides what is wrong and what goes; store.py owns every path and follows no link below the root."""
 
 from __future__ import annotations
 
 import os
-import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import StoreError
-from .fsutil import TMP_SUFFIX, move_beneath, open_dir_beneath, sha256_file, shown
-
-if TYPE_CHECKING:
-    from .store import Store
-
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_FANOUT = re.compile(r"[0-9a-f]{2}")
-QUARANTINE = "quarantine"
+from .fsutil import shown
+from .store import Found, Store
 
 
 @dataclass
@@ -47,95 +37,61 @@ class GcReport:
     bytes_freed: int = 0
 
 
-def scan_fanout(folder: Path, suffix: str) -> Iterator[tuple[str, Path, str]]:
-    """(kind, path, name) for everything in the fan-out folders of objects/ (suffix "") or index/ (".json"), in
-    order, following no link: kind "file" with its store name (digest or kernel key), "symlink", or
-    "unexpected" (a name no reader opens, e.g. not hex or not a regular file). Writers' temp files are skipped.
-    Names that are not UTF-8 come through (surrogate-escaped) as "unexpected"."""
-    if folder.is_symlink() or not folder.is_dir():
-        return
-    for top in sorted(os.scandir(folder), key=lambda e: e.name):
-        if top.is_symlink():
-            yield "symlink", Path(top.path), top.name
-        elif not top.is_dir(follow_symlinks=False) or not _FANOUT.fullmatch(top.name):
-            yield "unexpected", Path(top.path), top.name
-        else:
-            for item in sorted(os.scandir(top.path), key=lambda e: e.name):
-                if item.name.startswith(".") and item.name.endswith(TMP_SUFFIX):
-                    continue
-                yield _kind(item, top.name, suffix), Path(item.path), _name(item.name, top.name, suffix)
-
-
-def _name(file_name: str, fanout: str, suffix: str) -> str:
-    return file_name.removesuffix(suffix) if suffix else fanout + file_name
-
-
-def _kind(item: os.DirEntry[str], fanout: str, suffix: str) -> str:
-    if item.is_symlink():
-        return "symlink"
-    name = _name(item.name, fanout, suffix)
-    good = item.name.endswith(suffix) and _HEX64.fullmatch(name) and name.startswith(fanout)
-    return "file" if good and item.is_file(follow_symlinks=False) else "unexpected"
-
-
 def verify(store: Store, quarantine: bool = False) -> VerifyReport:
-    """See Store.verify. Entries whose object was not seen in the object pass (a build running meanwhile) are
-    checked against the object directly, so a concurrent build's fresh entry is never taken for dangling."""
-    report, doomed = VerifyReport(), list[Path]()
-    if not store.ready():
-        return report
+    """Re-hash every object and check every index entry (readable, names its own key, object present with its
+    size and digest). Symlinks are reported, never followed. With `quarantine`, every bad object, bad or
+    dangling entry and symlink is moved to quarantine/<time>/ (entries first), so no load sees it. Entries
+    whose object was not seen in the object pass (a build running meanwhile) are checked against the object
+    directly, so a concurrent build's fresh entry is never taken for dangling."""
+    report, doomed = VerifyReport(), list[Found]()
     good = _verify_objects(store, report, doomed)
     doomed[:0] = _verify_entries(store, report, good)
     if quarantine and doomed:
-        _quarantine(store, doomed, report)
+        report.quarantine_dir, report.quarantined = store.quarantine(doomed)
     return report
 
 
-def _rel(store: Store, path: Path) -> str:
-    return shown(path.relative_to(store.root))
-
-
-def _verify_objects(store: Store, report: VerifyReport, doomed: list[Path]) -> dict[str, int]:
+def _verify_objects(store: Store, report: VerifyReport, doomed: list[Found]) -> dict[str, int]:
     """Hash every object; returns {digest: size} of the good ones and appends the bad ones to `doomed`."""
     good = {}
-    for kind, path, name in scan_fanout(store.root / "objects", ""):
-        if kind == "unexpected":
-            report.unexpected.append(_rel(store, path))
+    for found in store.scan("objects"):
+        if found.kind == "unexpected":
+            report.unexpected.append(shown(found.where))
             continue
-        if kind == "symlink":
-            report.symlinks.append(_rel(store, path))
+        if found.kind == "symlink":
+            report.symlinks.append(shown(found.where))
         else:
-            try:
-                actual = sha256_file(path)
-            except FileNotFoundError:  # removed since the scan (a gc): nothing to check
+            hashed = store.hash_object(found.name)
+            if hashed is None:  # removed since the scan (a gc): nothing to check
                 continue
             report.objects_checked += 1
-            if actual == name:
-                good[name] = path.lstat().st_size
+            actual, size = hashed
+            if actual == found.name:
+                good[found.name] = size
                 continue
-            report.bad_objects.append((name, actual))
-        doomed.append(path)
+            report.bad_objects.append((found.name, actual))
+        doomed.append(found)
     return good
 
 
-def _verify_entries(store: Store, report: VerifyReport, good: dict[str, int]) -> list[Path]:
+def _verify_entries(store: Store, report: VerifyReport, good: dict[str, int]) -> list[Found]:
     doomed = []
-    for kind, path, name in scan_fanout(store.root / "index", ".json"):
-        if kind == "unexpected":
-            report.unexpected.append(_rel(store, path))
+    for found in store.scan("index"):
+        if found.kind == "unexpected":
+            report.unexpected.append(shown(found.where))
             continue
-        if kind == "symlink":
-            report.symlinks.append(_rel(store, path))
-            doomed.append(path)
+        if found.kind == "symlink":
+            report.symlinks.append(shown(found.where))
+            doomed.append(found)
             continue
         report.entries_checked += 1
-        problem = _entry_problem(store, name, good)
+        problem = _entry_problem(store, found.name, good)
         if problem == "dangling":
-            report.dangling_entries.append(name)
+            report.dangling_entries.append(found.name)
         elif problem:
-            report.bad_entries.append((_rel(store, path), problem))
+            report.bad_entries.append((shown(found.where), problem))
         if problem:
-            doomed.append(path)
+            doomed.append(found)
     return doomed
 
 
@@ -156,73 +112,30 @@ def _entry_problem(store: Store, kernel_key: str, good: dict[str, int]) -> str |
     return None
 
 
-def _quarantine(store: Store, doomed: list[Path], report: VerifyReport) -> None:
-    """Move `doomed` (entries first) to quarantine/<time>/<same relative path>, recording where each went."""
-    stamp = _new_quarantine_dir(store)
-    report.quarantine_dir = str(store.root / QUARANTINE / stamp)
-    for path in dict.fromkeys(doomed):
-        parts = path.relative_to(store.root).parts
-        try:
-            move_beneath(store.root, parts, (QUARANTINE, stamp, *parts), dir_mode=store.dir_mode)
-        except FileNotFoundError:  # gone meanwhile (another verify, a gc): nothing left to move
-            continue
-        report.quarantined[_rel(store, path)] = shown(store.root / QUARANTINE / stamp / Path(*parts))
-
-
-def _new_quarantine_dir(store: Store) -> str:
-    base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    folder = open_dir_beneath(store.root, (QUARANTINE,), create_mode=store.dir_mode)
-    try:
-        for n in range(1000):
-            stamp = base if n == 0 else f"{base}-{n}"
-            try:
-                os.mkdir(stamp, store.dir_mode, dir_fd=folder)
-                return stamp
-            except FileExistsError:
-                continue
-    finally:
-        os.close(folder)
-    raise StoreError(f"could not create a fresh folder under {store.root / QUARANTINE}; clear it out")
-
-
 def gc(store: Store, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
-    """See Store.gc."""
+    """Remove objects that no entry references and are older than `min_age` seconds, and temp files left by
+    writers that are no longer running. A builder writes an object before its entry, so a gc concurrent with
+    builds needs a min_age longer than one compile (the CLI defaults to an hour). Entries are read only when
+    some object is old enough to go, so temp files are cleared even when an entry is unreadable (which stops
+    object removal with StoreError). Leaves quarantine/ alone."""
     report = GcReport()
-    if not store.ready():
-        return report
     cutoff, live = time.time() - min_age, None
-    for kind, path, name in scan_fanout(store.root / "objects", ""):
-        if kind != "file" or path.lstat().st_mtime > cutoff:
+    for found in store.scan("objects"):
+        mtime = store.object_mtime(found.name) if found.kind == "file" else None
+        if mtime is None or mtime > cutoff:
             continue
         live = {e.object_digest for e in store.entries()} if live is None else live
-        if name not in live:
-            report.removed_objects.append(name)
-            report.bytes_freed += path.lstat().st_size
+        if found.name not in live:
+            report.removed_objects.append(found.name)
+            report.bytes_freed += store.object_size(found.name) or 0
             if not dry_run:
-                path.unlink()
-    for tmp in _temp_files(store.root):
-        if not _alive(_pid_of(tmp)):
+                store.remove_object(found.name)
+    for where, pid in store.temp_files():
+        if not _alive(pid):
             report.removed_temp_files += 1
             if not dry_run:
-                tmp.unlink(missing_ok=True)
+                store.remove_temp_file(where)
     return report
-
-
-def _temp_files(root: Path) -> Iterator[Path]:
-    for folder, dirs, files in os.walk(root):  # os.walk never descends into symlinked folders
-        if Path(folder) == root:
-            dirs[:] = [d for d in dirs if d != QUARANTINE]
-        for name in files:
-            if name.startswith(".") and name.endswith(TMP_SUFFIX):
-                yield Path(folder) / name
-
-
-def _pid_of(tmp: Path) -> int | None:
-    parts = tmp.name.split(".")  # .<name>.<pid>.<rand>.tmp
-    try:
-        return int(parts[-3])
-    except (IndexError, ValueError):
-        return None
 
 
 def _alive(pid: int | None) -> bool:

@@ -21,16 +21,12 @@ from typing import Any
 import httpx
 
 from . import config
-from .errors import Fa4AotError
+from .errors import Fa4AotError, RemoteError
 from .store import Entry, Store, check_hex
 
 RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
-
-
-class RemoteError(Fa4AotError):
-    """The server could not be reached or refused a request; the message names the server and the fix."""
 
 
 def server_from_env() -> Remote | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import Fa4AotError, StoreError
+from .errors import StoreError, TrustError
 from .fsutil import atomic_write
 from .keys import dumps
 from .skus import Sku
@@ -35,10 +35,6 @@ if TYPE_CHECKING:  # cryptography is imported where keys are used: importing it 
 FORMAT = "fa4-aot-manifest/1"
 _UTC_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 PUBLIC_PREFIX = "fa4-aot-ed25519"
-
-
-class TrustError(Fa4AotError):
-    """A manifest, key or kernel failed verification; the message says which check and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -224,20 +220,15 @@ def verify(envelope: Any, trusted: dict[str, PublicKey], sku: Sku, revoked: Revo
 
 
 def save(store: Store, envelope: dict[str, Any]) -> Path:
-    """Keep an envelope in the store (manifests/<sku>/<manifest id>.json); idempotent."""
+    """Keep an envelope in the store (Store.put_manifest: manifests/<sku>/<manifest id>.json); idempotent."""
     manifest = check_shape(envelope)
-    path = store.root / "manifests" / _sku_folder(manifest["sku"]["name"]) / f"{manifest_id(envelope)}.json"
     data = json.dumps(envelope, sort_keys=True, indent=1).encode()
-    if not (path.is_file() and not path.is_symlink() and path.read_bytes() == data):
-        atomic_write(path, data)
-    return path
+    return store.put_manifest(_sku_folder(manifest["sku"]["name"]), manifest_id(envelope), data)
 
 
 def local(store: Store, sku_name: str) -> list[dict[str, Any]]:
-    folder = store.root / "manifests" / _sku_folder(sku_name)
-    if not folder.is_dir():
-        return []
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json")) if not p.is_symlink()]
+    """The envelopes the store keeps for `sku_name` (unverified: see verify)."""
+    return [json.loads(data) for data in store.manifests(_sku_folder(sku_name))]
 
 
 def _sku_folder(name: str) -> str:

@@ -16,6 +16,7 @@ from .errors import UnknownSku
 from .tomlsrc import TomlSource
 
 _ARCH = re.compile(r"sm_(\d+)(\d)a")
+ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_110a", "sm_120a")  # the arch targets FA4 has kernels for
 MIB = 1 << 20
 SKU_FIELDS = {"arch": str, "sm_count": int, "l2_bytes": int, "cuda_major": int, "description": str}
 CUDA_MAJORS = (12, 13)
@@ -90,8 +91,8 @@ def _check_table(src: TomlSource, name: str, table: dict[str, Any]) -> list[int]
             raise src.fail(header, key, f"expected {typ.__name__}, got {table[key]!r}")
     if not _ARCH.fullmatch(table["arch"]):
         raise src.fail(header, "arch", f"{table['arch']!r} is not an arch target like 'sm_90a' or 'sm_100a'")
-    if table["arch"] not in ("sm_90a", "sm_100a", "sm_103a", "sm_110a", "sm_120a"):
-        raise src.fail(header, "arch", f"{table['arch']!r}: FA4 targets sm_90a, sm_100a, sm_103a, sm_110a, sm_120a")
+    if table["arch"] not in ARCHS:
+        raise src.fail(header, "arch", f"{table['arch']!r}: FA4 targets {', '.join(ARCHS)}")
     for key in ("sm_count", "l2_bytes"):
         if table[key] <= 0:
             raise src.fail(header, key, "must be positive")

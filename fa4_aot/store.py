@@ -4,11 +4,14 @@ Layout under the root (cache/README.md shows it with an example):
     objects/ab/<62 hex>    exported kernel objects, named by the sha256 of their bytes, written once
     index/ab/<64 hex>.json one entry per kernel key: object digest plus readable metadata
     misses/<64 hex>.json   kernels a client needed and lacked (fallback mode), for `fa4-aot misses`
+    manifests/<sku>/<64 hex>.json  signed manifests (signing.py), named by manifest id
     locks/                 advisory locks that keep two processes from doing the same work
     quarantine/<time>/     what `fa4-aot verify` moved out of the way (same relative paths), for a person to inspect
 
 Objects are written before their index entry, so an entry that exists is complete; every read
-re-hashes the object. All writes go through fsutil.atomic_write.
+re-hashes the object. All writes go through fsutil.AtomicFile (temp file beside the target, then rename).
+Store is the only code that builds paths under the root: the service (uploads, serving, startup import),
+signing (manifests) and maintenance (verify, gc, quarantine) all go through its methods.
 
 Trust: a client runs the bytes it loads, so whoever can write the store can run code in every client. The
 store is therefore created owner-only (folders 0700, files 0600), and on first use each Store instance checks
@@ -32,25 +35,30 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from . import maintenance
 from .errors import IntegrityError, StoreError
 from .fsutil import (
     DIR_MODE,
     FILE_MODE,
+    TMP_SUFFIX,
+    AtomicFile,
     FileLock,
     atomic_write,
     check_folder,
     hash_stream,
     lstat_beneath,
     make_dirs,
+    move_beneath,
     open_beneath,
+    open_dir_beneath,
     refuse_symlink,
     shown,
 )
 from .fsutil import sha256_file as sha256_file  # re-exported: callers hash object files by path
-from .maintenance import GcReport, VerifyReport, scan_fanout
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+HEX64 = re.compile(r"[0-9a-f]{64}")
+_FANOUT = re.compile(r"[0-9a-f]{2}")
+_SKU_NAME = re.compile(r"[a-z0-9-]+")
+QUARANTINE = "quarantine"
 _CHUNK = 1 << 20
 _FOLDERS = ("objects", "index", "misses", "locks")
 SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
@@ -58,7 +66,7 @@ SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
 
 def check_hex(value: str, what: str = "digest") -> str:
     """Return `value` if it is 64 lowercase hex digits; raise StoreError otherwise (before any path is built)."""
-    if not isinstance(value, str) or not _HEX64.fullmatch(value):
+    if not isinstance(value, str) or not HEX64.fullmatch(value):
         raise StoreError(f"invalid {what} {value!r}: expected 64 lowercase hex digits")
     return value
 
@@ -186,7 +194,36 @@ class Store:
     def put_stream(self, digest: str, chunks: Iterable[bytes], *, size: int | None = None, source: str) -> None:
         """Store bytes arriving in chunks (a download) under `digest`, checking sha256 and size while they
         stream and before the rename: on a mismatch nothing is stored and IntegrityError names `source`."""
-        self._write(self.object_path(digest), _verifying(chunks, digest, size, source))
+        with self.receive(digest, source=source) as upload:
+            for chunk in chunks:
+                upload.write(chunk)
+            upload.commit(size)
+
+    def receive(self, digest: str, *, source: str) -> ObjectUpload:
+        """A streamed put for callers that produce the bytes themselves (the service's async upload):
+        `with store.receive(d, source=...) as up: up.write(chunk)...; up.commit(size)`. The bytes go to a temp
+        file (fsutil.AtomicFile: store modes, no link followed) while being counted and hashed; commit() renames
+        it into place only if they hash to `digest` (and are `size` bytes), else raises IntegrityError; leaving
+        the block without a commit stores nothing."""
+        path = self.object_path(digest)
+        self.ready(create=True)
+        self._is_file(path)  # a symlink there is refused, not silently replaced
+        return ObjectUpload(AtomicFile(path, root=self.root, mode=self.file_mode, dir_mode=self.dir_mode),
+                            digest, source)
+
+    def open_object(self, digest: str) -> IO[bytes]:
+        """The object's file open for reading (to serve it), bytes not re-hashed, no link followed:
+        FileNotFoundError when absent, StoreError for a symlink or a non-regular file."""
+        return self._open(self.object_path(digest))
+
+    def object_size(self, digest: str) -> int | None:
+        """Size of the object's file, None when absent; StoreError for a symlink or a non-regular file."""
+        path = self.object_path(digest)
+        st = lstat_beneath(self.root, path.relative_to(self.root).parts) if self.ready() else None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise refuse_symlink(path) if stat.S_ISLNK(st.st_mode) else StoreError(
+                f"{path} is not a regular file; move it out of the store (`fa4-aot verify` quarantines it)")
+        return None if st is None else st.st_size
 
     def has_object(self, digest: str) -> bool:
         """Whether the object's file exists (not whether its bytes are right); StoreError for a symlink."""
@@ -275,15 +312,20 @@ class Store:
     def has_entry(self, kernel_key: str) -> bool:
         return self._is_file(self.entry_path(kernel_key))
 
-    def entries(self, sku: str | None = None) -> Iterator[Entry]:
-        """Every entry (of `sku`), in key order. Temp files and names that are not `<key>.json` are skipped;
-        StoreError for an unreadable entry or a symlink."""
-        if not self.ready():
-            return
-        for kind, path, name in scan_fanout(self.root / "index", ".json"):
-            if kind == "symlink":
-                raise refuse_symlink(path)
-            entry = self.get_entry(name) if kind == "file" else None
+    def entries(self, sku: str | None = None, *, skipped: list[str] | None = None) -> Iterator[Entry]:
+        """Every entry (of `sku`), in key order. Temp files and names that are not `<key>.json` are passed
+        over. An unreadable entry or a symlink raises StoreError, or with `skipped` is left out and named
+        there (one line each, saying why), so one bad file cannot stop a caller that serves the rest."""
+        for found in self.scan("index"):
+            try:
+                if found.kind == "symlink":
+                    raise refuse_symlink(self.root / found.where)
+                entry = self.get_entry(found.name) if found.kind == "file" else None
+            except StoreError as e:
+                if skipped is None:
+                    raise
+                skipped.append(f"{shown(self.root / found.where)}: {e}")
+                continue
             if entry is not None and (sku is None or entry.sku == sku):
                 yield entry
 
@@ -298,44 +340,216 @@ class Store:
             return []
         found = []
         for name in sorted(os.listdir(folder)):
-            if _HEX64.fullmatch(name.removesuffix(".json")) and name.endswith(".json"):
+            if HEX64.fullmatch(name.removesuffix(".json")) and name.endswith(".json"):
                 with self._open(folder / name) as f:
                     found.append(Miss(**json.loads(f.read())))
         return found
 
-    # -- maintenance ---------------------------------------------------------------------------
-    def verify(self, quarantine: bool = False) -> VerifyReport:
-        """Re-hash every object and check every index entry (readable, names its own key, object present with
-        its size and digest). Symlinks are reported, never followed. With `quarantine`, every bad object, bad
-        or dangling entry and symlink is moved to quarantine/<time>/ (entries first), so no load sees it."""
-        return maintenance.verify(self, quarantine)
+    # -- signed manifests (signing.py owns their content) -----------------------------------------
+    def put_manifest(self, sku: str, manifest_id: str, data: bytes) -> Path:
+        """Keep a signed manifest's bytes as manifests/<sku>/<manifest id>.json; idempotent (same bytes kept)."""
+        path = self.root / "manifests" / _check_sku(sku) / f"{check_hex(manifest_id, 'manifest id')}.json"
+        try:
+            with self._open(path) as f:
+                if f.read() == data:
+                    return path
+        except FileNotFoundError:
+            pass
+        self._write(path, data)
+        return path
 
-    def gc(self, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
-        """Remove objects that no entry references and are older than `min_age` seconds, and temp files
-        left by writers that are no longer running. A builder writes an object before its entry, so a
-        gc concurrent with builds needs a min_age longer than one compile (the CLI defaults to an hour).
-        Entries are read only when some object is old enough to go, so temp files are cleared even when an
-        entry is unreadable (which stops object removal with StoreError). Leaves quarantine/ alone."""
-        return maintenance.gc(self, dry_run, min_age)
+    def manifests(self, sku: str) -> list[bytes]:
+        """The bytes of every manifest kept for `sku`, in name order; symlinks and other names are passed over."""
+        parts = ("manifests", _check_sku(sku))
+        if not self.ready() or lstat_beneath(self.root, parts) is None:
+            return []
+        found = []
+        for name in sorted(_listdir_beneath(self.root, parts)):
+            if name.endswith(".json") and HEX64.fullmatch(name.removesuffix(".json")):
+                try:
+                    with self._open(self.root.joinpath(*parts, name)) as f:
+                        found.append(f.read())
+                except StoreError:  # a symlink or a folder: never followed, not a manifest
+                    continue
+        return found
+
+    # -- layout for maintenance.py (verify, gc, quarantine) ----------------------------------------
+    def scan(self, folder: str) -> Iterator[Found]:
+        """Everything in the fan-out folders of "objects" or "index", in name order, following no link (see
+        Found). Writers' temp files are passed over. Nothing when the store or the folder does not exist."""
+        if folder not in ("objects", "index"):
+            raise ValueError(f"scan() takes 'objects' or 'index', not {folder!r}")
+        st = lstat_beneath(self.root, (folder,)) if self.ready() else None
+        if st is not None and stat.S_ISDIR(st.st_mode):  # check_root refused a symlink there already
+            yield from _scan_fanout(self.root, folder, ".json" if folder == "index" else "")
+
+    def hash_object(self, digest: str) -> tuple[str, int] | None:
+        """(sha256, size) of the bytes stored as `digest`, whatever they are; None when the file is gone."""
+        try:
+            with self._open(self.object_path(digest)) as f:
+                return hash_stream(f).hexdigest(), os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return None
+
+    def object_mtime(self, digest: str) -> float | None:
+        path = self.object_path(digest)
+        st = lstat_beneath(self.root, path.relative_to(self.root).parts) if self.ready() else None
+        return None if st is None else st.st_mtime
+
+    def remove_object(self, digest: str) -> None:
+        """Unlink the object's file (no link followed); nothing when it is already gone."""
+        self._unlink(self.object_path(digest).relative_to(self.root).parts)
+
+    def quarantine(self, found: Iterable[Found]) -> tuple[str, dict[str, str]]:
+        """Move each scanned item (a symlink as the link itself) to quarantine/<time>/<same relative path>.
+        Returns the new folder and {path under the root: where it went}; items gone meanwhile are passed over."""
+        stamp = self._new_quarantine_dir()
+        moved = {}
+        for item in found:
+            parts = Path(item.where).parts
+            try:
+                move_beneath(self.root, parts, (QUARANTINE, stamp, *parts), dir_mode=self.dir_mode)
+            except FileNotFoundError:  # gone meanwhile (another verify, a gc): nothing left to move
+                continue
+            moved[shown(item.where)] = shown(self.root / QUARANTINE / stamp / item.where)
+        return str(self.root / QUARANTINE / stamp), moved
+
+    def temp_files(self) -> Iterator[tuple[str, int | None]]:
+        """(path under the root, writer pid) of every writer's temp file outside quarantine/, following no link."""
+        if not self.ready():
+            return
+        for folder, dirs, files in os.walk(self.root):  # os.walk never descends into symlinked folders
+            if Path(folder) == self.root:
+                dirs[:] = [d for d in dirs if d != QUARANTINE]
+            for name in files:
+                if name.startswith(".") and name.endswith(TMP_SUFFIX):
+                    yield str(Path(folder, name).relative_to(self.root)), _pid_of(name)
+
+    def remove_temp_file(self, where: str) -> None:
+        """Unlink a temp file that temp_files() named (refuses any other name)."""
+        parts = Path(where).parts
+        if not parts or not (parts[-1].startswith(".") and parts[-1].endswith(TMP_SUFFIX)) or ".." in parts:
+            raise StoreError(f"{where!r} is not a writer's temp file under {self.root}")
+        self._unlink(parts)
+
+    def _unlink(self, parts: tuple[str, ...]) -> None:
+        try:
+            folder = open_dir_beneath(self.root, parts[:-1])
+        except FileNotFoundError:
+            return
+        try:
+            os.unlink(parts[-1], dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(folder)
+
+    def _new_quarantine_dir(self) -> str:
+        base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        folder = open_dir_beneath(self.root, (QUARANTINE,), create_mode=self.dir_mode)
+        try:
+            for n in range(1000):
+                stamp = base if n == 0 else f"{base}-{n}"
+                try:
+                    os.mkdir(stamp, self.dir_mode, dir_fd=folder)
+                    return stamp
+                except FileExistsError:
+                    continue
+        finally:
+            os.close(folder)
+        raise StoreError(f"could not create a fresh folder under {self.root / QUARANTINE}; clear it out")
+
+
+class ObjectUpload:
+    """A streamed put in progress (Store.receive): write() chunks, then commit(size) to verify and rename."""
+
+    def __init__(self, file: AtomicFile, digest: str, source: str) -> None:
+        self._file, self.digest, self.source = file, digest, source
+        self._hash, self.size = hashlib.sha256(), 0
+
+    def __enter__(self) -> ObjectUpload:
+        self._file.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._file.__exit__(*exc)
+
+    def write(self, chunk: bytes) -> None:
+        self._hash.update(chunk)
+        self.size += len(chunk)
+        self._file.write(chunk)
+
+    def commit(self, size: int | None = None) -> None:
+        """Rename the bytes into place if they hash to the digest (and are `size` bytes); IntegrityError
+        naming the source otherwise, and nothing is stored."""
+        actual = self._hash.hexdigest()
+        if actual != self.digest or (size is not None and self.size != size):
+            raise IntegrityError(
+                f"{self.source} sent {self.size} bytes hashing to {actual}, expected "
+                f"{size if size is not None else '?'} bytes hashing to {self.digest}; nothing was stored (retry, "
+                "and `fa4-aot verify` the source if it persists)",
+                expected=self.digest, actual=actual, source=self.source,
+            )
+        self._file.commit()
+
+
+@dataclass(frozen=True)
+class Found:
+    """One thing Store.scan met: kind "file" (name: its digest or kernel key), "symlink" (never followed) or
+    "unexpected" (a name no reader opens, e.g. not hex or not a regular file); `where` is its path under the
+    root. Names that are not UTF-8 come through (surrogate-escaped) as "unexpected"."""
+
+    kind: str
+    name: str
+    where: str
+
+
+def _scan_fanout(root: Path, folder: str, suffix: str) -> Iterator[Found]:
+    for top in sorted(os.scandir(root / folder), key=lambda e: e.name):
+        where = f"{folder}/{top.name}"
+        if top.is_symlink():
+            yield Found("symlink", top.name, where)
+        elif not top.is_dir(follow_symlinks=False) or not _FANOUT.fullmatch(top.name):
+            yield Found("unexpected", top.name, where)
+        else:
+            for item in sorted(os.scandir(top.path), key=lambda e: e.name):
+                if item.name.startswith(".") and item.name.endswith(TMP_SUFFIX):
+                    continue
+                name = item.name.removesuffix(suffix) if suffix else top.name + item.name
+                yield Found(_kind(item, name, top.name, suffix), name, f"{where}/{item.name}")
+
+
+def _kind(item: os.DirEntry[str], name: str, fanout: str, suffix: str) -> str:
+    if item.is_symlink():
+        return "symlink"
+    good = item.name.endswith(suffix) and HEX64.fullmatch(name) and name.startswith(fanout)
+    return "file" if good and item.is_file(follow_symlinks=False) else "unexpected"
+
+
+def _listdir_beneath(root: Path, parts: tuple[str, ...]) -> list[str]:
+    fd = open_dir_beneath(root, parts)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_sku(name: str) -> str:
+    if not isinstance(name, str) or not _SKU_NAME.fullmatch(name):
+        raise StoreError(f"invalid SKU name {name!r}: expected lowercase letters, digits and '-'")
+    return name
+
+
+def _pid_of(name: str) -> int | None:
+    parts = name.split(".")  # .<name>.<pid>.<rand>.tmp
+    try:
+        return int(parts[-3])
+    except (IndexError, ValueError):
+        return None
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _verifying(chunks: Iterable[bytes], digest: str, size: int | None, source: str) -> Iterator[bytes]:
-    h, got = hashlib.sha256(), 0
-    for chunk in chunks:
-        h.update(chunk)
-        got += len(chunk)
-        yield chunk
-    actual = h.hexdigest()
-    if actual != digest or (size is not None and got != size):
-        raise IntegrityError(
-            f"{source} sent {got} bytes hashing to {actual}, expected {size if size is not None else '?'} bytes "
-            f"hashing to {digest}; nothing was stored (retry, and `fa4-aot verify` the source if it persists)",
-            expected=digest, actual=actual, source=source,
-        )
 
 
 def _parse_entry(path: Path, data: bytes) -> Entry:

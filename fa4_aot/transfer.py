@@ -10,8 +10,7 @@ from typing import Any
 from . import signing
 from .build import Report, build_calls
 from .calls import Call
-from .errors import Fa4AotError
-from .fsutil import DiskFull
+from .errors import DiskFull, Fa4AotError
 from .remote import Remote
 from .store import Store
 from .variants import Matrix

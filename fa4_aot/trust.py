@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from . import signing
-from .errors import Fa4AotError
-from .signing import Revocations, TrustError
+from .errors import Fa4AotError, TrustError
+from .signing import Revocations
 from .skus import Sku
 from .store import Entry, Store
 

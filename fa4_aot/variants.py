@@ -15,7 +15,7 @@ from typing import Any
 
 from .calls import DTYPES, LAYOUTS, MASKS, PASSES, Call
 from .errors import ConfigError
-from .skus import Sku, parse_skus
+from .skus import ARCHS, Sku, parse_skus
 from .tomlsrc import TomlSource
 
 SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads", "page_size")
@@ -193,8 +193,7 @@ def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[
         sink=_bools(fail, t["sink"]),
         layouts=_choices(src, i, "layouts", t["layouts"], LAYOUTS),
         num_splits=_int_list(src, "[[variants]]", "num_splits", t["num_splits"], i, minimum=0),
-        archs=tuple(_choices(src, i, "archs", t["archs"], ("sm_90a", "sm_100a", "sm_103a", "sm_110a", "sm_120a")))
-        if t["archs"] else (),
+        archs=_choices(src, i, "archs", t["archs"], ARCHS) if t["archs"] else (),
         description=str(t["description"]),
     )
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .calls import Call
-from .fsutil import DiskFull
+from .errors import DiskFull
 from .skus import Sku
 from .store import Entry
 

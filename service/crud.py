@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from fa4_aot.keys import dumps as canonical_json
 from fa4_aot.store import Entry
 
 from . import models, schemas
@@ -24,10 +25,6 @@ from .models import utcnow
 T = TypeVar("T")
 SCOPES = ("read", "publish", "admin")
 TOKEN_PREFIX = "fa4_"
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def retrying(session: Session, work: Callable[[], T], attempts: int = 3) -> T:

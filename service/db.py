@@ -17,13 +17,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from fa4_aot.errors import Fa4AotError
+from fa4_aot.errors import DatabaseError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
-
-
-class DatabaseError(Fa4AotError):
-    """The database URL cannot be used (unsupported driver, unreachable server)."""
 
 
 def make_engine(url: str) -> Engine:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlalchemy.orm import Session
 
+from fa4_aot import maintenance
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Entry, Store
 
@@ -42,25 +43,22 @@ def import_store(session: Session, store: Store) -> ImportReport:
 
 
 def _entries(store: Store, report: ImportReport) -> list[Entry]:
-    index = store.root / "index"
-    entries = []
-    for path in sorted(index.glob("??/*.json")) if index.is_dir() else []:
-        try:
-            entry = store.get_entry(path.stem)  # validates the name as a kernel key first
-        except StoreError as e:
-            report.skipped.append(f"{path}: {e}")
-            continue
-        if entry is not None:
-            entries.append(entry)
-    return entries
+    try:
+        return list(store.entries(skipped=report.skipped))
+    except StoreError as e:  # the store itself is unusable (e.g. a foreign owner): serve nothing from it
+        report.skipped.append(str(e))
+        return []
 
 
 def _import_entry(session: Session, store: Store, entry: Entry, report: ImportReport) -> None:
     """Raises Conflict (SKU facts) or ValueError (entry fails validation, object missing or short) before
     adding anything to the session, so a skipped entry leaves no partial rows."""
     kernel = schemas.KernelIn.model_validate(asdict(entry))
-    path = store.object_path(entry.object_digest)
-    if not path.is_file() or path.stat().st_size != entry.size:
+    try:
+        size = store.object_size(entry.object_digest)
+    except StoreError as e:
+        raise ValueError(str(e)) from e
+    if size != entry.size:
         raise ValueError(f"object {entry.object_digest} is missing or not {entry.size} bytes; run `fa4-aot verify`")
     crud.ensure_sku(session, facts=crud.sku_facts(kernel))
     if session.get(models.Object, entry.object_digest) is None:
@@ -78,9 +76,9 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
 
 def remove_dead_temp_files(store: Store) -> int:
     """Remove temp files that killed writers (e.g. an interrupted upload) left in the store. Removes no object:
-    Store.gc with an infinite min_age keeps every object and clears only dead writers' `.tmp` files."""
+    gc with an infinite min_age keeps every object and clears only dead writers' `.tmp` files."""
     try:
-        return store.gc(min_age=math.inf).removed_temp_files
+        return maintenance.gc(store, min_age=math.inf).removed_temp_files
     except StoreError as e:
         log.warning("could not clean temp files in %s: %s", store.root, e)
         return 0

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import secrets
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 import anyio
 
-from fa4_aot.fsutil import TMP_SUFFIX
+from fa4_aot.errors import IntegrityError
 from fa4_aot.store import Store
 
 from .errors import DigestMismatch, RangeNotSatisfiable, TooLarge
@@ -22,54 +18,25 @@ _RANGE = re.compile(r"\s*(\d{0,19})\s*-\s*(\d{0,19})\s*")
 
 
 async def receive_object(store: Store, digest: str, chunks: AsyncIterator[bytes], *, limit: int) -> int:
-    """Stream `chunks` into the store as object `digest` and return its size.
+    """Stream `chunks` into the store as object `digest` (Store.receive) and return its size.
 
-    The bytes go to a unique temp file in the object's folder while being counted and hashed; only when they
-    hash to `digest` is the file renamed into place (so a reader sees the whole object or none). Raises
-    TooLarge past `limit` bytes and DigestMismatch for other bytes; the temp file is removed in `finally`, so
-    a rejected or interrupted upload leaves nothing (a killed server leaves a `.tmp` that startup removes).
+    The store writes them to a temp file while they are counted and hashed, and renames it into place only
+    when they hash to `digest` (so a reader sees the whole object or none). Raises TooLarge past `limit` bytes
+    and DigestMismatch for other bytes; a rejected or interrupted upload leaves nothing (a killed server leaves
+    a `.tmp` that startup removes).
     """
-    path = store.object_path(digest)  # validates the digest before any path is used
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
-    hasher, size = hashlib.sha256(), 0
-    try:
-        with open(tmp, "xb") as f:
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > limit:
-                    raise TooLarge(f"upload exceeds the server's limit of {limit} bytes; raise "
-                                   "FA4_AOT_MAX_BODY_BYTES on the server to accept larger objects")
-                hasher.update(chunk)
-                f.write(chunk)
-            await anyio.to_thread.run_sync(_sync_file, f)
-        _check_digest(digest, hasher.hexdigest(), size)
-        os.replace(tmp, path)
-        await anyio.to_thread.run_sync(_sync_folder, path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return size
-
-
-def _check_digest(expected: str, actual: str, size: int) -> None:
-    if actual != expected:
-        raise DigestMismatch(f"uploaded {size} bytes hash to sha256 {actual}, not {expected}; nothing was stored: "
-                             "PUT each object under the sha256 of its exact bytes")
-
-
-def _sync_file(f: BinaryIO) -> None:
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a folder; the rename already happened
-        pass
-    finally:
-        os.close(fd)
+    with store.receive(digest, source="upload") as upload:
+        async for chunk in chunks:
+            if upload.size + len(chunk) > limit:
+                raise TooLarge(f"upload exceeds the server's limit of {limit} bytes; raise "
+                               "FA4_AOT_MAX_BODY_BYTES on the server to accept larger objects")
+            upload.write(chunk)
+        try:
+            await anyio.to_thread.run_sync(upload.commit)
+        except IntegrityError as e:
+            raise DigestMismatch(f"uploaded {upload.size} bytes hash to sha256 {e.actual}, not {digest}; nothing "
+                                 "was stored: PUT each object under the sha256 of its exact bytes") from None
+    return upload.size
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -111,7 +78,7 @@ def etag_matches(header: str | None, etag: str) -> bool:
     return any(tag.strip().removeprefix("W/") == etag for tag in header.split(","))
 
 
-def read_chunks(f: BinaryIO, first: int, last: int) -> Iterator[bytes]:
+def read_chunks(f: IO[bytes], first: int, last: int) -> Iterator[bytes]:
     """Bytes first..last (inclusive) of the open file `f`, in chunks; closes `f` when done or abandoned."""
     try:
         f.seek(first)

@@ -48,9 +48,8 @@ def _present(store: Store, kernels: list[KernelOut]) -> tuple[list[KernelOut], l
     """The kernels whose object file is in the store, and each distinct object once with its size on disk."""
     entries, objects = [], dict[str, int]()
     for kernel in kernels:
-        try:
-            size = store.object_path(kernel.object_digest).stat().st_size
-        except FileNotFoundError:
+        size = store.object_size(kernel.object_digest)
+        if size is None:
             continue  # listed in the database but not (yet) on disk: reported missing
         entries.append(kernel)
         objects.setdefault(kernel.object_digest, size)
@@ -61,7 +60,7 @@ def _stream(store: Store, line: bytes, objects: list[tuple[str, int]]) -> Iterat
     """The JSON line, then each object. Objects are immutable once named, so their sizes cannot change."""
     yield line
     for digest, size in objects:
-        with open(store.object_path(digest), "rb") as f:
+        with store.open_object(digest) as f:
             left = size
             while left:
                 chunk: Any = f.read(min(CHUNK, left))

@@ -8,7 +8,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Response, status
 from sqlalchemy.orm import Session
 
-from fa4_aot.errors import IntegrityError
 from fa4_aot.store import Store
 
 from .. import crud
@@ -60,8 +59,8 @@ def _adopt_unrecorded_object(session: Session, store: Store, digest: str, *, act
     so publishers take the object as uploaded and never send it again. A corrupt file is left to the 409."""
     if crud.get_object(session, digest=digest) is not None or not store.has_object(digest):
         return
-    try:
-        size = store.verified_object_path(digest).stat().st_size
-    except (IntegrityError, FileNotFoundError):
+    hashed = store.hash_object(digest)
+    if hashed is None or hashed[0] != digest:
         return
+    size = hashed[1]
     crud.record_object(session, digest=digest, size=size, actor=actor)

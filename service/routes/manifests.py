@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from .. import crud, trust
+from .. import crud, crud_trust
 from ..deps import PublisherDep, SessionDep, check_sku_allowed, require_read
 from ..errors import InvalidBody, NotFound, ServiceError
 from ..openapi import PUBLISH, READ
@@ -31,7 +31,7 @@ def list_manifests(sku: SkuPath, session: SessionDep) -> SignedManifests:
     signatures, expiry or revocations: clients do (GET /v1/revocations lists what is revoked)."""
     if crud.get_sku(session, name=sku) is None:
         raise NotFound(f"unknown SKU {sku!r}: GET /v1/skus lists the SKUs this service holds")
-    return SignedManifests.model_validate({"manifests": trust.list_manifests(session, sku=sku)})
+    return SignedManifests.model_validate({"manifests": crud_trust.list_manifests(session, sku=sku)})
 
 
 @router.put(
@@ -51,7 +51,7 @@ async def put_manifest(sku: SkuPath, request: Request, response: Response, sessi
     is not checked here (the service holds no trust)."""
     check_sku_allowed(token, sku)
     envelope = _json(await _body(request))
-    stored, created = await run_in_threadpool(trust.store_manifest, session, sku=sku, envelope=envelope,
+    stored, created = await run_in_threadpool(crud_trust.store_manifest, session, sku=sku, envelope=envelope,
                                               actor=crud.token_label(token))
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return stored

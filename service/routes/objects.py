@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, BinaryIO
+from typing import IO, Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response, status
 from fastapi.responses import StreamingResponse
@@ -71,16 +71,16 @@ async def get_object(
 
 
 def _size(store: Store, digest: str) -> int:
-    try:
-        return store.object_path(digest).stat().st_size
-    except FileNotFoundError:
-        raise NotFound(f"no object {digest}; upload it with PUT /v1/objects/{digest}") from None
+    size = store.object_size(digest)
+    if size is None:
+        raise NotFound(f"no object {digest}; upload it with PUT /v1/objects/{digest}")
+    return size
 
 
-def _open(store: Store, digest: str) -> BinaryIO:
-    """The object's file, open for reading; NotFound when the store has no such object."""
+def _open(store: Store, digest: str) -> IO[bytes]:
+    """The object's file, open for reading with no link followed (Store.open_object); NotFound when absent."""
     try:
-        return open(store.object_path(digest), "rb")
+        return store.open_object(digest)
     except FileNotFoundError:
         raise NotFound(f"no object {digest}; upload it with PUT /v1/objects/{digest}") from None
 

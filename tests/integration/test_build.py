@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot import maintenance
 from fa4_aot.store import Store
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
@@ -50,7 +51,7 @@ def test_sm90_deterministic_backward(tmp_path: Path, variants_file: Path) -> Non
     entries = list(Store(tmp_path).entries())
     assert {e.family for e in entries} >= {"_flash_attn_fwd", "_flash_attn_bwd", "_bwd_preprocess"}
     assert all(e.arch == "sm_90a" and e.sm_count == 132 and e.size > 0 for e in entries)
-    assert Store(tmp_path).verify().ok
+    assert maintenance.verify(Store(tmp_path)).ok
 
 
 def test_sm100_persistent_forward_bakes_the_sku_sm_count(tmp_path: Path, variants_file: Path) -> None:
@@ -95,7 +96,7 @@ def test_killed_build_leaves_no_partial_entry(tmp_path: Path, variants_file: Pat
     os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its compiler workers, mid-build
     proc.wait()
     s = Store(store)
-    report = s.verify()
+    report = maintenance.verify(s)
     assert report.ok, report
     for entry in s.entries():  # every entry that exists is complete
         s.verified_object_path(entry.object_digest)
@@ -105,7 +106,7 @@ def test_killed_build_leaves_no_partial_entry(tmp_path: Path, variants_file: Pat
     assert {e.kernel_key for e in s.entries()} == {p.stem for p in (store / "index").glob("??/*.json")}
     doc = build(store, variants_file, "h200", "det-bwd")
     assert doc["failed"] == 0 and doc["built"] + doc["present"] == doc["kernels"]
-    assert s.verify().ok
+    assert maintenance.verify(s).ok
 
 
 def test_unknown_variant_and_sku_are_one_line_errors(tmp_path: Path, variants_file: Path) -> None:

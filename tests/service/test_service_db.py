@@ -16,6 +16,7 @@ from alembic.migration import MigrationContext
 from service_helpers import Server, kernel_doc
 from sqlalchemy import select
 
+from fa4_aot.errors import DatabaseError
 from service import crud, db, models
 from service.config import Settings
 from service.errors import InvalidInput, TokenNotFound
@@ -67,7 +68,7 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 def test_unsupported_url_names_the_fix() -> None:
-    with pytest.raises(db.DatabaseError, match="postgresql\\+psycopg://"):
+    with pytest.raises(DatabaseError, match="postgresql\\+psycopg://"):
         db.make_engine("mysql://localhost/fa4")
 
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from service_helpers import Server, free_port
 
-from fa4_aot import keys
+from fa4_aot import keys, maintenance
 from fa4_aot.calls import Call
 from fa4_aot.client import Installation, StoreCache
 from fa4_aot.errors import KernelMissing
@@ -65,7 +65,7 @@ def test_push_then_pull_into_an_empty_cache_is_byte_identical(server: Server, bu
     for entry in local:
         assert pulled.get_entry(entry.kernel_key).object_digest == entry.object_digest
         assert pulled.read_object(entry.object_digest) == Store(built).read_object(entry.object_digest)
-    assert pulled.verify().ok
+    assert maintenance.verify(pulled).ok
 
 
 def test_eight_processes_pulling_one_sku_download_each_object_once(server: Server, built: Path,
@@ -82,7 +82,7 @@ def test_eight_processes_pulling_one_sku_download_each_object_once(server: Serve
         assert proc.returncode == 0, err[-2000:]
     assert object_gets(server) - before == len(objects)
     store = Store(cache)
-    assert store.verify().ok and {e.object_digest for e in store.entries()} == objects
+    assert maintenance.verify(store).ok and {e.object_digest for e in store.entries()} == objects
     assert not [p for p in cache.rglob(".*") if p.is_file()]  # no temp file left behind
 
 

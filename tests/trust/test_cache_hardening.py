@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from fa4_aot import maintenance
 from fa4_aot.cli import main
 from fa4_aot.errors import IntegrityError, StoreError
 from fa4_aot.store import Entry, Miss, Store
@@ -157,11 +158,11 @@ def test_symlinked_object_file_is_refused_and_quarantined(tmp_path: Path) -> Non
             read()
     with pytest.raises(StoreError, match="refusing symlink"):
         store.put_object(b"kernel")
-    report = store.verify(quarantine=True)
+    report = maintenance.verify(store, quarantine=True)
     rel = str(path.relative_to(store.root))
     assert report.symlinks == [rel] and not report.ok and rel in report.quarantined
     assert Path(report.quarantined[rel]).is_symlink() and elsewhere.read_bytes() == b"kernel"
-    assert store.verify().ok and store.get_entry(entry.kernel_key) is None  # its entry went too (dangling)
+    assert maintenance.verify(store).ok and store.get_entry(entry.kernel_key) is None  # its entry went too (dangling)
     publish(store, b"kernel")  # a rebuild writes a real file
     assert not path.is_symlink() and store.read_object(entry.object_digest) == b"kernel"
 
@@ -178,9 +179,9 @@ def test_symlinked_index_entry_is_refused_and_quarantined(tmp_path: Path) -> Non
                  lambda: list(store.entries())):
         with pytest.raises(StoreError, match=f"refusing symlink {path}"):
             read()
-    report = store.verify(quarantine=True)
+    report = maintenance.verify(store, quarantine=True)
     assert report.symlinks == [str(path.relative_to(store.root))] and not path.is_symlink()
-    assert store.verify().ok and list(store.entries()) == []
+    assert maintenance.verify(store).ok and list(store.entries()) == []
 
 
 @pytest.mark.parametrize("folder", ["objects", "index"])
@@ -200,9 +201,9 @@ def test_symlinked_fanout_folder_is_refused_and_quarantined(tmp_path: Path, fold
         with pytest.raises(StoreError, match="refusing symlink"):  # a write never lands in the link's target
             store.put_object(b"kernel")
         assert sorted(p.name for p in moved.iterdir()) == [entry.object_digest[2:]]
-    report = store.verify(quarantine=True)
+    report = maintenance.verify(store, quarantine=True)
     assert str(fanout.relative_to(store.root)) in report.symlinks and not fanout.exists()
-    assert store.verify().ok and list(store.entries()) == []
+    assert maintenance.verify(store).ok and list(store.entries()) == []
 
 
 def test_symlinked_top_folder_is_refused(tmp_path: Path) -> None:
@@ -239,7 +240,7 @@ def test_symlinked_root_is_allowed(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(real)
     store = Store(tmp_path / "link")
     assert store.root == real  # resolved once, at construction
-    assert store.read_object(entry.object_digest) == b"kernel" and store.verify().ok
+    assert store.read_object(entry.object_digest) == b"kernel" and maintenance.verify(store).ok
     assert store.verified_object_path(entry.object_digest) == real / "objects" / entry.object_digest[:2] / \
         entry.object_digest[2:]
 
@@ -285,7 +286,7 @@ def test_truncated_object_is_detected_and_quarantined(tmp_path: Path) -> None:
     os.truncate(path, 100)
     with pytest.raises(IntegrityError):
         store.verified_object_path(entry.object_digest)
-    report = store.verify(quarantine=True)
+    report = maintenance.verify(store, quarantine=True)
     obj, idx = (str(p.relative_to(tmp_path)) for p in (path, store.entry_path(entry.kernel_key)))
     assert [d for d, _ in report.bad_objects] == [entry.object_digest] and set(report.quarantined) == {obj, idx}
     assert list(report.quarantined) == [idx, obj]  # the entry first: a reader sees no entry, never a bad object
@@ -294,7 +295,7 @@ def test_truncated_object_is_detected_and_quarantined(tmp_path: Path) -> None:
     assert quarantined.stat().st_size == 100 and Path(report.quarantine_dir).parent == tmp_path / "quarantine"
     assert store.get_entry(entry.kernel_key) is None and not store.has_object(entry.object_digest)
     assert store.read_object(kept.object_digest) == b"other kernel"
-    again = store.verify()
+    again = maintenance.verify(store)
     assert again.ok and again.objects_checked == 1 and again.entries_checked == 1
 
 
@@ -322,7 +323,7 @@ def test_non_utf8_name_inside_objects_is_reported_cleanly(tmp_path: Path) -> Non
     for name in (fanout + b"/\xff\xfename", os.fsencode(tmp_path / "objects") + b"/\xc3("):
         fd = os.open(name, os.O_WRONLY | os.O_CREAT, 0o600)
         os.close(fd)
-    report = store.verify(quarantine=True)
+    report = maintenance.verify(store, quarantine=True)
     assert report.ok and report.objects_checked == 1 and report.quarantined == {}
     assert sorted(report.unexpected) == [f"objects/{entry.object_digest[:2]}/\\xff\\xfename", "objects/\\xc3("]
     for args in (["verify"], ["verify", "--json"], ["gc", "--min-age", "0"], ["list"]):
@@ -341,5 +342,5 @@ def test_temp_files_are_invisible_to_readers(tmp_path: Path) -> None:
     for folder in (store.object_path(entry.object_digest).parent, store.entry_path(entry.kernel_key).parent):
         (folder / f".{'e' * 62}.json.{os.getpid()}.0badc0de.tmp").write_bytes(b"{partial")
     assert [e.kernel_key for e in store.entries()] == [entry.kernel_key]
-    report = store.verify(quarantine=True)
+    report = maintenance.verify(store, quarantine=True)
     assert report.ok and report.unexpected == [] and report.quarantined == {} and report.objects_checked == 1

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fa4_aot import maintenance
 from fa4_aot.store import Entry, Store
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.service.service_helpers import Server, prepare_database
@@ -100,7 +101,7 @@ def assert_sound(root: Path) -> None:
     server may still finish a request meanwhile, so the store may grow between the listings, never shrink."""
     store = Store(root)
     named_before, objects_before = _index_names(root), objects_in(root)
-    report = store.verify()
+    report = maintenance.verify(store)
     assert report.ok and report.unexpected == [], report
     keys = {e.kernel_key for e in store.entries()}
     for key in keys:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,15 @@ def test_build_dry_run_plans_without_compiling(tmp_path: Path) -> None:
     assert doc["planned"] > 0 and doc["failed"] == 0 and doc["failures"] == []
     assert doc["built"] == 0 and doc["present"] == 0 and len(doc["kernel_keys"]) == doc["planned"]
     assert list(Store(tmp_path).entries()) == [] and not (tmp_path / "objects").exists()
+
+
+def test_version_is_the_package_version() -> None:
+    result = CliRunner().invoke(main, ["--version"], prog_name="fa4-aot")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert result.exit_code == 0 and result.output == f"fa4-aot, version {version}\n"
+
+
+def test_error_in_a_nested_group_is_one_line(tmp_path: Path) -> None:
+    # The Fa4AotError -> click error mapping lives on the top group only; it must cover `token ...` too.
+    line = assert_one_line_error(cli(tmp_path, "token", "rotate", "--name", "nobody"))
+    assert "no active token named 'nobody'" in line and "fa4-aot token list" in line

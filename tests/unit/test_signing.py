@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from fa4_aot import signing, trust
-from fa4_aot.signing import Revocations, TrustError
+from fa4_aot.errors import TrustError
+from fa4_aot.signing import Revocations
 from fa4_aot.skus import Sku
 from fa4_aot.store import Entry, Store
 

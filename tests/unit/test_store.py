@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot import maintenance
 from fa4_aot import store as store_module
-from fa4_aot.errors import IntegrityError, StoreError
-from fa4_aot.fsutil import DiskFull, FileLock, atomic_write
+from fa4_aot.errors import DiskFull, IntegrityError, StoreError
+from fa4_aot.fsutil import FileLock, atomic_write
 from fa4_aot.store import Entry, Miss, Store, sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,12 +76,12 @@ def test_flipped_byte_raises_integrity_error_and_verify_reports_it(tmp_path: Pat
     assert bad in str(e.value) and actual in str(e.value) and "fa4-aot verify" in str(e.value)
     with pytest.raises(IntegrityError):
         store.read_object(bad)
-    report = store.verify()
+    report = maintenance.verify(store)
     assert (report.ok, report.objects_checked, report.bad_objects) == (False, 2, [(bad, actual)])
     assert store.read_object(good) == b"good kernel"
     # Putting the same bytes again repairs the object.
     store.put_object(b"x" * 4096)
-    assert store.verify().ok
+    assert maintenance.verify(store).ok
 
 
 def test_entry_round_trip(tmp_path: Path) -> None:
@@ -103,7 +104,7 @@ def test_entry_is_a_commit_marker(tmp_path: Path) -> None:
     store.put_object(b"kernel bytes")
     store.put_entry(entry)
     store.object_path(entry.object_digest).unlink()
-    report = store.verify()
+    report = maintenance.verify(store)
     assert (report.ok, report.entries_checked, report.dangling_entries) == (False, 1, [entry.kernel_key])
 
 
@@ -144,7 +145,7 @@ def test_corrupt_index_entry_is_a_store_error(tmp_path: Path) -> None:
         list(store.entries())
     with pytest.raises(StoreError, match="unreadable index entry"):
         store.get_entry(entry.kernel_key)
-    report = store.verify()
+    report = maintenance.verify(store)
     assert not report.ok and [p for p, _ in report.bad_entries] == [
         f"index/{entry.kernel_key[:2]}/{entry.kernel_key}.json"]
 
@@ -157,7 +158,7 @@ def test_entry_filed_under_another_key_is_refused(tmp_path: Path) -> None:
     atomic_write(store.entry_path(other), store.entry_path(entry.kernel_key).read_bytes())
     with pytest.raises(StoreError, match=f"holds kernel '{entry.kernel_key}'"):
         store.get_entry(other)
-    (bad,) = store.verify().bad_entries
+    (bad,) = maintenance.verify(store).bad_entries
     assert bad[0] == f"index/ff/{other}.json" and "holds kernel" in bad[1]
 
 
@@ -168,7 +169,7 @@ def test_verify_flags_an_entry_whose_object_is_corrupt_or_the_wrong_size(tmp_pat
     wrong_size = make_entry(store, b"other kernel", key="e" * 64)
     store.put_entry(Entry(**{**wrong_size.__dict__, "size": 3}))
     flip_one_byte(store.object_path(entry.object_digest))
-    report = store.verify()
+    report = maintenance.verify(store)
     assert [k for k, _ in report.bad_objects] == [entry.object_digest]
     assert {p.split("/")[-1]: why for p, why in report.bad_entries} == {
         f"{entry.kernel_key}.json": f"its object {entry.object_digest} is corrupt or not 12 bytes",
@@ -198,16 +199,16 @@ def test_gc_removes_unreferenced_objects_and_dead_writers_temp_files(tmp_path: P
         tmp.write_bytes(b"partial")
     before = files_under(tmp_path)
 
-    report = store.gc(dry_run=True)
+    report = maintenance.gc(store, dry_run=True)
     assert (report.removed_objects, report.removed_temp_files, report.bytes_freed) == ([orphan], 1, 7)
     assert files_under(tmp_path) == before
 
-    report = store.gc()
+    report = maintenance.gc(store)
     assert (report.removed_objects, report.removed_temp_files, report.bytes_freed) == ([orphan], 1, 7)
     assert not store.has_object(orphan) and not dead_tmp.exists()
     assert live_tmp.exists() and store.read_object(kept.object_digest) == b"referenced"
-    assert store.verify().ok
-    assert store.gc().removed_objects == []
+    assert maintenance.verify(store).ok
+    assert maintenance.gc(store).removed_objects == []
 
 
 def test_gc_clears_temp_files_even_with_an_unreadable_entry(tmp_path: Path) -> None:
@@ -219,9 +220,9 @@ def test_gc_clears_temp_files_even_with_an_unreadable_entry(tmp_path: Path) -> N
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     tmp = store.object_path(entry.object_digest).parent / f".x.{int(dead.stdout)}.00000000.tmp"
     tmp.write_bytes(b"partial")
-    assert store.gc(min_age=float("inf")).removed_temp_files == 1 and not tmp.exists()
+    assert maintenance.gc(store, min_age=float("inf")).removed_temp_files == 1 and not tmp.exists()
     with pytest.raises(StoreError, match="unreadable index entry"):  # objects are never removed blind
-        store.gc(min_age=0)
+        maintenance.gc(store, min_age=0)
     assert store.has_object(entry.object_digest)
 
 
@@ -345,14 +346,14 @@ def test_sigkilled_writers_leave_only_temp_files_and_whole_objects(tmp_path: Pat
     for p in files:
         if p not in temps:
             assert len(p.parent.name + p.name) == 64 and sha256_file(p) == p.parent.name + p.name, p
-    assert store.verify().ok
+    assert maintenance.verify(store).ok
 
     kept = make_entry(store, b"referenced")
     store.put_entry(kept)
-    report = store.gc()
+    report = maintenance.gc(store)
     assert report.removed_temp_files == len(temps)
     assert files_under(tmp_path / "objects") == [store.object_path(kept.object_digest)]
-    assert store.verify().ok
+    assert maintenance.verify(store).ok
 
 
 LOCKER = """

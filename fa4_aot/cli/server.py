@@ -1,22 +1,31 @@
-"""The `fa4-aot` commands that involve a server: serve, token, push, pull. Registered on cli.main."""
+"""The `fa4-aot` commands that involve a server: serve, token (create/rotate/revoke/list), push, pull."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from .cli import _emit, _store, main
+from ..store import Store
+from .common import emit, json_option, pass_store, state
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from ..remote import Remote
 
 
-def _remote(server: str, token: str | None):  # type: ignore[no-untyped-def]
-    from .remote import Remote
+def _remote(server: str, token: str | None) -> Remote:
+    from ..remote import Remote
 
     return Remote(server, token=token)
 
 
-def _progress(as_json: bool, verb: str):  # type: ignore[no-untyped-def]
+def _progress(as_json: bool, verb: str) -> Callable[[int, int, str], None]:
     def report(done: int, total: int, status: str) -> None:
         if not as_json and (status != "ok" or done == total or done % 25 == 0):
             click.echo(f"[{done}/{total}] {verb} {status}", err=True)
@@ -28,10 +37,10 @@ _server = click.option("--server", required=True, envvar="FA4_AOT_SERVER", help=
 _token = click.option("--token", envvar="FA4_AOT_TOKEN", help="Bearer token ($FA4_AOT_TOKEN).")
 _jobs = click.option("--jobs", "-j", default=8, show_default=True, type=click.IntRange(1, 64),
                      help="Parallel transfers.")
-_json = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+_db = click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server database URL (default: the cache dir's).")
 
 
-@main.command()
+@click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0 for all).")
 @click.option("--port", default=8700, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--db", "db_url", envvar="FA4_AOT_DB_URL",
@@ -39,9 +48,7 @@ _json = click.option("--json", "as_json", is_flag=True, help="Print one JSON doc
 @click.option("--require-read-token", is_flag=True, help="Reads need a token too (default: reads are open).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Server processes (about one per core for a busy cluster).")
-@click.pass_context
-def serve(ctx: click.Context, host: str, port: int, db_url: str | None, require_read_token: bool,
-          workers: int) -> None:
+def serve(host: str, port: int, db_url: str | None, require_read_token: bool, workers: int) -> None:
     """Serve the store to a cluster over HTTP (FastAPI + uvicorn); the OpenAPI page is at /docs.
 
     Kernels already in the store are indexed at start, so `fa4-aot build --sku h200 && fa4-aot serve`
@@ -50,23 +57,21 @@ def serve(ctx: click.Context, host: str, port: int, db_url: str | None, require_
     from service.config import Settings
     from service.main import serve as run
 
-    run(Settings(cache_dir=ctx.obj["cache_dir"], db_url=db_url, host=host, port=port,
+    run(Settings(cache_dir=state().cache_dir, db_url=db_url, host=host, port=port,
                  require_read_token=require_read_token, workers=workers))
 
 
-@main.group()
+@click.group()
 def token() -> None:
     """Create and revoke the server's bearer tokens (run where the server's database is)."""
 
 
-_db = click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server database URL (default: the cache dir's).")
-
-
-def _session(ctx: click.Context, db_url: str | None):  # type: ignore[no-untyped-def]
+def _session(db_url: str | None) -> AbstractContextManager[Session]:
+    """A session on the server's database (migrated first): --db, else the one in --cache-dir."""
     from service import db
     from service.config import Settings
 
-    url = Settings(cache_dir=ctx.obj["cache_dir"], db_url=db_url).database_url
+    url = Settings(cache_dir=state().cache_dir, db_url=db_url).database_url
     db.migrate(url)
     return db.session_for(url)
 
@@ -76,87 +81,82 @@ def _session(ctx: click.Context, db_url: str | None):  # type: ignore[no-untyped
 @click.option("--name", default="", help="A label for whoever gets the token (unique among active tokens).")
 @click.option("--sku", "skus", multiple=True, help="Limit a publish token to these SKUs (repeatable).")
 @_db
-@click.pass_context
-def token_create(ctx: click.Context, scope: str, name: str, skus: tuple[str, ...], db_url: str | None) -> None:
+def token_create(scope: str, name: str, skus: tuple[str, ...], db_url: str | None) -> None:
     """Print a new token once; the database keeps only its hash."""
     from service import crud
 
-    with _session(ctx, db_url) as session:
+    with _session(db_url) as session:
         click.echo(crud.create_token(session, name=name, scope=scope, skus=list(skus) or None))
 
 
 @token.command("rotate")
 @click.option("--name", required=True)
 @_db
-@click.pass_context
-def token_rotate(ctx: click.Context, name: str, db_url: str | None) -> None:
+def token_rotate(name: str, db_url: str | None) -> None:
     """Print a new token for NAME (same scope and SKUs) and revoke the old one."""
     from service import crud
 
-    with _session(ctx, db_url) as session:
+    with _session(db_url) as session:
         click.echo(crud.rotate_token(session, name=name))
 
 
 @token.command("revoke")
 @click.option("--name", required=True)
 @_db
-@click.pass_context
-def token_revoke(ctx: click.Context, name: str, db_url: str | None) -> None:
+def token_revoke(name: str, db_url: str | None) -> None:
     """Revoke every active token called NAME."""
     from service import crud
 
-    with _session(ctx, db_url) as session:
+    with _session(db_url) as session:
         click.echo(f"revoked {crud.revoke_token(session, name=name)} token(s) named {name!r}")
 
 
 @token.command("list")
 @_db
-@_json
-@click.pass_context
-def token_list(ctx: click.Context, db_url: str | None, as_json: bool) -> None:
+@json_option()
+def token_list(db_url: str | None, as_json: bool) -> None:
     """Every token's name, scope, SKUs and state (never the token itself)."""
     from service import crud
 
-    with _session(ctx, db_url) as session:
+    with _session(db_url) as session:
         rows = crud.list_tokens(session)
     lines = [f"{r['name']:<24} {r['scope']:<8} {','.join(r['skus'] or ['*']):<20} "
              f"{'revoked' if r['revoked'] else 'active':<8} {r['created']}" for r in rows]
-    _emit(as_json, rows, "\n".join(lines) or "no tokens")
+    emit(as_json, rows, "\n".join(lines) or "no tokens")
 
 
-@main.command()
+@click.command()
 @_server
 @_token
 @click.option("--sku", help="Only this SKU's kernels (default: all).")
 @_jobs
-@_json
-@click.pass_context
-def push(ctx: click.Context, server: str, token: str | None, sku: str | None, jobs: int, as_json: bool) -> None:
+@json_option()
+@pass_store
+def push(store: Store, server: str, token: str | None, sku: str | None, jobs: int, as_json: bool) -> None:
     """Publish local kernels to a server, uploading only the objects it lacks (HEAD first)."""
-    from .transfer import push as run
+    from ..transfer import push as run
 
-    result = run(_store(ctx), _remote(server, token), sku, jobs, _progress(as_json, "push"))
-    _emit(as_json, result.to_dict(), f"pushed {result.kernels} kernel(s) to {server}: {result.objects_sent} "
-          f"object(s) uploaded ({result.bytes} bytes), {result.manifests} signed manifest(s), "
-          f"{len(result.failures)} failed")
+    result = run(store, _remote(server, token), sku, jobs, _progress(as_json, "push"))
+    emit(as_json, result.to_dict(), f"pushed {result.kernels} kernel(s) to {server}: {result.objects_sent} "
+         f"object(s) uploaded ({result.bytes} bytes), {result.manifests} signed manifest(s), "
+         f"{len(result.failures)} failed")
     if result.failures:
         sys.exit(1)
 
 
-@main.command()
+@click.command()
 @_server
 @_token
 @click.option("--sku", required=True, help="SKU to mirror.")
 @_jobs
-@_json
-@click.pass_context
-def pull(ctx: click.Context, server: str, token: str | None, sku: str, jobs: int, as_json: bool) -> None:
+@json_option()
+@pass_store
+def pull(store: Store, server: str, token: str | None, sku: str, jobs: int, as_json: bool) -> None:
     """Mirror a SKU's kernels from a server into the local store (verified), e.g. for an air-gapped copy."""
-    from .transfer import pull as run
+    from ..transfer import pull as run
 
-    store = _store(ctx)
     result = run(store, _remote(server, token), sku, jobs, _progress(as_json, "pull"))
-    _emit(as_json, result.to_dict(), f"pulled {result.fetched} of {result.kernels} missing kernel(s) of {sku} "
-          f"({result.bytes} bytes) into {Path(store.root)}, {len(result.failures)} failed")
+    emit(as_json, result.to_dict(), f"pulled {result.fetched} of {result.kernels} missing kernel(s) of {sku} "
+         f"({result.bytes} bytes) into {Path(store.root)}, {len(result.failures)} failed")
     if result.failures:
         sys.exit(1)

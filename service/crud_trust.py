@@ -18,10 +18,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fa4_aot import signing
-from fa4_aot.errors import StoreError
+from fa4_aot.errors import StoreError, TrustError
+from fa4_aot.keys import dumps as canonical_json
 
 from . import models, schemas
-from .crud import canonical_json, record_audit, retrying
+from .crud import record_audit, retrying
 from .errors import Conflict, InvalidBody
 from .models import utcnow
 
@@ -69,7 +70,7 @@ def _checked_shape(envelope: Any, sku: str) -> dict[str, Any]:
     """The manifest of a well-formed envelope for `sku`; InvalidBody naming the first problem otherwise."""
     try:
         manifest = signing.check_shape(envelope)
-    except (signing.TrustError, StoreError) as e:  # check_shape raises StoreError for a malformed hex id
+    except (TrustError, StoreError) as e:  # check_shape raises StoreError for a malformed hex id
         raise InvalidBody(str(e)) from None
     if manifest["sku"]["name"] != sku:
         raise InvalidBody(f"the manifest is for SKU {manifest['sku']['name']!r}, not {sku!r}: "

@@ -1,0 +1,46 @@
+"""`fa4-aot`: a thin click shell over the library, one module per concern.
+
+    common.py      the --cache-dir store option and pass_store, --json/--variants options, output, error mapping
+    build.py       skus, build
+    store_cmds.py  list, verify, gc, misses
+    server.py      serve, token, push, pull
+    trust.py       keys, sign, revoke
+
+This module only assembles the group. Command modules import from common, never from here (no import circle).
+A Fa4AotError from any command becomes one line on stderr and exit 1 (common.Fa4AotGroup).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import __version__
+from . import build, server, store_cmds, trust
+from .common import Fa4AotGroup, cache_dir_option, make_state
+
+
+@click.group(cls=Fa4AotGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="fa4-aot")
+@cache_dir_option
+@click.pass_context
+def main(ctx: click.Context, cache_dir: Path | None) -> None:
+    """Ahead-of-time FlashAttention-4 kernels.
+
+    \b
+    Typical use:
+      fa4-aot skus                      # the GPU SKUs variants.toml knows
+      fa4-aot build --sku h200 -j 2     # cross-compile the default matrix (no GPU needed)
+      fa4-aot list --sku h200           # what the store holds
+      fa4-aot verify                    # re-hash every object
+    Then on a GPU host: import fa4_aot; fa4_aot.install()  (or fa4_aot.load(q.shape, causal=True)).
+    """
+    ctx.obj = make_state(cache_dir)
+
+
+for _command in (build.skus, build.build, store_cmds.list_, store_cmds.verify, store_cmds.gc, store_cmds.misses,
+                 server.serve, server.token, server.push, server.pull, trust.keys, trust.sign, trust.revoke):
+    main.add_command(_command)
+
+__all__ = ["main"]

@@ -1,0 +1,100 @@
+"""What every `fa4-aot` command shares: the store option and `pass_store`, the variants and --json options,
+JSON-or-text output, and the one place where Fa4AotError becomes a click error (one line on stderr, exit 1).
+
+Command modules import from here, never from the group module (`fa4_aot.cli`), so there is no import circle.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+import click
+
+from .. import config
+from ..errors import Fa4AotError
+from ..store import Store
+
+if TYPE_CHECKING:
+    from ..variants import Matrix
+
+P = ParamSpec("P")
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Fa4AotGroup(click.Group):
+    """The top-level group: any Fa4AotError raised by a command, in any subgroup, ends here as one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Fa4AotError as e:
+            raise click.ClickException(str(e)) from e
+
+
+@dataclass
+class State:
+    """ctx.obj: the store folder as given, and the Store built from it on first use (never before: a
+    command that does not touch the store must not depend on it)."""
+
+    cache_dir: Path
+    _store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.cache_dir)
+        return self._store
+
+
+cache_dir_option = click.option(
+    "--cache-dir", type=click.Path(file_okay=False, path_type=Path), envvar="FA4_AOT_CACHE",
+    help="Kernel store (default: $FA4_AOT_CACHE, else cache/ of this checkout, else ~/.cache/fa4-aot).")
+
+
+def make_state(cache_dir: Path | None) -> State:
+    return State(cache_dir or config.default_cache_dir())
+
+
+def state() -> State:
+    """The running command's State (set by the group from --cache-dir)."""
+    found = click.get_current_context().find_object(State)
+    if found is None:  # a command invoked without the group, e.g. in a test: the default store
+        found = make_state(None)
+    return found
+
+
+def pass_store(f: Callable[Concatenate[Store, P], R]) -> Callable[P, R]:
+    """Give the command the Store of --cache-dir as its first argument (built once per invocation)."""
+
+    @functools.wraps(f)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        return f(state().store, *args, **kwargs)
+
+    return wrapper
+
+
+def json_option(help: str = "Print one JSON document.") -> Callable[[F], F]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def variants_option(help: str | None = "Variant matrix (default: variants.toml).") -> Callable[[F], F]:
+    return click.option("--variants", "variants_file", type=click.Path(dir_okay=False, path_type=Path),
+                        envvar="FA4_AOT_VARIANTS", help=help)
+
+
+def load_matrix(path: Path | None) -> Matrix:
+    """variants.toml (or `path`), parsed; ConfigError names the file, line and field."""
+    from .. import variants
+
+    return variants.load(path or config.default_variants_file())
+
+
+def emit(as_json: bool, doc: Any, text: str) -> None:
+    """Print `doc` as one JSON document with --json, else the human text."""
+    click.echo(json.dumps(doc, indent=1, sort_keys=True) if as_json else text)

@@ -1,0 +1,56 @@
+"""A store written before a change loads after it: tests/data/store_v1 was built (real FA4 compiles, real
+signing) by main at 79950f1, before the store took ownership of its layout. Its bytes must keep loading."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fa4_aot import keys, maintenance, signing
+from fa4_aot.signing import Revocations
+from fa4_aot.skus import Sku
+from fa4_aot.store import Store
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+H200 = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    root = tmp_path / "store"
+    shutil.copytree(DATA / "store_v1", root, ignore=shutil.ignore_patterns("README.md"))
+    for path in [root, *root.rglob("*")]:  # as fa4-aot writes them; git keeps neither mode
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    return Store(root)
+
+
+def test_old_store_verifies_and_every_object_reads(store: Store) -> None:
+    report = maintenance.verify(store)
+    assert report.ok and report.objects_checked == 5 and report.entries_checked == 5 and not report.unexpected
+    entries = list(store.entries())
+    assert len(entries) == 5
+    for entry in entries:
+        data = store.read_object(entry.object_digest)
+        assert len(data) == entry.size and hashlib.sha256(data).hexdigest() == entry.object_digest
+        assert store.get_entry(entry.kernel_key) == entry
+
+
+def test_old_entries_recompute_their_kernel_keys(store: Store) -> None:
+    """The key is sha256 of the canonical dump of family, compile key (stored canonical), target facts and
+    toolchain: recomputed from the entry's own fields it must name the entry."""
+    for entry in store.entries("h200"):
+        target = Sku(name=entry.sku, arch=entry.arch, sm_count=entry.sm_count, l2_bytes=entry.l2_bytes,
+                     cuda_major=entry.cuda_major).target_facts()
+        doc = {"family": entry.family, "compile_key": entry.compile_key, "target": target,
+               "toolchain": entry.toolchain}
+        assert hashlib.sha256(keys.dumps(doc).encode()).hexdigest() == entry.kernel_key
+
+
+def test_old_signed_manifest_still_verifies(store: Store) -> None:
+    public = signing.parse_public((DATA / "store_v1.pub").read_text().strip())
+    (envelope,) = signing.local(store, "h200")
+    manifest = signing.verify(envelope, {public.key_id: public}, H200, Revocations())
+    assert manifest["kernels"] == {e.kernel_key: e.object_digest for e in store.entries()}
