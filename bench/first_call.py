@@ -69,7 +69,7 @@ def kernel_times(iters: int) -> dict[str, float]:
     from flash_attn.cute.cache_utils import JITCache
 
     import fa4_aot
-    from fa4_aot import caches
+    from fa4_aot.fa4 import caches
 
     fa4_aot.install("strict")
     q, k, v = (torch.randn(2, 4096, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))

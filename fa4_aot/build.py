@@ -2,8 +2,8 @@
 
 Work runs in an executor's worker processes configured for the target SKU (executors.py: a local process pool,
 or Ray in farm.py); this process never imports FA4, so one process can build several SKUs in turn. Each kernel
-is one compile task, attributed to the first call that needs it, exported with export_to_c, and stored object
-first, index entry last. Failures are reported per call and per kernel while the rest goes on.
+is one compile task, attributed to the first call that needs it, exported (fa4.export, in the worker), and stored
+object first, index entry last. Failures are reported per call and per kernel while the rest goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from .executors import CompileTask, Executor, LocalExecutor, Outcome
 from .skus import Sku
 from .store import Store
 from .variants import Matrix, Variant
-from .worker import EXPORT_FUNCTION  # noqa: F401  (re-exported: the client looks the symbol up)
 
 Progress = Callable[[int, int, "Result"], None]
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import StoreError, TrustError
 from .fsutil import atomic_write
-from .keys import dumps
+from .kernel_keys import dumps
 from .skus import Sku
 from .store import Store, check_hex
 

@@ -98,7 +98,7 @@ def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
     by_sku: dict[str, list[tuple[str, Call]]] = {}
     for miss in remote.misses():
         if miss.get("call") and miss.get("sku") in matrix.skus:
-            call = Call(**{**miss["call"], "window": tuple(miss["call"]["window"])})
+            call = Call.from_dict(miss["call"])
             by_sku.setdefault(miss["sku"], []).append(("from-misses", call))
     reports = []
     for name, work in sorted(by_sku.items()):

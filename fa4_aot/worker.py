@@ -1,27 +1,26 @@
-"""The worker side of a build: runs in a process configured for one SKU (target.configure), never in the driver.
+"""The worker side of a build: runs in a process configured for one SKU (fa4.configure), never in the driver.
 
 Both executors (executors.py: a local process pool; farm.py: Ray) run these functions. `plan_calls` lists the
 kernels of some calls; `compile_kernels` compiles the wanted kernels of one call and hands each one, as an index
 Entry plus its object bytes, to a sink: the local pool's sink writes the shared store under a lock, Ray's returns
-the bytes to the driver or publishes them to a server.
+the bytes to the driver or publishes them to a server. FA4 is reached only through the seam, fa4_aot.fa4.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import fa4, kernel_keys
 from .calls import Call
 from .errors import DiskFull
 from .skus import Sku
 from .store import Entry
 
-EXPORT_FUNCTION = "func"  # the symbol name FA4's own persistent cache uses; loaders look it up
 Wanted = tuple[str, str, str]  # (family, canonical compile-key JSON, kernel key)
 PlanOut = tuple[list[tuple[str, str, str, int]], list[tuple[int, str]]]
 Sink = Callable[[Entry, bytes], None]
@@ -41,74 +40,56 @@ def configure(sku: Sku) -> None:
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: silences FakeTensor data_ptr notices
     warnings.filterwarnings("ignore")  # CuTe's per-argument notices and torch's FakeTensor data_ptr notice
-    from . import target
-
-    target.configure(sku)
+    fa4.configure(sku)
     _configured.append(sku)
 
 
 def plan_calls(sku: Sku, work: list[tuple[str, Call]]) -> PlanOut:
     """(family, ident, kernel key, index into work) of every kernel the calls need, and the calls FA4 rejects."""
     configure(sku)  # first: planning imports FA4, which must see the SKU's arch
-    from . import keys, plan
-
+    tools = fa4.toolchain()
     kernels, failures = [], []
     for i, (_name, call) in enumerate(work):
         try:
-            seen = plan.kernels_for(call)
+            seen = fa4.plan(call)
         except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
             failures.append((i, one_line(e)))
             continue
         for (family, ident), key in seen.items():
-            kernels.append((family, ident, keys.kernel_key(family, key, sku), i))
+            kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, tools), i))
     return kernels, failures
 
 
 def compile_kernels(sku: Sku, variant: str, call: Call, wanted: list[Wanted], sink: Sink) -> dict[str, str]:
     """Compile the `wanted` kernels of `call` and give each to `sink` (entry, object bytes).
     Returns {kernel key: error} for the wanted kernels that did not reach the sink; raises DiskFull only."""
-    configure(sku)  # first: caches imports FA4, which must see the SKU's arch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from . import caches, calls, keys, target
-
+    configure(sku)  # first: FA4 must see the SKU's arch when it is imported
     by_ident = {(f, ident): kk for f, ident, kk in wanted}
     sunk: set[str] = set()
-    asked = [len(target.hardware_calls())]  # kernels compile one after another: later queries are the next one's
+    asked = [len(fa4.hardware_calls())]  # kernels compile one after another: later queries are the next one's
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
-        kk = by_ident[(family, keys.dumps(keys.canonical(key)))]
-        queries = target.hardware_calls()[asked[0]:]
+        kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
+        queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
-        data = export(fn)
+        data = fa4.export(fn)
         sink(Entry(
             kernel_key=kk, object_digest=hashlib.sha256(data).hexdigest(), size=len(data), family=family,
-            compile_key=keys.canonical(key),
+            compile_key=kernel_keys.canonical(key),
             sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
-            toolchain=keys.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
+            toolchain=fa4.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
             hardware_queries=[list(q) for q in queries],
         ), data)
         sunk.add(kk)
 
     try:
-        with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Compiler(family, set(by_ident), done)):
-            calls.run(call)
+        fa4.compile_call(call, set(by_ident), done)
         error = "FA4 did not ask for this kernel when the call was re-run"
     except DiskFull:  # not this kernel's fault: every later write fails too, so the build stops
         raise
     except Exception as e:
         error = one_line(e)
     return {kk: error for kk in by_ident.values() if kk not in sunk}
-
-
-def export(fn: Any) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="fa4-aot-export-") as tmp:
-        path = Path(tmp) / "kernel.o"
-        fn.export_to_c(object_file_path=str(path), function_name=EXPORT_FUNCTION)
-        data = path.read_bytes()
-    if not data:
-        raise RuntimeError("export_to_c wrote an empty object file")
-    return data
 
 
 def one_line(e: BaseException) -> str:

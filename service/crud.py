@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from fa4_aot.keys import dumps as canonical_json
+from fa4_aot.kernel_keys import dumps as canonical_json
 from fa4_aot.store import Entry
 
 from . import models, schemas

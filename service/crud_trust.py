@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from fa4_aot import signing
 from fa4_aot.errors import StoreError, TrustError
-from fa4_aot.keys import dumps as canonical_json
+from fa4_aot.kernel_keys import dumps as canonical_json
 
 from . import models, schemas
 from .crud import record_audit, retrying

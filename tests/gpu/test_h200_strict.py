@@ -137,7 +137,7 @@ def test_aot_output_equals_jit_output(compile_counter):
     from flash_attn.cute import flash_attn_func
     from flash_attn.cute.cache_utils import JITCache
 
-    from fa4_aot import caches
+    from fa4_aot.fa4 import caches
 
     torch.manual_seed(1)
     q, k, v = (torch.randn(2, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

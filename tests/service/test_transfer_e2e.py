@@ -15,9 +15,9 @@ import httpx
 import pytest
 from service_helpers import Server, free_port
 
-from fa4_aot import keys, maintenance
+from fa4_aot import fa4, kernel_keys, maintenance
 from fa4_aot.calls import Call
-from fa4_aot.client import Installation, StoreCache
+from fa4_aot.client import Installation
 from fa4_aot.errors import KernelMissing
 from fa4_aot.remote import Remote, server_from_env
 from fa4_aot.skus import Sku
@@ -97,22 +97,23 @@ def test_client_fetches_verified_kernels_and_degrades_when_the_server_is_down(
     sku = _h200({})
     remote, store = Remote(server.url), Store(tmp_path / "a")
     refused = Installation(sku=sku, store=store, mode="strict", trace=[], remote=remote,
-                           trust=Trust(sku, store, remote, {}))
+                           trust=Trust(sku, store, remote, {}), tools=fa4.toolchain())
     assert not refused.fetch(entry.kernel_key) and "FA4_AOT_TRUSTED_KEYS" in refused.remote_error  # the default
     inst = Installation(sku=sku, store=store, mode="strict", trace=[], remote=remote,
-                        trust=Trust(sku, store, remote, {}, insecure=True))
+                        trust=Trust(sku, store, remote, {}, insecure=True), tools=fa4.toolchain())
     assert inst.fetch(entry.kernel_key) and inst.stats.fetched == 1
     assert Store(tmp_path / "a").verified_object_path(entry.object_digest).is_file()
     assert not inst.fetch("f" * 64) and "has no kernel" in inst.remote_error
 
     down = Remote(f"http://127.0.0.1:{free_port()}", retries=0)
     inst = Installation(sku=sku, store=Store(tmp_path / "b"), mode="strict", trace=[], remote=down,
-                        trust=Trust(sku, Store(tmp_path / "b"), down, {}, insecure=True))
+                        trust=Trust(sku, Store(tmp_path / "b"), down, {}, insecure=True),
+                        tools=fa4.toolchain())
     key = ("no", "such", "kernel")
     with pytest.raises(KernelMissing) as info:
-        key in StoreCache("_flash_attn_fwd", inst)  # noqa: B015
+        key in fa4.store_cache("_flash_attn_fwd", inst)  # noqa: B015
     assert "cannot reach http://127.0.0.1" in str(info.value) and "SKU h200" in str(info.value)
-    assert info.value.kernel_key == keys.kernel_key("_flash_attn_fwd", key, sku)
+    assert info.value.kernel_key == kernel_keys.kernel_key("_flash_attn_fwd", key, sku, fa4.toolchain())
 
     monkeypatch.setenv("FA4_AOT_SERVER", server.url)
     assert server_from_env() is not None

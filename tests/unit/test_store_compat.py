@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import keys, maintenance, signing
+from fa4_aot import kernel_keys, maintenance, signing
 from fa4_aot.signing import Revocations
 from fa4_aot.skus import Sku
 from fa4_aot.store import Store
@@ -46,7 +46,7 @@ def test_old_entries_recompute_their_kernel_keys(store: Store) -> None:
                      cuda_major=entry.cuda_major).target_facts()
         doc = {"family": entry.family, "compile_key": entry.compile_key, "target": target,
                "toolchain": entry.toolchain}
-        assert hashlib.sha256(keys.dumps(doc).encode()).hexdigest() == entry.kernel_key
+        assert hashlib.sha256(kernel_keys.dumps(doc).encode()).hexdigest() == entry.kernel_key
 
 
 def test_old_signed_manifest_still_verifies(store: Store) -> None:

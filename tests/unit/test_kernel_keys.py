@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from fa4_aot import keys
+from fa4_aot import kernel_keys
 from fa4_aot.skus import Sku
 
 
@@ -61,7 +61,7 @@ COMPILE_KEY = ("fwd", 128, 128, True, None, 0.125, Mask.CAUSAL, int)
     ids=repr,
 )
 def test_canonical(value: object, expected: object) -> None:
-    assert keys.canonical(value) == expected
+    assert kernel_keys.canonical(value) == expected
 
 
 @pytest.mark.parametrize(
@@ -85,11 +85,11 @@ def test_canonical(value: object, expected: object) -> None:
     ids=repr,
 )
 def test_canonical_keeps_distinct_values_distinct(a: object, b: object) -> None:
-    assert keys.dumps(keys.canonical(a)) != keys.dumps(keys.canonical(b))
+    assert kernel_keys.dumps(kernel_keys.canonical(a)) != kernel_keys.dumps(kernel_keys.canonical(b))
 
 
 def test_canonical_tags_int_enums() -> None:
-    assert keys.dumps(keys.canonical(Level.ONE)) != keys.dumps(keys.canonical(1))
+    assert kernel_keys.dumps(kernel_keys.canonical(Level.ONE)) != kernel_keys.dumps(kernel_keys.canonical(1))
 
 
 @pytest.mark.parametrize(
@@ -99,16 +99,16 @@ def test_canonical_tags_int_enums() -> None:
 )
 def test_canonical_refuses_what_it_cannot_write_down(value: object) -> None:
     with pytest.raises(TypeError, match="cannot canonicalise"):
-        keys.canonical(value)
+        kernel_keys.canonical(value)
 
 
 def test_dumps_is_compact_and_sorted() -> None:
-    assert keys.dumps({"b": 1, "a": [1, 2]}) == '{"a":[1,2],"b":1}'
+    assert kernel_keys.dumps({"b": 1, "a": [1, 2]}) == '{"a":[1,2],"b":1}'
 
 
 def _key(family: str = "FlashAttentionForwardSm90", compile_key: object = COMPILE_KEY, sku: Sku = H200,
          tools: dict[str, str] | None = None) -> str:
-    return keys.kernel_key(family, compile_key, sku, tools=TOOLS if tools is None else tools)
+    return kernel_keys.kernel_key(family, compile_key, sku, tools=TOOLS if tools is None else tools)
 
 
 def test_kernel_key_is_sha256_hex_and_stable() -> None:

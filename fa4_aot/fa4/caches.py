@@ -4,6 +4,7 @@ FA4 looks kernels up as `key in fn.compile_cache`, `fn.compile_cache[key]` and, 
 `fn.compile_cache[key] = compiled` (flash_attn/cute/cache_utils.py). Swapping those objects is the
 whole integration: planning records keys, building compiles only the keys assigned to it, and the
 client serves keys from the store. The family of a kernel is the FA4 function's name.
+This module imports FA4 at import: the seam (fa4_aot/fa4/__init__.py) imports it only when it is used.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from flash_attn.cute.cache_utils import JITCache
 
-from . import keys
+from ..kernel_keys import canonical, dumps
+from .objects import load_object
 
 _MODULES = ("flash_attn.cute.interface", "flash_attn.cute.compute_block_sparsity")
 
@@ -57,6 +60,47 @@ def install(factory: Callable[[str, JITCache], JITCache]) -> None:
         fn.compile_cache = factory(name, fn.compile_cache)
 
 
+def lookup(family: str, key: Any) -> bool:
+    """Ask the compile cache FA4 holds for `family` about `key`, as FA4 does before compiling."""
+    return key in fa4_functions()[family].compile_cache
+
+
+class KernelSource(Protocol):
+    """What a StoreCache asks (fa4_aot.installation.Installation is one; tests use fakes)."""
+
+    def object_for(self, family: str, key: Any) -> Path | None:
+        """The verified object file of this kernel, or None when FA4 should compile it (may raise instead)."""
+
+    def loaded(self, family: str, key: Any) -> None:
+        """A kernel was loaded from its object."""
+
+    def compiled(self, family: str, key: Any) -> None:
+        """FA4 compiled a kernel itself and stored it here."""
+
+
+class StoreCache(JITCache):
+    """FA4 compile cache backed by a KernelSource: a key FA4 asks for is loaded from the object it names."""
+
+    def __init__(self, family: str, source: KernelSource) -> None:
+        super().__init__()
+        self.family = family
+        self.source = source
+
+    def __contains__(self, key: Any) -> bool:
+        if key in self.cache:
+            return True
+        path = self.source.object_for(self.family, key)
+        if path is None:
+            return False
+        self.cache[key] = load_object(path)
+        self.source.loaded(self.family, key)
+        return True
+
+    def __setitem__(self, key: Any, fn: Any) -> None:
+        self.cache[key] = fn
+        self.source.compiled(self.family, key)
+
+
 class Recorder(JITCache):
     """Says every key is present and records it: a run under it lists the kernels a call needs."""
 
@@ -66,7 +110,7 @@ class Recorder(JITCache):
         self.seen = seen
 
     def __contains__(self, key: Any) -> bool:
-        self.seen.setdefault((self.family, keys.dumps(keys.canonical(key))), key)
+        self.seen.setdefault((self.family, dumps(canonical(key))), key)
         return True
 
     def __getitem__(self, key: Any) -> Callable[..., None]:
@@ -84,7 +128,7 @@ class Compiler(JITCache):
         self._started: float | None = None
 
     def __contains__(self, key: Any) -> bool:
-        ident = (self.family, keys.dumps(keys.canonical(key)))
+        ident = (self.family, dumps(canonical(key)))
         if ident in self.wanted and key not in self.cache:
             self._started = time.perf_counter()
             return False

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .errors import BuildError
-from .skus import Sku
+from ..errors import BuildError
+from ..skus import Sku
+from .versions import cutlass_cuda_flavor
 
 _calls: list[tuple[str, Any]] = []
 
@@ -66,9 +67,7 @@ def configure(sku: Sku) -> None:
     import cutlass.utils.hardware_info
     import torch
 
-    from . import keys
-
-    flavor = keys.cutlass_cuda_flavor()
+    flavor = cutlass_cuda_flavor()
     if flavor != f"cu{sku.cuda_major}":
         raise BuildError(
             f"SKU {sku.name} targets CUDA {sku.cuda_major} but the CuTe compiler loaded its {flavor} flavour; "

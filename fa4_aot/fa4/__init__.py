@@ -1,0 +1,127 @@
+"""The FA4 seam: the only package in fa4_aot that imports flash_attn, cutlass or quack.
+
+Everything else in fa4_aot talks to FlashAttention-4 and the CuTe DSL through the functions below, so an
+FA4 bump reads this package only, and the rest can be unit-tested with a fake of it. Importing this
+package imports no FA4: each function loads its module on first use. (Module names differ from function
+names on purpose: importing a submodule sets the package attribute of the same name.)
+
+Target (build workers, before FA4 is imported):
+    configure(sku)                 point FA4 and CuTe at a SKU in a process with no GPU (target.py)
+    hardware_calls()               what compiles asked the stand-in HardwareInfo, and its answers
+    toolchain()                    versions + CUDA flavour that kernel keys name (versions.py)
+Kernels of a Call, on fake tensors (kernels.py, through dispatch.py and caches.py):
+    plan(call)                     {(family, canonical key JSON): compile key} FA4 selects for a call
+    compile_call(call, wanted, done)  compile only `wanted`, handing each kernel to done(...)
+Objects (objects.py):
+    export(fn) -> bytes            a compiled kernel as object-file bytes
+    load_object(path)              an exported object loaded back, callable as FA4 calls kernels
+Serving from the store (caches.py, tracking.py, dispatch.py):
+    install_store_caches(source)   every FA4 compile cache asks `source` (a caches.KernelSource) from now on
+    store_cache(family, source)    one such cache (for tests)
+    lookup(family, key)            ask FA4's installed cache of `family` for `key` (loads it, or misses)
+    capture()                      make FA4's autograd functions say which Call runs (current())
+    current()                      the Call FA4 runs on this thread, or None (imports no FA4)
+    running(call)                  a block in which current() is `call` (imports no FA4)
+    attend(call, q, k, v, **kw)    flash_attn_func / flash_attn_varlen_func with the call's flags
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..calls import Call
+    from ..skus import Sku
+    from .caches import KernelSource
+
+__all__ = ["configure", "hardware_calls", "toolchain", "plan", "compile_call", "export", "load_object",
+           "install_store_caches", "store_cache", "lookup", "capture", "current", "running", "attend"]
+
+
+def configure(sku: Sku) -> None:
+    from . import target
+
+    target.configure(sku)
+
+
+def hardware_calls() -> list[tuple[str, Any]]:
+    from . import target
+
+    return target.hardware_calls()
+
+
+def toolchain() -> dict[str, str]:
+    from . import versions
+
+    return versions.toolchain()
+
+
+def plan(call: Call) -> dict[tuple[str, str], Any]:
+    from . import kernels
+
+    return kernels.plan(call)
+
+
+def compile_call(call: Call, wanted: set[tuple[str, str]], done: Callable[[str, Any, Any, float], None]) -> None:
+    from . import kernels
+
+    kernels.compile_call(call, wanted, done)
+
+
+def export(fn: Any) -> bytes:
+    from . import objects
+
+    return objects.export(fn)
+
+
+def load_object(path: Path) -> Any:
+    from . import objects
+
+    return objects.load_object(path)
+
+
+def install_store_caches(source: KernelSource) -> None:
+    from . import caches
+
+    caches.install(lambda family, _old: caches.StoreCache(family, source))
+
+
+def store_cache(family: str, source: KernelSource) -> Any:
+    from . import caches
+
+    return caches.StoreCache(family, source)
+
+
+def lookup(family: str, key: Any) -> bool:
+    from . import caches
+
+    return caches.lookup(family, key)
+
+
+def capture() -> None:
+    from . import tracking
+
+    tracking.capture()
+
+
+def current() -> Call | None:
+    from . import tracking
+
+    return tracking.current()
+
+
+def running(call: Call | None) -> AbstractContextManager[None]:
+    from . import tracking
+
+    return tracking.running(call)
+
+
+def attend(call: Call, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    from . import dispatch
+
+    return dispatch.attend(call, q, k, v, **kwargs)
+
+

@@ -1,0 +1,105 @@
+"""Which Call is FA4 running? install() wraps FA4's autograd functions so that a kernel missing from the
+store can be reported with the Call that needed it; `fa4-aot build --from-misses` then builds exactly that
+call. Importing this module imports no FA4: only capture() and from_arguments() touch FA4 or torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+from ..calls import Call, dtype_name, mask_of, pass_of
+
+_current = threading.local()
+_UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "mask_mod", "block_sparse_tensors", "aux_tensors")
+
+
+def current() -> Call | None:
+    """The Call FA4 is running on this thread, when install() could describe it, else None."""
+    return getattr(_current, "call", None)
+
+
+@contextmanager
+def running(call: Call | None) -> Iterator[None]:
+    previous, _current.call = current(), call
+    try:
+        yield
+    finally:
+        _current.call = previous
+
+
+def capture() -> None:
+    """Wrap FlashAttnFunc and FlashAttnVarlenFunc (forward and backward) so that current() describes the call.
+    Idempotent. Calls this module cannot describe (score_mod, block sparsity, MLA...) run with current() None."""
+    from flash_attn.cute.interface import FlashAttnFunc, FlashAttnVarlenFunc
+
+    for fn, layout in ((FlashAttnFunc, "dense"), (FlashAttnVarlenFunc, "varlen")):
+        if getattr(fn.forward, "_fa4_aot_wrapped", False):
+            continue
+        fn.forward = staticmethod(_wrap_forward(fn.forward, layout))
+        fn.backward = staticmethod(_wrap_backward(fn.backward))
+
+
+def _wrap_forward(forward: Any, layout: str) -> Any:
+    signature = inspect.signature(forward)
+
+    def wrapped(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            call = from_arguments(layout, signature.bind(ctx, *args, **kwargs).arguments)
+        except Exception:  # describing the call must never break it
+            call = None
+        ctx._fa4_aot_call = call
+        with running(call):
+            return forward(ctx, *args, **kwargs)
+
+    wrapped._fa4_aot_wrapped = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _wrap_backward(backward: Any) -> Any:
+    def wrapped(ctx: Any, *args: Any) -> Any:
+        with running(getattr(ctx, "_fa4_aot_call", None)):
+            return backward(ctx, *args)
+
+    return wrapped
+
+
+def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
+    """The Call behind FA4 forward arguments `a` (as bound to FlashAttn[Varlen]Func.forward), or None."""
+    import torch
+
+    if any(a.get(name) is not None for name in _UNSUPPORTED):
+        return None
+    q, k, v = a["q"], a["k"], a["v"]
+    dtype = dtype_name(q.dtype)
+    window = a.get("window_size") or (None, None)
+    if dtype is None or (window != (None, None) and None in window):
+        return None
+    local = window != (None, None)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    layout, batch, sq, sk, page = _layout_shape(layout, a, q, k)
+    return Call.from_dict({
+        "layout": layout, "dtype": dtype, "head_dim": q.shape[-1], "head_dim_v": v.shape[-1],
+        "pass_": pass_of(training=training, deterministic=bool(a.get("deterministic")),
+                         return_lse=bool(a.get("return_lse"))),
+        "mask": mask_of(causal=bool(a.get("causal")), local=local),
+        "window": cast(tuple[int, int], window) if local else (0, 0),
+        "softcap": float(a.get("softcap") or 0.0), "sink": a.get("learnable_sink") is not None,
+        "num_splits": int(a.get("num_splits", 1)), "batch": batch, "seqlen_q": sq, "seqlen_k": sk,
+        "heads_q": q.shape[-2], "heads_kv": k.shape[-2], "page_size": page,
+    })
+
+
+def _layout_shape(layout: str, a: dict[str, Any], q: Any, k: Any) -> tuple[str, int, int, int, int]:
+    """(layout, batch, seqlen_q, seqlen_k, page_size) in Call's logical terms."""
+    if layout == "dense":
+        return "dense", q.shape[0], q.shape[1], k.shape[1], 0
+    if a.get("page_table") is not None:
+        table = a["page_table"]
+        return "paged", table.shape[0], q.shape[1], table.shape[1] * k.shape[1], k.shape[1]
+    if a.get("cu_seqlens_q") is not None:
+        return "varlen", a["cu_seqlens_q"].shape[0] - 1, a["max_seqlen_q"], a["max_seqlen_k"], 0
+    return "seqused", q.shape[0], q.shape[1], k.shape[1], 0

@@ -1,0 +1,80 @@
+"""Installation.object_for, the answer FA4's compile caches get, on a CPU without FA4: strict misses, fallback
+misses, integrity before loading.
+
+Keys here are plain tuples standing in for FA4 compile keys and the toolchain is a fixed dict, so nothing here
+imports FA4; what is under test is the contract (verify first, strict raises with the fix, fallback records
+the miss and counts FA4's compile). The seam's cache over it is tests/unit/fa4/test_fa4_caches.py; loading a
+real kernel needs a GPU: tests/gpu covers it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fa4_aot import kernel_keys
+from fa4_aot.client import Installation
+from fa4_aot.errors import IntegrityError, KernelMissing
+from fa4_aot.skus import Sku
+from fa4_aot.store import Entry, Store
+from fa4_aot.trust import Trust
+
+SKU = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
+KEY = (True, 128, "bf16-ish", None)
+TOOLS = {"flash-attn-4": "4.0.0b36", "nvidia-cutlass-dsl": "4.8.1", "cutlass-dsl-cuda": "cu13"}
+
+
+def _installation(tmp_path: Path, mode: str) -> Installation:
+    store = Store(tmp_path)
+    return Installation(sku=SKU, store=store, mode=mode, trace=[], trust=Trust(SKU, store, None, {}), tools=TOOLS)
+
+
+def _publish(store: Store, key: tuple, data: bytes) -> Entry:
+    digest = store.put_object(data)
+    kk = kernel_keys.kernel_key("_flash_attn_fwd", key, SKU, TOOLS)
+    entry = Entry(kernel_key=kk, object_digest=digest, size=len(data),
+                  family="_flash_attn_fwd", compile_key=kernel_keys.canonical(key), sku=SKU.name, arch=SKU.arch,
+                  sm_count=SKU.sm_count, l2_bytes=SKU.l2_bytes, cuda_major=SKU.cuda_major, toolchain=TOOLS,
+                  variant="t", call="c", compile_seconds=0.0)
+    store.put_entry(entry)
+    return entry
+
+
+def test_strict_miss_names_sku_family_and_fix(tmp_path: Path) -> None:
+    with pytest.raises(KernelMissing) as info:
+        _installation(tmp_path, "strict").object_for("_flash_attn_fwd", KEY)
+    message = str(info.value)
+    assert "SKU h200" in message and "_flash_attn_fwd" in message
+    assert "fa4-aot build --sku h200" in message and "variants.toml" in message
+    assert info.value.kernel_key == kernel_keys.kernel_key("_flash_attn_fwd", KEY, SKU, TOOLS)
+    assert not list(Store(tmp_path).misses())
+
+
+def test_fallback_miss_is_recorded_and_compile_counted(tmp_path: Path) -> None:
+    inst = _installation(tmp_path, "fallback")
+    assert inst.object_for("_flash_attn_fwd", KEY) is None
+    inst.compiled("_flash_attn_fwd", KEY)  # what the seam's cache reports after FA4 compiled it
+    assert inst.stats.compiled == 1
+    assert inst.stats.misses == [kernel_keys.kernel_key("_flash_attn_fwd", KEY, SKU, TOOLS)]
+    [miss] = Store(tmp_path).misses()
+    assert miss.kernel_key == kernel_keys.kernel_key("_flash_attn_fwd", KEY, SKU, TOOLS) and miss.sku == "h200"
+
+
+def test_corrupt_object_is_refused_before_loading(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    entry = _publish(store, KEY, b"\x7fELF not really a kernel")
+    path = store.object_path(entry.object_digest)
+    data = bytearray(path.read_bytes())
+    data[5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as info:
+        _installation(tmp_path, "strict").object_for("_flash_attn_fwd", KEY)
+    assert info.value.expected == entry.object_digest and info.value.source == str(path)
+
+
+def test_a_whole_object_is_found_by_path(tmp_path: Path) -> None:
+    entry = _publish(Store(tmp_path), KEY, b"\x7fELF a kernel")
+    inst = _installation(tmp_path, "strict")
+    assert inst.object_for("_flash_attn_fwd", KEY) == Store(tmp_path).object_path(entry.object_digest)
+    assert inst.stats.misses == [] and not list(Store(tmp_path).misses())
