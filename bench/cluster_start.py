@@ -64,18 +64,21 @@ def client_loop() -> None:
     for line in sys.stdin:
         job = json.loads(line)
         remote, store = Remote(job["url"]), Store(Path(job["cache"]))
-        started = time.perf_counter()
-        if job["mode"] == "bundle":
-            stored, skipped = remote.fetch_bundle(job["keys"], store)
-            assert not skipped and len(stored) == len(job["keys"]), skipped
-            latencies = [time.perf_counter() - started] * len(job["keys"])
-        else:
-            with ThreadPoolExecutor(8) as pool:
-                latencies = list(pool.map(lambda k, r=remote, s=store: _timed(r, k, s), job["keys"]))
-        ready = time.perf_counter() - started
-        assert all(store.has_entry(k) for k in job["keys"])
+        started, latencies, error = time.perf_counter(), [], ""
+        try:
+            if job["mode"] == "bundle":
+                stored, skipped = remote.fetch_bundle(job["keys"], store)
+                assert not skipped and len(stored) == len(job["keys"]), skipped
+                latencies = [time.perf_counter() - started] * len(job["keys"])
+            else:
+                with ThreadPoolExecutor(8) as pool:
+                    latencies = list(pool.map(lambda k, r=remote, s=store: _timed(r, k, s), job["keys"]))
+            assert all(store.has_entry(k) for k in job["keys"])
+        except Exception as e:  # a node that gave up (the library's retries exhausted): counted, not fatal
+            error = f"{type(e).__name__}: {e}"[:300]
         remote.close()
-        print(json.dumps({"ready": ready, "latencies": latencies}), flush=True)
+        print(json.dumps({"ready": time.perf_counter() - started, "latencies": latencies, "error": error}),
+              flush=True)
 
 
 def _timed(remote: Any, key: str, store: Any) -> float:
@@ -124,7 +127,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run(clients: list[subprocess.Popen[str]], url: str, mode: str, keys: list[str], tmp: Path,
-        server_pids: list[int]) -> dict[str, Any]:
+        server_pids: list[int], budget: float) -> dict[str, Any]:
     caches = tmp / "nodes"
     shutil.rmtree(caches, ignore_errors=True)
     cpu0 = sum(cpu_seconds(p) for p in server_pids)
@@ -133,16 +136,36 @@ def run(clients: list[subprocess.Popen[str]], url: str, mode: str, keys: list[st
         assert c.stdin is not None
         c.stdin.write(json.dumps({"url": url, "mode": mode, "keys": keys, "cache": str(caches / str(i))}) + "\n")
         c.stdin.flush()
-    answers = [json.loads(c.stdout.readline()) for c in clients]  # type: ignore[union-attr]
+    answers = collect(clients, started + budget)
     wall = time.perf_counter() - started
     cpu = sum(cpu_seconds(p) for p in server_pids) - cpu0
-    lat = sorted(x for a in answers for x in a["latencies"])
-    return {"mode": mode, "all_ready_s": round(wall, 3),
-            "slowest_node_s": round(max(a["ready"] for a in answers), 3),
-            "median_node_s": round(statistics.median(a["ready"] for a in answers), 3),
+    ok = [a for a in answers if a and not a["error"]]
+    lat = sorted(x for a in ok for x in a["latencies"]) or [float("nan")]
+    return {"mode": mode, "nodes_ready": len(ok), "nodes_failed": sum(1 for a in answers if a and a["error"]),
+            "nodes_unfinished": sum(1 for a in answers if a is None), "all_ready_s": round(wall, 3),
+            "slowest_node_s": round(max((a["ready"] for a in ok), default=float("nan")), 3),
+            "median_node_s": round(statistics.median(a["ready"] for a in ok), 3) if ok else None,
             "object_p50_ms": round(1000 * lat[len(lat) // 2], 1),
-            "object_p99_ms": round(1000 * lat[int(len(lat) * .99)], 1),
-            "server_cpu_s": round(cpu, 2), "objects": len(lat)}
+            "object_p99_ms": round(1000 * lat[int(len(lat) * .99)], 1), "server_cpu_s": round(cpu, 2),
+            "objects": len(lat), "first_error": next((a["error"] for a in answers if a and a["error"]), "")}
+
+
+def collect(clients: list[subprocess.Popen[str]], deadline: float) -> list[dict[str, Any] | None]:
+    """Each client's answer line, or None for one still busy at `deadline` (it is then killed: a stuck node)."""
+    import selectors
+
+    answers: list[dict[str, Any] | None] = [None] * len(clients)
+    sel = selectors.DefaultSelector()
+    for i, c in enumerate(clients):
+        sel.register(c.stdout, selectors.EVENT_READ, i)  # type: ignore[arg-type]
+    while sel.get_map() and time.perf_counter() < deadline:
+        for key, _ in sel.select(timeout=max(0.0, deadline - time.perf_counter())):
+            line = clients[key.data].stdout.readline()  # type: ignore[union-attr]
+            answers[key.data] = json.loads(line) if line else {"error": "client died", "ready": 0, "latencies": []}
+            sel.unregister(key.fileobj)
+    for key in list(sel.get_map().values()):
+        clients[key.data].kill()
+    return answers
 
 
 def start_servers(tmp: Path, store_root: Path, workers: int) -> tuple[list[subprocess.Popen[Any]], Any, str, str]:
@@ -179,7 +202,8 @@ def wait_up(url: str) -> None:
 
 def start_clients(n: int) -> list[subprocess.Popen[str]]:
     procs = [subprocess.Popen([sys.executable, __file__, "--client"], cwd=ROOT, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
              for _ in range(n)]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
@@ -192,6 +216,8 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=40, help="kernels in one model's set (each node fetches all)")
     parser.add_argument("--workers", type=int, default=2, help="server processes (fa4-aot and nginx alike)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds a run may take; later nodes count as "
+                        "unfinished (and their processes are replaced)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -201,28 +227,41 @@ def main() -> None:
     keys = make_store(tmp / "store", args.kernels)
     servers, pg, ours, nginx = start_servers(tmp, tmp / "store", args.workers)
     clients: list[subprocess.Popen[str]] = []
+    rows = []
+    plan = [("nginx", nginx, "per-kernel", servers[1]), ("fa4-aot", ours, "bundle", servers[0])] * args.rounds
+    plan.append(("fa4-aot", ours, "per-kernel", servers[0]))  # last: it may exhaust the budget
     try:
-        clients = start_clients(args.clients)
-        rows = []
-        for r in range(args.rounds):
-            for name, url, mode, proc in (("nginx", nginx, "per-kernel", servers[1]),
-                                          ("fa4-aot", ours, "per-kernel", servers[0]),
-                                          ("fa4-aot", ours, "bundle", servers[0])):
-                row = {"round": r, "server": name, **run(clients, url, mode, keys, tmp, [proc.pid, *pg_pids(pg, name)])}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+        for r, (name, url, mode, proc) in enumerate(plan):
+            clients = [c for c in clients if c.poll() is None]
+            clients += start_clients(args.clients - len(clients))
+            row = {"run": r, "server": name, **run(clients, url, mode, keys, tmp, [proc.pid, *pg_pids(pg, name)],
+                                                    args.budget)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     finally:
         for c in clients:
             c.kill()
         for s in servers:
-            s.terminate()
-            s.wait(timeout=30)
+            for pid in _children(s.pid):
+                os.kill(pid, 9)
+            s.kill()
         pg.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     doc = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {os.uname().machine}, no GPU",
            "clients": args.clients, "kernels": args.kernels, "workers": args.workers, "runs": rows}
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1))
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def pg_pids(pg: Any, server: str) -> list[int]:
