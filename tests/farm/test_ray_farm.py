@@ -17,6 +17,7 @@ import pytest
 
 from fa4_aot import flavours
 from fa4_aot.errors import BuildError
+from fa4_aot.maintenance import verify
 from fa4_aot.store import Store
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.farm.ray_cluster import CLUSTER_ENV, RayCluster
@@ -70,7 +71,7 @@ def test_ray_build_equals_local_build_for_two_skus_and_flavours(cluster: RayClus
     objects = _objects(tmp_path / "ray")
     assert objects == _objects(tmp_path / "local")  # same keys, same object bytes (digests)
     assert {sku: flavour for sku, _digest, flavour in objects.values()} == {"h200": "cu13", "h200-cu12": "cu12"}
-    assert Store(tmp_path / "ray").verify().ok
+    assert verify(Store(tmp_path / "ray")).ok
 
 
 def _start(cluster: RayCluster, store: Path) -> subprocess.Popen[str]:
@@ -101,7 +102,7 @@ def test_worker_killed_mid_build_is_retried_and_every_kernel_is_built(cluster: R
     [doc] = _docs(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     assert doc["failed"] == 0 and doc["built"] == doc["kernels"] >= 3, doc
     assert set(_objects(tmp_path)) == set(doc["kernel_keys"])
-    assert Store(tmp_path).verify().ok
+    assert verify(Store(tmp_path)).ok
 
 
 def test_driver_killed_then_rerun_builds_only_what_is_missing(cluster: RayCluster, tmp_path: Path) -> None:
@@ -112,7 +113,7 @@ def test_driver_killed_then_rerun_builds_only_what_is_missing(cluster: RayCluste
         proc.kill()  # the driver alone: the cluster lives on and drops the dead job's tasks
         proc.communicate()
     before = set(_objects(tmp_path))
-    assert Store(tmp_path).verify().ok  # no partial entry: every entry that exists is complete
+    assert verify(Store(tmp_path)).ok  # no partial entry: every entry that exists is complete
     [doc] = _docs(run_cli(*_args(cluster, "h200", "det-bwd"), cache=tmp_path, env=CLUSTER_ENV))
     assert doc["failed"] == 0 and doc["kernels"] >= 3
     assert doc["present"] == len(before) >= 1 and doc["built"] == doc["kernels"] - len(before) >= 1

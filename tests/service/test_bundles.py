@@ -10,6 +10,7 @@ import pytest
 from service_helpers import Server, kernel_doc
 
 from fa4_aot.errors import Fa4AotError
+from fa4_aot.maintenance import verify
 from fa4_aot.remote import Remote
 from fa4_aot.store import Entry, Store
 
@@ -34,7 +35,7 @@ def test_bundle_brings_every_kernel_and_names_the_missing(server: Server, tmp_pa
     for doc, blob in zip(docs, blobs, strict=True):
         assert store.read_object(doc["object_digest"]) == blob
         assert store.get_entry(doc["kernel_key"]) is not None
-    assert store.verify().ok
+    assert verify(store).ok
     again, _ = remote.fetch_bundle([docs[0]["kernel_key"]], store)  # already here: read past, nothing rewritten
     assert [e.kernel_key for e in again] == [docs[0]["kernel_key"]]
 
