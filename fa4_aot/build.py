@@ -78,14 +78,6 @@ def build(matrix: Matrix, sku: Sku, store: Store, variants: list[Variant] | None
                        dry_run=dry_run, executor=executor)
 
 
-def build_many(matrix: Matrix, skus: list[Sku], store: Store, variants: list[Variant] | None = None,
-               jobs: int = 1, progress: Progress | None = None, dry_run: bool = False,
-               executor: Executor | None = None) -> list[Report]:
-    """build() for several SKUs in turn through one executor (a Ray cluster stays connected across them)."""
-    with _executor(executor, jobs) as ex:
-        return [build(matrix, sku, store, variants, progress=progress, dry_run=dry_run, executor=ex) for sku in skus]
-
-
 def matrix_work(matrix: Matrix, sku: Sku, variants: list[Variant] | None = None) -> list[tuple[str, Call]]:
     """(variant name, call) of every call of `variants` (default: all) that applies to `sku`."""
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
