@@ -1,10 +1,11 @@
-"""A real Ray cluster on 127.0.0.1 for tests and benches: a head and extra nodes, each a `ray start --block` child
-with its own temp dir and ports, stopped (with every process it started) by stop(). Never `ray stop`, which would
-end every Ray process on the machine, other people's included."""
+"""A real Ray cluster on loopback for tests and benches: a head and extra nodes, each a `ray start --block` child
+with its own temp dir and ports, stopped (every process it started, and its temp dirs) by stop(). Never
+`ray stop`, which would end every Ray process on the machine, other people's included."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -96,6 +97,8 @@ class RayCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        for temp in self.dirs:
+            shutil.rmtree(temp, ignore_errors=True)
 
     def _descendants(self) -> list[int]:
         children: dict[int, list[int]] = {}
