@@ -34,7 +34,7 @@ MAX_BYTES = 256 << 20  # one response is held in memory: a model's kernels are a
 @router.post("", response_class=Response, dependencies=[Depends(require_read)], openapi_extra=READ,
              responses={200: {"description": "A JSON line, then the objects' bytes",
                               "content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
-                        **errors(*READ_ERRORS, 413, 422)})
+                        **errors(*READ_ERRORS, 413)})  # 422: FastAPI's own body-validation list
 async def post_bundle(body: BundleIn, store: StoreDep) -> Response:
     """The index entries of the kernels the server holds, the keys it lacks, and their objects' bytes."""
     entries, blobs = _read(store, list(dict.fromkeys(body.kernel_keys)))
