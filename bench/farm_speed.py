@@ -163,7 +163,7 @@ def main() -> None:
     args = parser.parse_args()
     matrix = variants.load(config.default_variants_file())
     sku = matrix.sku(args.sku)
-    work = build.matrix_work(matrix, sku, matrix.select(args.only or []) if args.only else None)
+    work = build.work_of(matrix, sku, matrix.select(args.only or []) if args.only else None)
     builds = []
     for _ in range(args.rounds):
         for kind in ("local", "ray"):

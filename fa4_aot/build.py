@@ -1,24 +1,28 @@
-"""`fa4-aot build`: plan every call of the selected variants for each SKU, then compile what the store lacks.
+"""`fa4-aot build`: plan every work item (call or signature) of the selected variants for each SKU, then compile
+what the store lacks.
 
 Work runs in an executor's worker processes configured for the target SKU (executors.py: a local process pool,
 or Ray in farm.py); this process never imports FA4, so one process can build several SKUs in turn. Each kernel
-is one compile task, attributed to the first call that needs it, exported (fa4.export, in the worker), and stored
-object first, index entry last. Failures are reported per call and per kernel while the rest goes on.
+is one compile task, attributed to the first work item that needs it, exported (fa4.export, in the worker), and
+stored object first, index entry last, under its full key (the SKU constants it consumed), with its base key as
+the signpost. Failures are reported per call and per kernel while the rest goes on.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import kernel_keys
 from .calls import Call
 from .executors import CompileTask, Executor, LocalExecutor, Outcome
+from .signature import Signature
 from .skus import Sku
-from .store import Store
-from .variants import Matrix, Variant
+from .store import Entry, Store
+from .variants import Matrix, ModelVariant, Variant
 
 Progress = Callable[[int, int, "Result"], None]
 
@@ -40,9 +44,13 @@ class Result:
 class Report:
     sku: str
     calls: int = 0
+    # FA4's dispatch read this SM count while planning (FLASH_ATTENTION_NUM_SMS): the kernels chosen for a call
+    # (split-KV, persistent, 2-CTA) are those of this SKU's dispatch, whoever else shares them
+    dispatch_sm_count: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
     seconds: float = 0.0
+    by_variant: dict[str, set[str]] = field(default_factory=dict)  # label -> every kernel key it needs
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -53,10 +61,12 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sku": self.sku, "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
+            "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count},
+            "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
             "seconds": round(self.seconds, 2),
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
+            "variants": {name: len(keys) for name, keys in sorted(self.by_variant.items())},
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
         }
 
@@ -65,35 +75,57 @@ class Report:
 class Planned:
     family: str
     ident: str  # canonical compile-key JSON
-    kernel_key: str
-    call_index: int
+    kernel_key: str  # the base key (no constants): the compile decides what it consumes
+    work_index: int  # the first work item that needs it
+    call: Call  # a concrete call of that item that makes FA4 choose it
 
 
-def build(matrix: Matrix, sku: Sku, store: Store, variants: list[Variant] | None = None, jobs: int = 1,
-          progress: Progress | None = None, dry_run: bool = False, executor: Executor | None = None) -> Report:
+Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
+Present = Callable[[str], str | None]  # base key -> the key it is held under, or None
+
+
+def stored_key(store: Store, base_key: str, sku: Sku) -> str | None:
+    """The key under which `store` holds the kernel with base key `base_key` for `sku`, or None: the base key
+    when its kernel consumed no constant, else the variant for the SKU's constant values if it is stored."""
+    entry = store.get_entry(base_key)
+    if entry is None or not entry.hardware_queries:
+        return None if entry is None else base_key
+    full = kernel_keys.variant_key(entry, sku.constants())
+    return full if store.has_entry(full) else None
+
+
+def build(matrix: Matrix, sku: Sku, store: Store, variants: list[Variant | ModelVariant] | None = None,
+          jobs: int = 1, progress: Progress | None = None, dry_run: bool = False,
+          executor: Executor | None = None) -> Report:
     """Build every kernel of `variants` (default: all) for `sku` into `store`. Never raises for a kernel
     that fails to compile: it is in the report, which the caller turns into an exit status. With
     `dry_run`, plan only: kernels the store lacks are reported as "planned"."""
-    return build_calls(sku, store, matrix_work(matrix, sku, variants), jobs=jobs, progress=progress,
+    return build_calls(sku, store, work_of(matrix, sku, variants), jobs=jobs, progress=progress,
                        dry_run=dry_run, executor=executor)
 
 
-def matrix_work(matrix: Matrix, sku: Sku, variants: list[Variant] | None = None) -> list[tuple[str, Call]]:
-    """(variant name, call) of every call of `variants` (default: all) that applies to `sku`."""
+def work_of(matrix: Matrix, sku: Sku, variants: Sequence[Variant | ModelVariant] | None = None) -> Work:
+    """The work items of `variants` (default: all) that apply to `sku`: a shape-complete variant gives its
+    signatures, a grid variant its calls."""
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
-    return [(v.name, c) for v in chosen for c in v.calls(matrix.shapes[v.shapes])]
+    work: Work = []
+    for v in chosen:
+        items: list[Call | Signature] = [*v.signatures()] if isinstance(v, ModelVariant) or v.complete else [
+            *v.calls(matrix.shapes[v.shapes])]
+        work += [(v.name, item) for item in items]
+    return work
 
 
-def build_calls(sku: Sku, store: Store, work: list[tuple[str, Call]], jobs: int = 1,
-                progress: Progress | None = None, dry_run: bool = False, executor: Executor | None = None,
-                present: Callable[[str], bool] | None = None) -> Report:
-    """Build the kernels of explicit (label, call) pairs, e.g. the calls clients reported missing.
-    `present(kernel_key)` says what needs no build (default: the store has its entry)."""
+def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Progress | None = None,
+                dry_run: bool = False, executor: Executor | None = None, present: Present | None = None) -> Report:
+    """Build the kernels of explicit (label, Call or Signature) pairs: a Call's kernels at its shapes, a
+    Signature's at every shape (complete.py), e.g. model signatures or the calls clients reported missing.
+    `present(base key)` says under which key a kernel is already held (default: stored_key in `store`)."""
     started = time.perf_counter()
-    report = Report(sku=sku.name, calls=len(work))
+    report = Report(sku=sku.name, calls=len(work), dispatch_sm_count=sku.sm_count)
     with _executor(executor, jobs) as ex:
         planned = _plan(ex, sku, store, work, report)
-        todo = _triage(planned, work, present or store.has_entry, report, dry_run)
+        todo = _triage(planned, work, present or (lambda kk: stored_key(store, kk, sku)), report, dry_run)
         _compile(ex, sku, store, todo, report, progress)
     report.seconds = time.perf_counter() - started
     return report
@@ -112,41 +144,47 @@ def _executor(given: Executor | None, jobs: int) -> Iterator[Executor]:
         local.close()
 
 
-def _plan(ex: Executor, sku: Sku, store: Store, work: list[tuple[str, Call]], report: Report) -> list[Planned]:
-    """Every distinct kernel of `work`, each attributed to the first call that needs it."""
+def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report) -> list[Planned]:
+    """Every distinct kernel of `work`, each attributed to the first work item that needs it."""
     n = max(1, min(ex.plan_chunks(len(work)), len(work)))
     offsets = [list(range(i, len(work), n)) for i in range(n)]
     planned: dict[str, Planned] = {}
     for c, (kernels, failures) in ex.plan(sku, store, [[work[i] for i in chunk] for chunk in offsets]):
-        for family, ident, kernel_key, local in kernels:
+        for family, ident, kernel_key, local, call in kernels:
             index = offsets[c][local]
-            if kernel_key not in planned or index < planned[kernel_key].call_index:
-                planned[kernel_key] = Planned(family, ident, kernel_key, index)
+            report.by_variant.setdefault(work[index][0], set()).add(kernel_key)
+            if kernel_key not in planned or index < planned[kernel_key].work_index:
+                planned[kernel_key] = Planned(family, ident, kernel_key, index, call)
         for local, error in failures:
-            name, call = work[offsets[c][local]]
-            report.call_failures.append(Result("failed", "", "", name, call.describe(), error=error, sku=sku.name))
+            name, item = work[offsets[c][local]]
+            report.call_failures.append(Result("failed", "", "", name, describe(item), error=error, sku=sku.name))
     report.call_failures.sort(key=lambda r: (r.variant, r.call))
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
-def _triage(planned: list[Planned], work: list[tuple[str, Call]], present: Callable[[str], bool], report: Report,
-            dry_run: bool) -> list[tuple[Planned, CompileTask]]:
-    """Record kernels already built (or, in a dry run, all of them); one compile task for each of the rest."""
+def describe(item: Call | Signature) -> str:
+    if isinstance(item, Call):
+        return item.describe()
+    return item.call(0, 0, 0).describe().replace(" b=0 sq=0 sk=0", " all shapes")
+
+
+def _triage(planned: list[Planned], work: Work, present: Present, report: Report,
+            dry_run: bool) -> list[CompileTask]:
+    """Record kernels already held (or, in a dry run, all of them); one compile task for each of the rest."""
     todo = []
     for p in planned:
-        name, call = work[p.call_index]
-        there = present(p.kernel_key)
-        if there or dry_run:
-            report.results.append(Result("present" if there else "planned", p.family, p.kernel_key, name,
-                                         call.describe(), sku=report.sku))
+        name = work[p.work_index][0]
+        held = present(p.kernel_key)
+        if held or dry_run:
+            report.results.append(Result("present" if held else "planned", p.family, held or p.kernel_key, name,
+                                         p.call.describe(), sku=report.sku))
         else:
-            todo.append((p, CompileTask(name, call, ((p.family, p.ident, p.kernel_key),))))
+            todo.append(CompileTask(name, p.call, ((p.family, p.ident, p.kernel_key),)))
     return todo
 
 
-def _compile(ex: Executor, sku: Sku, store: Store, todo: list[tuple[Planned, CompileTask]], report: Report,
+def _compile(ex: Executor, sku: Sku, store: Store, tasks: list[CompileTask], report: Report,
              progress: Progress | None) -> None:
-    tasks = [t for _p, t in todo]
     done = 0
     for i, outcomes in ex.compile(sku, store, tasks):
         for outcome in outcomes:
@@ -158,20 +196,24 @@ def _compile(ex: Executor, sku: Sku, store: Store, todo: list[tuple[Planned, Com
 
 
 def _result(store: Store, task: CompileTask, outcome: Outcome, sku: Sku) -> Result:
-    """The outcome as a report line; bytes that came back are committed here, object first, entry last."""
-    if outcome.data is not None and outcome.entry is not None and not commit(store, outcome.entry, outcome.data):
+    """The outcome as a report line; bytes that came back are committed here, object first, entries last."""
+    if outcome.data is not None and outcome.entries and not commit(store, outcome.entries, outcome.data):
         outcome.status, outcome.error = "failed", "the bytes that came back do not hash to the worker's digest"
     return Result(outcome.status, outcome.family, outcome.kernel_key, task.variant, task.call.describe(),
                   seconds=outcome.seconds, size=outcome.size, error=outcome.error, sku=sku.name)
 
 
-def commit(store: Store, entry: Any, data: bytes) -> bool:
-    """Store one kernel that a remote worker built: its object first, then the entry that makes it visible.
-    Returns False (and stores no entry) when the bytes do not hash to the entry's digest."""
-    with store.lock(entry.kernel_key):
-        if store.has_entry(entry.kernel_key):
+def commit(store: Store, entries: Sequence[Entry], data: bytes) -> bool:
+    """Store one kernel that a remote worker built: its object first, then its entries (the full key's first,
+    then the base key's signpost if the store has none). Returns False (and stores no entry) when the bytes do
+    not hash to the entries' digest."""
+    full = entries[0]
+    with store.lock(entries[-1].kernel_key):  # the base key, as the local workers lock it
+        if store.has_entry(full.kernel_key):
             return True
-        if store.put_object(data) != entry.object_digest:
+        if store.put_object(data) != full.object_digest:
             return False
-        store.put_entry(entry)
+        for entry in entries:
+            if entry is full or not store.has_entry(entry.kernel_key):
+                store.put_entry(entry)
         return True

@@ -27,6 +27,16 @@ def server_url() -> str | None:
     return url
 
 
+def fetch_deadline() -> float:
+    """$FA4_AOT_FETCH_DEADLINE: the most seconds one request or download to the server may take in all,
+    retries included (default 60); a bad value falls back to the default."""
+    try:
+        value = float(os.environ.get("FA4_AOT_FETCH_DEADLINE", "60"))
+    except ValueError:
+        return 60.0
+    return value if value > 0 else 60.0
+
+
 def default_variants_file() -> Path:
     """$FA4_AOT_VARIANTS, else variants.toml of the checkout, else the copy shipped inside the package."""
     env = os.environ.get("FA4_AOT_VARIANTS")

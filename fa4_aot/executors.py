@@ -24,9 +24,12 @@ from typing import Any, Protocol
 
 from . import flavours
 from .calls import Call
+from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
 from .worker import PlanOut, Wanted
+
+Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,9 @@ class CompileTask:
 
 @dataclass
 class Outcome:
-    """How one kernel of a task ended. `entry` and `data` come back when the executor's workers do not write the
-    store themselves; the orchestrator then commits them (object first, entry last)."""
+    """How one kernel of a task ended. `entries` (full key first, then the base key's signpost if any) and `data`
+    come back when the executor's workers do not write the store themselves; the orchestrator then commits them
+    (object first, entries last)."""
 
     kernel_key: str
     family: str
@@ -47,7 +51,7 @@ class Outcome:
     error: str = ""
     seconds: float = 0.0
     size: int = 0
-    entry: Entry | None = None
+    entries: tuple[Entry, ...] = ()
     data: bytes | None = None
 
 
@@ -58,7 +62,7 @@ class Executor(Protocol):
         """How many tasks to cut the planning of `calls` calls into."""
         ...
 
-    def plan(self, sku: Sku, store: Store, chunks: list[list[tuple[str, Call]]]) -> Iterator[tuple[int, PlanOut]]:
+    def plan(self, sku: Sku, store: Store, chunks: list[Work]) -> Iterator[tuple[int, PlanOut]]:
         """Plan each chunk in a worker for `sku`; yield (chunk index, its kernels and rejected calls)."""
         ...
 
@@ -84,7 +88,7 @@ class LocalExecutor:
     def plan_chunks(self, calls: int) -> int:
         return self.jobs
 
-    def plan(self, sku: Sku, store: Store, chunks: list[list[tuple[str, Call]]]) -> Iterator[tuple[int, PlanOut]]:
+    def plan(self, sku: Sku, store: Store, chunks: list[Work]) -> Iterator[tuple[int, PlanOut]]:
         pool = self._pool_for(sku, store)
         futures = [pool.submit(_plan_task, chunk) for chunk in chunks]
         for i, future in enumerate(futures):
@@ -150,7 +154,7 @@ def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
     _state.update(sku=sku, store=Store(Path(store_root)))
 
 
-def _plan_task(work: list[tuple[str, Call]]) -> PlanOut:
+def _plan_task(work: Work) -> PlanOut:
     from . import worker
 
     return worker.plan_calls(_state["sku"], work)
@@ -159,21 +163,25 @@ def _plan_task(work: list[tuple[str, Call]]) -> PlanOut:
 def _compile_task(task: CompileTask) -> list[Outcome]:
     """Compile under the kernels' locks, re-checking first: another builder on this store may have finished."""
     from . import worker
+    from .build import stored_key
 
     store: Store = _state["store"]
     outcomes: list[Outcome] = []
 
-    def sink(entry: Entry, data: bytes) -> None:
+    def sink(entries: list[Entry], data: bytes) -> None:
         store.put_object(data)
-        store.put_entry(entry)
-        outcomes.append(Outcome(entry.kernel_key, entry.family, "built", seconds=entry.compile_seconds,
-                                size=entry.size))
+        full = entries[0]
+        for entry in entries:
+            if entry is full or not store.has_entry(entry.kernel_key):  # a signpost already there stays
+                store.put_entry(entry)
+        outcomes.append(Outcome(full.kernel_key, full.family, "built", seconds=full.compile_seconds, size=full.size))
 
     with ExitStack() as stack:
         for _family, _ident, kk in sorted(task.wanted, key=lambda w: w[2]):
             stack.enter_context(store.lock(kk))
-        pending = [w for w in task.wanted if not store.has_entry(w[2])]
-        outcomes += [Outcome(w[2], w[0], "present") for w in task.wanted if w not in pending]
+        held = {w: stored_key(store, w[2], _state["sku"]) for w in task.wanted}
+        pending = [w for w, key in held.items() if key is None]
+        outcomes += [Outcome(key, w[0], "present") for w, key in held.items() if key is not None]
         errors = worker.compile_kernels(_state["sku"], task.variant, task.call, pending, sink) if pending else {}
     by_key = {w[2]: w[0] for w in task.wanted}
     outcomes += [Outcome(kk, by_key[kk], "failed", error=error) for kk, error in errors.items()]

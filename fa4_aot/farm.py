@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import flavours
-from .calls import Call
 from .errors import BuildError
-from .executors import CompileTask, Outcome
+from .executors import CompileTask, Outcome, Work
 from .skus import Sku
 from .store import Entry, Store
 from .worker import PlanOut
@@ -56,7 +55,7 @@ class RayExecutor:
         cpus = int(self._ray.cluster_resources().get("CPU", 1))
         return max(1, min(cpus, math.ceil(calls / PLAN_CALLS_PER_TASK)))
 
-    def plan(self, sku: Sku, store: Store, chunks: list[list[tuple[str, Call]]]) -> Iterator[tuple[int, PlanOut]]:
+    def plan(self, sku: Sku, store: Store, chunks: list[Work]) -> Iterator[tuple[int, PlanOut]]:
         refs = [self._submit(sku, "plan", chunk) for chunk in chunks]
         for i, ref in enumerate(refs):
             try:
@@ -111,12 +110,13 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
     task: CompileTask = payload
     outcomes: list[Outcome] = []
 
-    def sink(entry: Entry, data: bytes) -> None:
-        built = Outcome(entry.kernel_key, entry.family, "built", seconds=entry.compile_seconds, size=entry.size)
+    def sink(entries: list[Entry], data: bytes) -> None:
+        full = entries[0]
+        built = Outcome(full.kernel_key, full.family, "built", seconds=full.compile_seconds, size=full.size)
         if push is None:
-            built.entry, built.data = entry, data
+            built.entries, built.data = tuple(entries), data
         else:
-            _publish(push, entry, data)
+            _publish(push, entries, data)
         outcomes.append(built)
 
     errors = worker.compile_kernels(sku, task.variant, task.call, list(task.wanted), sink)
@@ -124,11 +124,13 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
     return outcomes + [Outcome(kk, families[kk], "failed", error=error) for kk, error in errors.items()]
 
 
-def _publish(push: tuple[str, str | None], entry: Entry, data: bytes) -> None:
+def _publish(push: tuple[str, str | None], entries: list[Entry], data: bytes) -> None:
+    """The full key's entry, then the base key's signpost (the server accepts either key: has_valid_key)."""
     from .remote import Remote
 
     remote = Remote(push[0], token=push[1])
     try:
-        remote.publish(entry, lambda: data)
+        for entry in entries:
+            remote.publish(entry, lambda: data)
     finally:
         remote.close()

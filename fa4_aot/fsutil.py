@@ -115,6 +115,7 @@ def open_dir_beneath(root: Path, parts: Sequence[str], *, create_mode: int | Non
     symlink or not a folder raises StoreError naming it. The caller closes the fd.
     """
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    top = os.fstat(fd)
     try:
         for i, part in enumerate(parts):
             created = False
@@ -129,10 +130,25 @@ def open_dir_beneath(root: Path, parts: Sequence[str], *, create_mode: int | Non
             fd = child
             if created:
                 os.fchmod(fd, create_mode)  # type: ignore[arg-type]  # exactly the mode, whatever the umask
+            _check_level(root.joinpath(*parts[: i + 1]), os.fstat(fd), top)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _check_level(path: Path, st: os.stat_result, top: os.stat_result) -> None:
+    """A folder below a store root may be changed by no one the root itself does not let change it: owned by
+    the root's owner (or root), never world-writable, group-writable only where the root is (a shared cache).
+    Otherwise another user could redirect what the store reads through it (e.g. an index fan-out folder)."""
+    mode, top_mode = stat.S_IMODE(st.st_mode), stat.S_IMODE(top.st_mode)
+    foreign = st.st_uid not in (top.st_uid, 0)
+    loose = mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not (top_mode & stat.S_IWGRP and st.st_gid == top.st_gid))
+    if foreign or loose:
+        raise StoreError(f"store folder {path} (owner uid {st.st_uid}, mode {mode:04o}) can be changed by users "
+                         f"the store root (owner uid {top.st_uid}, mode {top_mode:04o}) does not trust, who could "
+                         f"redirect what is read through it; fix: `chown {top.st_uid} {path} && chmod go-w {path}`, "
+                         "or run `fa4-aot verify` and rebuild what it held")
 
 
 def open_beneath(root: Path, parts: Sequence[str], flags: int = os.O_RDONLY, mode: int = FILE_MODE) -> int:

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import config, fa4
+from . import config, fa4, kernel_keys
 from .errors import Fa4AotError, KernelMissing, TrustError
 from .kernel_keys import canonical, dumps, kernel_key
-from .skus import Sku, detect_device, select
+from .skus import Constants, Sku, detect_device, select
 from .store import Entry, Miss, Store
 from .trust import Trust
 
@@ -38,18 +38,49 @@ class Stats:
 
 @dataclass
 class Installation:
-    sku: Sku
+    sku: Sku  # the table row serving this device (skus.select): manifests, messages, FA4's dispatch
     store: Store
     mode: str
     trace: list[str]
     trust: Trust
     tools: dict[str, str]  # the toolchain kernel keys name (fa4.toolchain())
+    constants: Constants | None = None  # the device's own constants (default: the row's)
     remote: Remote | None = None
     remote_error: str = ""  # why the server could not help, for strict mode's message
     stats: Stats = field(default_factory=Stats)
 
     def kernel_key(self, family: str, key: Any) -> str:
+        """The base key of kernel (family, compile key) for this device's arch and CUDA major."""
         return kernel_key(family, key, self.sku, self.tools)
+
+    def device_constants(self) -> Constants:
+        return self.constants or self.sku.constants()
+
+    def _entry(self, kk: str) -> Entry | None:
+        entry = self.store.get_entry(kk)
+        if entry is None and self.fetch(kk):
+            entry = self.store.get_entry(kk)
+        return entry
+
+    def find(self, base_key: str) -> tuple[Entry | None, str]:
+        """(the entry of the kernel with `base_key` for this device, or None; why not). The base entry is the
+        kernel when it consumed no constant; else it names the constants, and the variant for the device's
+        values is looked up (locally, then on the server)."""
+        base = self._entry(base_key)
+        if base is None or not base.hardware_queries:
+            return base, ""
+        constants = self.device_constants()
+        try:
+            differing = kernel_keys.differing(base, constants)
+            variant = self._entry(kernel_keys.variant_key(base, constants)) if differing else base
+        except ValueError as e:  # a constant this version cannot compute
+            return None, str(e)
+        if variant is not None:
+            return variant, ""
+        diff = ", ".join(f"{name} = {mine} (built: {theirs})" for name, (theirs, mine) in differing.items())
+        return None, (f"It consumed SKU constants and no build has this device's values: {diff}; add a "
+                      f"[skus.NAME] table with this device's figures (`fa4-aot skus --detect` prints it) and run "
+                      "`fa4-aot build --sku NAME`")
 
     def fetch(self, kernel_key: str) -> bool:
         """Download `kernel_key` from the server into the store, if the trust policy accepts it. False (never
@@ -57,8 +88,6 @@ class Installation:
         the reason is kept for error messages."""
         if self.remote is None:
             return False
-        from .errors import RemoteError
-
         self.remote_error = self.trust.refuse_remote()
         if self.remote_error:
             return False
@@ -66,7 +95,7 @@ class Installation:
             if self.remote.fetch_kernel(kernel_key, self.store, accept=self.trust.check) is None:
                 self.remote_error = f"{self.remote.url} has no kernel {kernel_key[:16]}… for {self.sku.name} either"
                 return False
-        except (RemoteError, TrustError) as e:
+        except Fa4AotError as e:  # unreachable, untrusted, or bytes that failed their digest (IntegrityError)
             self.remote_error = str(e)
             return False
         self.stats.fetched += 1
@@ -103,12 +132,10 @@ class Installation:
         neither has it (the miss is recorded); strict mode raises KernelMissing, or TrustError for an
         untrusted kernel. Raises IntegrityError for an object whose bytes do not match its digest."""
         kk = self.kernel_key(family, key)
-        entry = self.store.get_entry(kk)
-        if entry is None and self.fetch(kk):
-            entry = self.store.get_entry(kk)
+        entry, why = self.find(kk)
         if entry is not None and self._trusted(entry):
             return self.store.verified_object_path(entry.object_digest)
-        self._miss(family, key, kk)
+        self._miss(family, key, kk, why)
         return None
 
     def loaded(self, family: str, key: Any) -> None:
@@ -127,7 +154,7 @@ class Installation:
             return False
         return True
 
-    def _miss(self, family: str, key: Any, kk: str) -> None:
+    def _miss(self, family: str, key: Any, kk: str, why: str = "") -> None:
         call = fa4.current()
         what = call.describe() if call else f"{family} compile key {dumps(canonical(key))[:200]}"
         miss = Miss(kernel_key=kk, family=family, compile_key=canonical(key), sku=self.sku.name,
@@ -136,10 +163,11 @@ class Installation:
             self.remote.report_miss(asdict(miss))
         if self.mode == "strict":
             server = f" nor on the server ({self.remote_error})" if self.remote else ""
+            fix = (f"{why}" if why else "Add a [[variants]] entry covering it to variants.toml and run "
+                   f"`fa4-aot build --sku {self.sku.name}`")
             raise KernelMissing(
                 f"kernel {kk[:16]}… ({family}) for SKU {self.sku.name} is not in {self.store.root}"
-                f"{server}; needed by: {what}. Add a [[variants]] entry covering it to variants.toml and run "
-                f"`fa4-aot build --sku {self.sku.name}`, or use fa4_aot.install(mode=\"fallback\")",
+                f"{server}; needed by: {what}. {fix}; or use fa4_aot.install(mode=\"fallback\")",
                 sku=self.sku.name, family=family, kernel_key=kk, compile_key=dumps(canonical(key)),
             )
         self.stats.misses.append(kk)
@@ -167,10 +195,10 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     if _installed and _installed.mode == mode and _installed.store.root == store.root:
         return _installed
     matrix = variants.load(variants_file or config.default_variants_file())
-    sku, trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
+    sku, constants, trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
     remote = _remote_from_env()
     installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=remote,
-                                trust=Trust.from_env(sku, store, remote), tools=fa4.toolchain())
+                                trust=Trust.from_env(sku, store, remote), tools=fa4.toolchain(), constants=constants)
     fa4.capture()
     fa4.install_store_caches(installation)
     _installed = installation

@@ -12,9 +12,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .skus import Sku
+from .skus import Constants, Sku
+
+if TYPE_CHECKING:
+    from .store import Entry
 
 
 def canonical(value: Any) -> Any:
@@ -36,13 +39,76 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def kernel_key(family: str, compile_key: Any, sku: Sku, tools: dict[str, str]) -> str:
-    """sha256 hex of the canonical description of one kernel binary for one SKU, built by `tools`
-    (the toolchain versions, `fa4_aot.fa4.toolchain()` on a host with FA4)."""
+def key_of(family: str, compile_key: Any, *, arch: str, cuda_major: int, toolchain: dict[str, str],
+           consumed: dict[str, int] | None = None) -> str:
+    """THE kernel key: sha256 hex of the canonical JSON of what determines the bytes. `compile_key` is already
+    canonical (as index entries store it); `consumed` maps each SKU constant the compile read (the names of
+    hardware_queries: sm_count, max_active_clusters(N), l2_bytes, l2_budget, prepare_l2_budget) to its value.
+    With `consumed` empty this is the kernel's base key, shared by every SKU of the arch and CUDA major.
+    Every other key function, and the service, goes through this one."""
     doc = {
         "family": family,
-        "compile_key": canonical(compile_key),
-        "target": sku.target_facts(),
-        "toolchain": tools,
+        "compile_key": compile_key,
+        "target": {"arch": arch, "cuda_major": cuda_major},
+        "toolchain": toolchain,
+        "consumed": dict(sorted((consumed or {}).items())),
     }
     return hashlib.sha256(dumps(doc).encode()).hexdigest()
+
+
+def kernel_key(family: str, compile_key: Any, sku: Sku, tools: dict[str, str],
+               consumed: dict[str, int] | None = None) -> str:
+    """The key of FA4 kernel (family, raw compile key) built for `sku`'s arch and CUDA major by `tools` (the
+    toolchain, `fa4_aot.fa4.toolchain()`), having consumed `consumed` (default: nothing, i.e. the base key)."""
+    return key_of(family, canonical(compile_key), arch=sku.arch, cuda_major=sku.cuda_major, toolchain=tools,
+                  consumed=consumed)
+
+
+def consumed_of(hardware_queries: list[Any]) -> dict[str, int]:
+    """{constant: value} of what a compile asked the stand-in HardwareInfo (an entry's hardware_queries)."""
+    return {str(name): int(value) for name, value in hardware_queries}
+
+
+def entry_keys(entry: Entry) -> tuple[str, str]:
+    """(base key, full key) recomputed from an index entry's own fields. An entry is filed under its full key;
+    an entry that consumed constants is also filed under its base key, where a client looking the kernel up
+    learns which constants it depends on. A valid entry's kernel_key is one of the two."""
+    def key(consumed: dict[str, int]) -> str:
+        return key_of(entry.family, entry.compile_key, arch=entry.arch, cuda_major=entry.cuda_major,
+                      toolchain=entry.toolchain, consumed=consumed)
+
+    return key({}), key(consumed_of(entry.hardware_queries))
+
+
+def entry_key(entry: Entry) -> str:
+    """The full key an index entry's own fields hash to (its base key when it consumed nothing)."""
+    return entry_keys(entry)[1]
+
+
+def has_valid_key(entry: Entry) -> bool:
+    """Whether an entry's kernel_key is what its own fields hash to (full key, or base key for the entry a client
+    reads first): what a server checks before it accepts an entry, so no entry can claim another's key."""
+    return entry.kernel_key in entry_keys(entry)
+
+
+def variant_key(base: Entry, constants: Constants) -> str:
+    """The full key of the kernel whose base entry is `base`, for a device or SKU with `constants`: the base
+    entry names the constants its kernel consumed, the values come from `constants`. Raises ValueError for a
+    constant this version does not know."""
+    names = consumed_of(base.hardware_queries)
+    return key_of(base.family, base.compile_key, arch=base.arch, cuda_major=base.cuda_major,
+                  toolchain=base.toolchain, consumed=constants.values(names))
+
+
+def differing(entry: Entry, constants: Constants) -> dict[str, tuple[int, int]]:
+    """{constant: (value the entry's kernel consumed, value in `constants`)} for every constant that differs."""
+    return {name: (value, constants.value(name)) for name, value in consumed_of(entry.hardware_queries).items()
+            if constants.value(name) != value}
+
+
+def serves(entry: Entry, sku: Sku) -> bool:
+    """Whether a client of `sku` may need `entry`: same arch and CUDA major, and either its full key with
+    constants equal to the SKU's, or the base entry a client reads to learn which constants matter."""
+    if (entry.arch, entry.cuda_major) != (sku.arch, sku.cuda_major):
+        return False
+    return entry.kernel_key == entry_keys(entry)[0] or not differing(entry, sku.constants())

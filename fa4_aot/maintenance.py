@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from .errors import StoreError
@@ -112,39 +113,84 @@ def _entry_problem(store: Store, kernel_key: str, good: dict[str, int]) -> str |
     return None
 
 
+TEMP_MAX_AGE = 6 * 3600.0  # seconds a temp file may go unwritten before gc takes its writer for stuck
+GC_LOCK_WAIT = 5.0  # seconds gc waits for an object's lock; an object in use that long is left for next time
+_GC_BATCH = 128  # objects locked at once
+
+
 def gc(store: Store, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
     """Remove objects that no entry references and are older than `min_age` seconds, and temp files left by
-    writers that are no longer running. A builder writes an object before its entry, so a gc concurrent with
-    builds needs a min_age longer than one compile (the CLI defaults to an hour). Entries are read only when
-    some object is old enough to go, so temp files are cleared even when an entry is unreadable (which stops
-    object removal with StoreError). Leaves quarantine/ alone."""
+    writers that are gone (see stale_temp_file). A builder writes an object before its entry, so a gc
+    concurrent with builds needs a min_age longer than one compile (the CLI defaults to an hour). An object
+    goes only under its lock, after the entries are read again (Store.put_entry writes under the same lock),
+    so a writer that re-uses an old object cannot be left with an entry naming nothing. Entries are read only
+    when some object is old enough to go, so temp files are cleared even when an entry is unreadable (which
+    stops object removal with StoreError). Leaves quarantine/ alone."""
     report = GcReport()
-    cutoff, live = time.time() - min_age, None
-    for found in store.scan("objects"):
-        mtime = store.object_mtime(found.name) if found.kind == "file" else None
-        if mtime is None or mtime > cutoff:
-            continue
-        live = {e.object_digest for e in store.entries()} if live is None else live
-        if found.name not in live:
-            report.removed_objects.append(found.name)
-            report.bytes_freed += store.object_size(found.name) or 0
-            if not dry_run:
-                store.remove_object(found.name)
-    for where, pid in store.temp_files():
-        if not _alive(pid):
+    cutoff = time.time() - min_age
+    old = [f.name for f in store.scan("objects") if f.kind == "file" and (store.object_mtime(f.name) or cutoff + 1)
+           <= cutoff]
+    if old:
+        live = {e.object_digest for e in store.entries()}
+        doomed = [d for d in old if d not in live]
+        if dry_run:  # nothing is removed, so nothing is locked (or created)
+            report.removed_objects = doomed
+            report.bytes_freed = sum(store.object_size(d) or 0 for d in doomed)
+            doomed = []
+        for i in range(0, len(doomed), _GC_BATCH):
+            _remove_unreferenced(store, doomed[i:i + _GC_BATCH], cutoff, report)
+    now = time.time()
+    for where, pid, mtime in store.temp_files():
+        if stale_temp_file(pid, mtime, now):
             report.removed_temp_files += 1
             if not dry_run:
                 store.remove_temp_file(where)
     return report
 
 
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
+def _remove_unreferenced(store: Store, digests: list[str], cutoff: float, report: GcReport) -> None:
+    with ExitStack() as locks:
+        held = []
+        for digest in digests:
+            try:
+                locks.enter_context(store.lock(digest, timeout=GC_LOCK_WAIT))
+                held.append(digest)
+            except StoreError:  # a writer holds it: the object is in use, leave it
+                continue
+        live = {e.object_digest for e in store.entries()}  # again, now that no writer can add one for these
+        for digest in held:
+            mtime = store.object_mtime(digest)
+            if digest in live or mtime is None or mtime > cutoff:
+                continue
+            report.removed_objects.append(digest)
+            report.bytes_freed += store.object_size(digest) or 0
+            store.remove_object(digest)
+
+
+def stale_temp_file(pid: int | None, mtime: float, now: float) -> bool:
+    """Whether a writer's temp file (its writer's pid from its name, its last change) is left over: no pid,
+    the pid is not running, the process holding that pid started after the file last changed (the pid was
+    reused: e.g. a server that is PID 1 in its container, restarted), or nothing wrote it for TEMP_MAX_AGE."""
+    if pid is None or now - mtime > TEMP_MAX_AGE:
+        return True
+    started = _process_start(pid)
+    return started is None or started > mtime + 1.0  # /proc's boot time has whole seconds
+
+
+def _process_start(pid: int) -> float | None:
+    """When process `pid` started (epoch seconds), from /proc; None when it is not running. Where /proc cannot
+    tell (another OS), a live pid counts as started long ago."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return None
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, StopIteration, IndexError, ValueError):
+        return 0.0
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")

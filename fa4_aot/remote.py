@@ -21,11 +21,12 @@ from typing import Any
 import httpx
 
 from . import config
-from .errors import Fa4AotError, RemoteError
+from .errors import Fa4AotError, RemoteError, StoreError
 from .store import Entry, Store, check_hex
 
 RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+MIN_ATTEMPT = 0.1  # seconds: with less left before the deadline, another attempt is not started
 MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
 
 
@@ -36,9 +37,16 @@ def server_from_env() -> Remote | None:
 
 
 class Remote:
-    def __init__(self, url: str, token: str | None = None, retries: int = RETRIES) -> None:
+    """One server, for one process start: every request and download has a total deadline (retries included,
+    FA4_AOT_FETCH_DEADLINE, read at call time unless `deadline` is given), and after one fails for want of
+    the server (unreachable, too slow, 5xx) the server is treated as down: later calls fail at once."""
+
+    def __init__(self, url: str, token: str | None = None, retries: int = RETRIES,
+                 deadline: float | None = None) -> None:
         self.url = url.rstrip("/")
         self.retries = retries
+        self.deadline = deadline
+        self.down = ""  # why the server was given up on, once it was
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
 
@@ -46,27 +54,52 @@ class Remote:
         self._client.close()
 
     # -- transport ----------------------------------------------------------------------------
+    def _end(self) -> float:
+        return time.monotonic() + (self.deadline if self.deadline is not None else config.fetch_deadline())
+
+    def _check_up(self) -> None:
+        if self.down:
+            raise RemoteError(f"{self.url} is treated as down for the rest of this process ({self.down}); "
+                              "restart once it answers, or set FA4_AOT_OFFLINE=1 to use the local store only")
+
+    def _give_up(self, why: str, cause: BaseException | None = None) -> RemoteError:
+        self.down = why
+        error = RemoteError(f"{why}; check FA4_AOT_SERVER, raise FA4_AOT_FETCH_DEADLINE for a slow link, or set "
+                            "FA4_AOT_OFFLINE=1 to use the local store only")
+        error.__cause__ = cause
+        return error
+
     def _request(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
-        """One request with retries on transient failures; raises RemoteError for anything not in `ok`."""
+        """One request with retries on transient failures, within the deadline; raises RemoteError for
+        anything not in `ok`, and marks the server down when it cannot be reached in time or keeps failing."""
+        self._check_up()
+        end = self._end()
         for attempt in range(self.retries + 1):
             try:
-                response = self._client.request(method, path, **kwargs)
+                response = self._client.request(method, path, timeout=_timeout(end), **kwargs)
             except (httpx.TimeoutException, httpx.TransportError) as e:
-                if attempt == self.retries:
-                    raise RemoteError(f"cannot reach {self.url} ({type(e).__name__}: {e}); check FA4_AOT_SERVER "
-                                      "or set FA4_AOT_OFFLINE=1 to use the local store only") from e
+                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+                    raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e})", e) from e
             else:
-                if response.status_code < 500 or attempt == self.retries:
+                if response.status_code < 500:
                     return _check(response, ok, self.url)
-            time.sleep(min(8.0, 0.2 * 2**attempt) * (0.5 + random.random()))
+                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+                    self.down = f"{method} {path} -> {response.status_code}"
+                    return _check(response, ok, self.url)
+            _backoff(attempt, end)
         raise AssertionError("unreachable")
+
+    def _json(self, method: str, path: str, ok: tuple[int, ...] = (200,)) -> Any:
+        """The JSON body of a request; RemoteError (never a decode error) when the answer is not JSON, e.g. a
+        proxy's or a wrong URL's HTML page."""
+        return _decoded(self._request(method, path, ok=ok), self.url)
 
     # -- reads --------------------------------------------------------------------------------
     def skus(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/v1/skus").json()
+        return _shaped(self._json("GET", "/v1/skus"), list, self.url)
 
     def manifest(self, sku: str) -> dict[str, Any]:
-        return self._request("GET", f"/v1/skus/{sku}/manifest").json()
+        return _shaped(self._json("GET", f"/v1/skus/{sku}/manifest"), dict, self.url)
 
     def kernel_keys(self, sku: str) -> set[str]:
         """Every kernel key the server holds for `sku` (none when it does not know the SKU yet)."""
@@ -75,27 +108,44 @@ class Remote:
 
     def kernel(self, kernel_key: str) -> Entry | None:
         """The server's entry for `kernel_key`, or None when it has none."""
-        response = self._request("GET", f"/v1/kernels/{check_hex(kernel_key, 'kernel key')}", ok=(200, 404))
+        path = f"/v1/kernels/{check_hex(kernel_key, 'kernel key')}"
+        response = self._request("GET", path, ok=(200, 404))
         if response.status_code == 404:
             return None
-        return Entry(**{k: v for k, v in response.json().items() if k in Entry.__dataclass_fields__})
+        doc = _shaped(_decoded(response, self.url), dict, self.url)
+        try:
+            return Entry(**{k: v for k, v in doc.items() if k in Entry.__dataclass_fields__})
+        except TypeError as e:
+            raise RemoteError(f"{self.url}{path} is not a kernel entry ({e})") from None
 
     def has_object(self, digest: str) -> bool:
         return self._request("HEAD", f"/v1/objects/{check_hex(digest)}", ok=(200, 404)).status_code == 200
 
-    def misses(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/v1/misses").json()
+    def misses(self, page: int = 1000) -> list[dict[str, Any]]:
+        """Every miss the server recorded, read a page at a time."""
+        found: list[dict[str, Any]] = []
+        while True:
+            batch = _shaped(self._json("GET", f"/v1/misses?offset={len(found)}&limit={page}"), list, self.url)
+            found += batch
+            if len(batch) < page:
+                return found
 
     def signed_manifests(self, sku: str) -> list[dict[str, Any]]:
         """The signed manifest envelopes the server holds for `sku` (unverified: see trust.py)."""
         response = self._request("GET", f"/v1/skus/{sku}/manifests", ok=(200, 404))
-        return [] if response.status_code == 404 else response.json()["manifests"]
+        if response.status_code == 404:
+            return []
+        doc = _decoded(response, self.url)
+        return _shaped(doc.get("manifests") if isinstance(doc, dict) else None, list, self.url)
 
     def revocations(self) -> Any:
         from .signing import Revocations
 
-        doc = self._request("GET", "/v1/revocations").json()
-        return Revocations(set(doc["keys"]), set(doc["manifests"]))
+        doc = _shaped(self._json("GET", "/v1/revocations"), dict, self.url)
+        try:
+            return Revocations(set(doc["keys"]), set(doc["manifests"]))
+        except (KeyError, TypeError):
+            raise RemoteError(f"{self.url}/v1/revocations is not a revocation list") from None
 
     def push_manifest(self, sku: str, envelope: dict[str, Any]) -> None:
         self._request("PUT", f"/v1/skus/{sku}/manifests", ok=(200, 201), json=envelope)
@@ -105,37 +155,57 @@ class Remote:
 
     def fetch_object(self, digest: str, store: Store, size: int | None = None) -> bool:
         """Make `store` hold object `digest`, downloading it unless present. Returns True if it downloaded.
-        Concurrent callers on one store download once: the second finds the object after the lock."""
+        Concurrent callers on one store download once: the second finds the object after the lock. Waiting
+        for the lock and downloading share the deadline; a download that misses it marks the server down."""
         if store.object_state(digest, size) == "ok":
             return False
-        with store.lock(digest):
+        self._check_up()
+        end = self._end()
+        with store.lock(digest, timeout=max(0.0, _remaining(end))):
             if store.object_state(digest, size) == "ok":
                 return False
+            self._check_up()
             for attempt in range(self.retries + 1):
                 try:
-                    with self._client.stream("GET", f"/v1/objects/{digest}") as response:
-                        _check(response, (200,), self.url)
-                        store.put_stream(digest, response.iter_bytes(1 << 20), size=size,
-                                         source=f"{self.url}/v1/objects/{digest}")
+                    self._download(digest, store, size, end)
                     return True
                 except (httpx.TimeoutException, httpx.TransportError) as e:
-                    if attempt == self.retries:
-                        raise RemoteError(f"download of {digest} from {self.url} failed: {e}") from e
-                    time.sleep(min(8.0, 0.2 * 2**attempt))
+                    if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+                        raise self._give_up(f"download of {digest} from {self.url} failed: {e}", e) from e
+                _backoff(attempt, end)
         raise AssertionError("unreachable")
+
+    def _download(self, digest: str, store: Store, size: int | None, end: float) -> None:
+        with self._client.stream("GET", f"/v1/objects/{digest}", timeout=_timeout(end)) as response:
+            _check(response, (200,), self.url)
+            store.put_stream(digest, self._within(response.iter_bytes(1 << 20), end, digest), size=size,
+                             source=f"{self.url}/v1/objects/{digest}")
+
+    def _within(self, chunks: Iterator[bytes], end: float, digest: str) -> Iterator[bytes]:
+        for chunk in chunks:
+            if _remaining(end) < MIN_ATTEMPT:
+                raise self._give_up(f"download of {digest} from {self.url} ran past its deadline")
+            yield chunk
 
     def fetch_kernel(self, kernel_key: str, store: Store,
                      accept: Callable[[Entry], None] | None = None) -> Entry | None:
         """Fetch kernel `kernel_key` (object, then index entry) into `store`; None if the server lacks it.
-        `accept(entry)` runs before a byte of the object is downloaded and refuses it by raising."""
+        `accept(entry)` runs before a byte of the object is downloaded and refuses it by raising. An object
+        that a gc removed between the download and the entry is fetched once more."""
         entry = self.kernel(kernel_key)
         if entry is None:
             return None
         if accept is not None:
             accept(entry)
-        self.fetch_object(entry.object_digest, store, entry.size)
-        store.put_entry(entry)
-        return entry
+        for attempt in range(2):
+            self.fetch_object(entry.object_digest, store, entry.size)
+            try:
+                store.put_entry(entry)
+                return entry
+            except StoreError:
+                if attempt == 1 or store.has_object(entry.object_digest):
+                    raise
+        raise AssertionError("unreachable")
 
     def fetch_bundle(self, kernel_keys: list[str], store: Store,
                      accept: Callable[[Entry], None] | None = None) -> tuple[list[Entry], dict[str, str]]:
@@ -143,16 +213,22 @@ class Remote:
         stored only if it matches (IntegrityError otherwise), then its entries. `accept(entry)` refuses a kernel
         by raising an Fa4AotError before its object is stored (its bytes are read past). Returns (entries
         stored, {kernel key: why not} for those the server lacks or `accept` refused); raises RemoteError when
-        the server has no bundle route (older servers: fetch_kernel per key)."""
+        the server has no bundle route (older servers: fetch_kernel per key). Shares the fetch deadline as
+        fetch_object does: a bundle that misses it marks the server down."""
+        self._check_up()
+        end = self._end()
+        what = f"bundle of {len(kernel_keys)} kernels"
         for attempt in range(self.retries + 1):
             try:
-                with self._client.stream("POST", "/v1/bundles", json={"kernel_keys": kernel_keys}) as response:
+                with self._client.stream("POST", "/v1/bundles", json={"kernel_keys": kernel_keys},
+                                         timeout=_timeout(end)) as response:
                     _check(response, (200,), self.url)
-                    return _unbundle(BundleReader(response.iter_bytes(1 << 20)), store, accept, self.url)
+                    chunks = self._within(response.iter_bytes(1 << 20), end, what)
+                    return _unbundle(BundleReader(chunks), store, accept, self.url)
             except (httpx.TimeoutException, httpx.TransportError) as e:
-                if attempt == self.retries:
-                    raise RemoteError(f"bundle of {len(kernel_keys)} kernels from {self.url} failed: {e}") from e
-                time.sleep(min(8.0, 0.2 * 2**attempt))
+                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+                    raise self._give_up(f"{what} from {self.url} failed: {e}", e) from e
+            _backoff(attempt, end)
         raise AssertionError("unreachable")
 
     # -- writes -------------------------------------------------------------------------------
@@ -176,6 +252,9 @@ class Remote:
         """Tell the server about a kernel this client lacked. Best effort: runs on a daemon thread, gives up
         after MISS_REPORT_TIMEOUT seconds, and never raises."""
 
+        if self.down:
+            return
+
         def send() -> None:
             try:
                 httpx.post(f"{self.url}/v1/misses", json=doc, headers=self._client.headers,
@@ -184,6 +263,37 @@ class Remote:
                 pass
 
         threading.Thread(target=send, name="fa4-aot-miss-report", daemon=True).start()
+
+
+def _remaining(end: float) -> float:
+    return end - time.monotonic()
+
+
+def _timeout(end: float) -> httpx.Timeout:
+    """Per-request timeouts that cannot outlast the deadline `end`."""
+    left = max(0.01, _remaining(end))
+    return httpx.Timeout(min(TIMEOUT.read or 30.0, left), connect=min(TIMEOUT.connect or 5.0, left))
+
+
+def _backoff(attempt: int, end: float) -> None:
+    """Sleep before retry `attempt` + 1 (exponential, jittered), never past the deadline `end`."""
+    time.sleep(max(0.0, min(min(8.0, 0.2 * 2**attempt) * (0.5 + random.random()), _remaining(end))))
+
+
+def _decoded(response: httpx.Response, url: str) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        raise RemoteError(f"{response.request.method} {response.request.url} answered {response.status_code} "
+                          f"with {response.headers.get('content-type', 'no content type')}, not JSON: is {url} an "
+                          "fa4-aot server (`fa4-aot serve`)?") from None
+
+
+def _shaped(doc: Any, kind: type, url: str) -> Any:
+    if not isinstance(doc, kind):
+        raise RemoteError(f"{url} answered with JSON of an unexpected shape ({type(doc).__name__}, expected "
+                          f"{kind.__name__}): is it an fa4-aot server of this version?")
+    return doc
 
 
 def _check(response: httpx.Response, ok: tuple[int, ...], url: str) -> httpx.Response:

@@ -31,6 +31,12 @@ class Signature:
     heads_kv: int
     page_size: int = 0
 
+    def __post_init__(self) -> None:
+        # FA4 reads a window only for mask "local": a causal or full signature with a leftover window (a variants
+        # entry's default) is the same signature, so it must compare and hash equal.
+        if self.mask != "local" and tuple(self.window) != (0, 0):
+            object.__setattr__(self, "window", (0, 0))
+
     def call(self, batch: int, seqlen_q: int, seqlen_k: int) -> Call:
         """The concrete Call of this signature at these shapes."""
         return Call(**asdict(self), batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import StoreError, TrustError
 from .fsutil import atomic_write
-from .kernel_keys import dumps
+from .kernel_keys import dumps, serves
 from .skus import Sku
 from .store import Store, check_hex
 
@@ -108,19 +108,34 @@ def parse_public(line: str) -> PublicKey:
 
 def trusted_keys(spec: str | None) -> dict[str, PublicKey]:
     """Keys from FA4_AOT_TRUSTED_KEYS: a file of key lines, or the lines themselves (separated by newlines or
-    ';'). Blank lines and '#' comments are skipped."""
-    if not spec or not spec.strip():
+    ';'). Blank lines and '#' comments are skipped. Unset or empty: no keys (trust is off). Set to anything
+    that yields no key (an empty or comment-only file, blanks) or names a file that cannot be read: TrustError,
+    never trust silently off."""
+    if not spec:
         return {}
-    text = Path(spec).read_text() if not spec.lstrip().startswith(PUBLIC_PREFIX) else spec
+    source = "FA4_AOT_TRUSTED_KEYS"
+    if spec.lstrip().startswith(PUBLIC_PREFIX) or not spec.strip():
+        text = spec
+    else:
+        source = f"FA4_AOT_TRUSTED_KEYS file {spec}"
+        try:
+            text = Path(spec).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TrustError(f"cannot read {source}: {e}; point it at the build's .pub file (`fa4-aot keys "
+                             "generate`) or give the key line itself") from None
     lines = [x.strip() for chunk in text.splitlines() for x in chunk.split(";")]
     keys = [parse_public(x) for x in lines if x and not x.startswith("#")]
+    if not keys:
+        raise TrustError(f"{source} is set but holds no key, which would turn signature checks off: put the "
+                         f"build's public key line ('{PUBLIC_PREFIX} <base64> [name]') there, or unset it")
     return {k.key_id: k for k in keys}
 
 
 def manifest_of(store: Store, sku: Sku, expires_days: float = 365.0, now: dt.datetime | None = None
                 ) -> dict[str, Any]:
     """The unsigned manifest of every kernel `store` holds for `sku`. Raises TrustError if it holds none."""
-    entries = [e for e in store.entries(sku.name) if e.arch == sku.arch and e.sm_count == sku.sm_count]
+    # every kernel a client of this SKU may load, whichever SKU's build compiled it (kernels are shared)
+    entries = [e for e in store.entries() if serves(e, sku)]
     if not entries:
         raise TrustError(f"{store.root} holds no kernels for {sku.name}; run `fa4-aot build --sku {sku.name}` first")
     now = now or dt.datetime.now(dt.UTC)
@@ -226,9 +241,18 @@ def save(store: Store, envelope: dict[str, Any]) -> Path:
     return store.put_manifest(_sku_folder(manifest["sku"]["name"]), manifest_id(envelope), data)
 
 
-def local(store: Store, sku_name: str) -> list[dict[str, Any]]:
-    """The envelopes the store keeps for `sku_name` (unverified: see verify)."""
-    return [json.loads(data) for data in store.manifests(_sku_folder(sku_name))]
+def local(store: Store, sku_name: str, rejected: list[str] | None = None) -> list[dict[str, Any]]:
+    """The envelopes the store keeps for `sku_name` (unverified: see verify). A file that is not JSON is
+    passed over, and named in `rejected` when given."""
+    found = []
+    for data in store.manifests(_sku_folder(sku_name)):
+        try:
+            found.append(json.loads(data))
+        except (ValueError, RecursionError) as e:
+            if rejected is not None:
+                rejected.append(f"a manifest of {sku_name} in {store.root} is not JSON ({str(e)[:80]}); "
+                                "`fa4-aot pull` or `fa4-aot sign` writes it again")
+    return found
 
 
 def _sku_folder(name: str) -> str:

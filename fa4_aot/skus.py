@@ -1,14 +1,17 @@
 """GPU SKUs: the target facts a build bakes in, and the pure matching of a detected device to one of them.
 
-A SKU is what changes a kernel binary or FA4's choice of kernel: the arch target, the SM count (FA4
-sizes persistent grids and split-KV from it), the L2 size, and the CUDA major version (FA4 disables
-2-CTA kernels on CUDA 12). `select()` is pure and table-tested; `detect_device()` is the only code here
-that touches CUDA.
+A SKU is one row of the table: the arch target and CUDA major (every kernel's identity: FA4 disables
+2-CTA kernels on CUDA 12), and the figures FA4 reads from the device: the SM count (its dispatch sizes
+split-KV and persistent grids from it; sm_100 persistent schedulers bake it into the kernel) and the L2
+size (read only with `l2_budget`). A kernel's key holds only the constants its compile consumed
+(`Constants`), so SKUs of one arch share every kernel that consumed none. `select()` is pure and
+table-tested; `detect_device()` is the only code here that touches CUDA.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +21,14 @@ from .tomlsrc import TomlSource
 _ARCH = re.compile(r"sm_(\d+)(\d)a")
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_110a", "sm_120a")  # the arch targets FA4 has kernels for
 MIB = 1 << 20
-SKU_FIELDS = {"arch": str, "sm_count": int, "l2_bytes": int, "cuda_major": int, "description": str}
+SKU_FIELDS = {"arch": str, "sm_count": int, "l2_bytes": int, "cuda_major": int, "description": str,
+              "l2_budget": bool}
+_OPTIONAL = {"description": "", "l2_budget": False}
 CUDA_MAJORS = (12, 13)
+# FA4's hard-coded L2 budgets (flash_attn/cute/tile_scheduler.py head swizzle, prepare_scheduler.py): what a
+# kernel consumes as l2_budget / prepare_l2_budget unless its SKU turns `l2_budget` on.
+FA4_L2_BUDGET = 50 * MIB
+FA4_PREPARE_L2_BUDGET = 32 * MIB
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,7 @@ class Sku:
     l2_bytes: int
     cuda_major: int
     description: str = ""
+    l2_budget: bool = False  # FA4's L2 budgets follow this SKU's L2 (off: FA4's 50 / 32 MiB)
 
     @property
     def capability(self) -> tuple[int, int]:
@@ -44,6 +54,43 @@ class Sku:
     def target_facts(self) -> dict[str, Any]:
         """What goes into every kernel key: the facts, not the name (two names with equal facts share kernels)."""
         return {"arch": self.arch, "sm_count": self.sm_count, "l2_bytes": self.l2_bytes, "cuda_major": self.cuda_major}
+
+    def constants(self) -> Constants:
+        return Constants(self.sm_count, self.l2_bytes, self.l2_budget)
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The SKU constants a compile can consume, by the names hardware_queries record. The build's stand-in
+    HardwareInfo answers from a SKU's Constants, the client computes the same names from the device's own
+    figures: one derivation, so a kernel built for a SKU loads exactly where the device's values equal it."""
+
+    sm_count: int
+    l2_bytes: int
+    l2_budget: bool = False
+
+    def value(self, name: str) -> int:
+        """The value of constant `name`; ValueError for a name this version does not know."""
+        cluster = re.fullmatch(r"max_active_clusters\((\d+)\)", name)
+        if cluster:  # one CTA per SM at maximum shared memory, as FA4's kernels run (see fa4/target.py)
+            return self.sm_count // int(cluster.group(1))
+        if name in ("sm_count", "l2_bytes"):
+            return int(getattr(self, name))
+        if name == "l2_budget":
+            return l2_budgets(self.l2_bytes)[0] if self.l2_budget else FA4_L2_BUDGET
+        if name == "prepare_l2_budget":
+            return l2_budgets(self.l2_bytes)[1] if self.l2_budget else FA4_PREPARE_L2_BUDGET
+        raise ValueError(f"unknown SKU constant {name!r}; upgrade fa4-aot to load kernels that consumed it")
+
+    def values(self, names: Iterable[str]) -> dict[str, int]:
+        return {name: self.value(name) for name in names}
+
+
+def l2_budgets(l2_bytes: int) -> tuple[int, int]:
+    """(head-swizzle budget, prepare-scheduler budget) that follow an L2 of `l2_bytes`. FA4's 50 / 32 MiB were
+    tuned on the H100 (50 MiB L2): the swizzle budget is the whole L2, the prepare budget keeps FA4's 32/50 of
+    it; both rounded down to whole MiB."""
+    return l2_bytes // MIB * MIB, l2_bytes * 32 // 50 // MIB * MIB
 
 
 @dataclass(frozen=True)
@@ -70,7 +117,8 @@ def parse_skus(src: TomlSource) -> dict[str, Sku]:
             if full in skus or (i and full in src.data.get("skus", {})):
                 raise src.fail(f"[skus.{name}]", "cuda_major", f"SKU {full!r} is defined twice")
             skus[full] = Sku(name=full, arch=table["arch"], sm_count=table["sm_count"], l2_bytes=table["l2_bytes"],
-                             cuda_major=major, description=table.get("description", ""))
+                             cuda_major=major, description=table.get("description", ""),
+                             l2_budget=table.get("l2_budget", False))
     return skus
 
 
@@ -84,10 +132,11 @@ def _check_table(src: TomlSource, name: str, table: dict[str, Any]) -> list[int]
             raise src.fail(header, key, f"unknown field; allowed: {', '.join(SKU_FIELDS)}")
     for key, typ in SKU_FIELDS.items():
         if key not in table:
-            if key == "description":
+            if key in _OPTIONAL:
                 continue
             raise src.fail(header, None, f"missing field {key!r}")
-        if key != "cuda_major" and (not isinstance(table[key], typ) or isinstance(table[key], bool)):
+        wrong = not isinstance(table[key], typ) or (typ is not bool and isinstance(table[key], bool))
+        if key != "cuda_major" and wrong:
             raise src.fail(header, key, f"expected {typ.__name__}, got {table[key]!r}")
     if not _ARCH.fullmatch(table["arch"]):
         raise src.fail(header, "arch", f"{table['arch']!r} is not an arch target like 'sm_90a' or 'sm_100a'")
@@ -105,31 +154,36 @@ def _check_table(src: TomlSource, name: str, table: dict[str, Any]) -> list[int]
     return majors
 
 
-def select(skus: dict[str, Sku], device: DeviceInfo, forced: str | None = None) -> tuple[Sku, list[str]]:
-    """The SKU that matches `device` exactly (arch, SM count, L2, CUDA major), with a trace of why each
-    other one did not. `forced` (FA4_AOT_SKU) picks by name instead. Raises UnknownSku with the fix."""
+def select(skus: dict[str, Sku], device: DeviceInfo, forced: str | None = None
+           ) -> tuple[Sku, Constants, list[str]]:
+    """Match `device` by need: (the table row whose manifests and dispatch the client uses, the constants
+    kernels must have consumed to load here, a trace). Any row of the device's arch and CUDA major serves:
+    kernels that consumed no constant are shared by all of them, and a kernel that consumed one loads only
+    where the device's own value (in the returned Constants) equals it. The row with the device's exact
+    figures is preferred, then one with its SM count, then the first by name. `forced` (FA4_AOT_SKU) picks a
+    row by name and takes its figures as the device's. Raises UnknownSku with the fix when no row has the
+    device's arch and CUDA major, or when several rows have its exact figures."""
     if forced:
         if forced not in skus:
             raise UnknownSku(f"FA4_AOT_SKU={forced!r} is not a known SKU; known: {', '.join(sorted(skus))}")
-        return skus[forced], [f"{forced}: forced by FA4_AOT_SKU"]
-    trace, matches = [], []
-    for sku in skus.values():
-        why = _mismatch(sku, device)
-        trace.append(f"{sku.name}: {why or 'match'}")
-        if not why:
-            matches.append(sku)
-    if len(matches) == 1:
-        return matches[0], trace
-    if not matches:
+        return skus[forced], skus[forced].constants(), [f"{forced}: forced by FA4_AOT_SKU"]
+    trace = [f"{sku.name}: {_mismatch(sku, device) or 'match'}" for sku in skus.values()]
+    same = sorted((s for s in skus.values() if _mismatch(s, device, figures=False) == ""), key=lambda s: s.name)
+    if not same:
         _raise_cuda_mismatch(skus, device)
         raise UnknownSku(
-            f"no SKU matches this device ({device.name}: sm_{device.capability[0]}{device.capability[1]}, "
-            f"{device.sm_count} SMs, L2 {device.l2_bytes // MIB} MiB, CUDA {device.cuda_major}); "
-            f"known: {', '.join(sorted(skus))}. Add a [skus.NAME] table to variants.toml with these figures "
-            "and run `fa4-aot build --sku NAME`, or set FA4_AOT_SKU to use one anyway"
-        )
-    names = ", ".join(s.name for s in matches)
-    raise UnknownSku(f"several SKUs match this device ({names}); give their figures apart or set FA4_AOT_SKU")
+            f"no SKU has this device's arch and CUDA major ({_described(device)}); known: "
+            f"{', '.join(sorted(skus))}. Add a [skus.NAME] table to variants.toml with these figures and run "
+            "`fa4-aot build --sku NAME`, or set FA4_AOT_SKU to use one anyway")
+    exact = [s for s in same if not _mismatch(s, device)]
+    if len(exact) > 1:
+        names = ", ".join(s.name for s in exact)
+        raise UnknownSku(f"several SKUs match this device ({names}); give their figures apart or set FA4_AOT_SKU")
+    row = (exact or [s for s in same if s.sm_count == device.sm_count] or same)[0]
+    if not exact:
+        trace.append(f"{row.name}: serves this device by arch and CUDA major ({_described(device)}); kernels "
+                     "that consumed a constant load only where the device's value equals it")
+    return row, Constants(device.sm_count, device.l2_bytes, row.l2_budget), trace
 
 
 def _raise_cuda_mismatch(skus: dict[str, Sku], device: DeviceInfo) -> None:
@@ -147,16 +201,38 @@ def _raise_cuda_mismatch(skus: dict[str, Sku], device: DeviceInfo) -> None:
     )
 
 
-def _mismatch(sku: Sku, device: DeviceInfo) -> str:
+def _described(device: DeviceInfo) -> str:
+    return (f"{device.name}: sm_{device.capability[0]}{device.capability[1]}, {device.sm_count} SMs, "
+            f"L2 {device.l2_bytes} B, CUDA {device.cuda_major}")
+
+
+def _mismatch(sku: Sku, device: DeviceInfo, figures: bool = True) -> str:
     if sku.capability != device.capability:
         return f"arch {sku.arch} != sm_{device.capability[0]}{device.capability[1]}"
-    if sku.sm_count != device.sm_count:
-        return f"{sku.sm_count} SMs != {device.sm_count}"
-    if sku.l2_bytes != device.l2_bytes:
-        return f"L2 {sku.l2_bytes} B != {device.l2_bytes} B"
     if sku.cuda_major != device.cuda_major:
         return f"CUDA {sku.cuda_major} != {device.cuda_major}"
+    if figures and sku.sm_count != device.sm_count:
+        return f"{sku.sm_count} SMs != {device.sm_count}"
+    if figures and sku.l2_bytes != device.l2_bytes:
+        return f"L2 {sku.l2_bytes} B != {device.l2_bytes} B"
     return ""
+
+
+def row_for(device: DeviceInfo, name: str = "") -> dict[str, Any]:
+    """The [skus.NAME] table row for `device`, as `fa4-aot skus --detect` prints it, with where each figure
+    came from."""
+    arch = f"sm_{device.capability[0]}{device.capability[1]}a"
+    return {
+        "name": name or re.sub(r"[^a-z0-9]+", "-", device.name.lower().removeprefix("nvidia ")).strip("-"),
+        "arch": arch, "sm_count": device.sm_count, "l2_bytes": device.l2_bytes, "cuda_major": device.cuda_major,
+        "description": device.name,
+        "sources": {
+            "arch": "torch.cuda.get_device_properties().major/minor (compute capability), 'a' target",
+            "sm_count": "torch.cuda.get_device_properties().multi_processor_count (cudaDevAttrMultiProcessorCount)",
+            "l2_bytes": "torch.cuda.get_device_properties().L2_cache_size (cudaDevAttrL2CacheSize)",
+            "cuda_major": "torch.version.cuda (the CUDA runtime FA4 runs with)",
+        },
+    }
 
 
 def detect_device(index: int | None = None) -> DeviceInfo:

@@ -60,7 +60,7 @@ _FANOUT = re.compile(r"[0-9a-f]{2}")
 _SKU_NAME = re.compile(r"[a-z0-9-]+")
 QUARANTINE = "quarantine"
 _CHUNK = 1 << 20
-_FOLDERS = ("objects", "index", "misses", "locks")
+_FOLDERS = ("objects", "index", "misses", "locks", "manifests")
 SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
 
 
@@ -193,9 +193,15 @@ class Store:
 
     def put_stream(self, digest: str, chunks: Iterable[bytes], *, size: int | None = None, source: str) -> None:
         """Store bytes arriving in chunks (a download) under `digest`, checking sha256 and size while they
-        stream and before the rename: on a mismatch nothing is stored and IntegrityError names `source`."""
+        stream and before the rename: on a mismatch nothing is stored and IntegrityError names `source`. With
+        `size`, the download stops as soon as it would pass that many bytes (a server cannot fill the disk)."""
         with self.receive(digest, source=source) as upload:
             for chunk in chunks:
+                if size is not None and upload.size + len(chunk) > size:
+                    raise IntegrityError(
+                        f"{source} sent more than the expected {size} bytes of object {digest}; stopped there and "
+                        "stored nothing (a wrong server, or something on the path, is sending other bytes)",
+                        expected=digest, actual="(longer than expected)", source=source)
                 upload.write(chunk)
             upload.commit(size)
 
@@ -289,11 +295,16 @@ class Store:
 
     # -- index ---------------------------------------------------------------------------------
     def put_entry(self, entry: Entry) -> None:
-        """Publish an entry. Its object must already be stored: the entry is the commit marker."""
+        """Publish an entry. Its object must already be stored: the entry is the commit marker. The check and
+        the write happen under the object's lock, which gc takes before removing an object, so an entry never
+        names an object that gc removed meanwhile (StoreError then: fetch or build the object again)."""
         path = self.entry_path(entry.kernel_key)
-        if not self.has_object(entry.object_digest):
+        if not self.has_object(entry.object_digest):  # refused before anything is created
             raise StoreError(f"refusing index entry {entry.kernel_key}: object {entry.object_digest} not stored")
-        self._write(path, entry.to_json().encode())
+        with self.lock(entry.object_digest):
+            if not self.has_object(entry.object_digest):
+                raise StoreError(f"refusing index entry {entry.kernel_key}: object {entry.object_digest} not stored")
+            self._write(path, entry.to_json().encode())
 
     def get_entry(self, kernel_key: str) -> Entry | None:
         """The entry for `kernel_key`, or None when the store has none. Never raises for a missing entry;
@@ -311,6 +322,11 @@ class Store:
 
     def has_entry(self, kernel_key: str) -> bool:
         return self._is_file(self.entry_path(kernel_key))
+
+    def remove_entry(self, kernel_key: str) -> None:
+        """Unlink the entry for `kernel_key` (no link followed); nothing when it is already gone. Its object
+        stays (`fa4-aot gc` removes objects no entry names)."""
+        self._unlink(self.entry_path(kernel_key).relative_to(self.root).parts)
 
     def entries(self, sku: str | None = None, *, skipped: list[str] | None = None) -> Iterator[Entry]:
         """Every entry (of `sku`), in key order. Temp files and names that are not `<key>.json` are passed
@@ -414,8 +430,9 @@ class Store:
             moved[shown(item.where)] = shown(self.root / QUARANTINE / stamp / item.where)
         return str(self.root / QUARANTINE / stamp), moved
 
-    def temp_files(self) -> Iterator[tuple[str, int | None]]:
-        """(path under the root, writer pid) of every writer's temp file outside quarantine/, following no link."""
+    def temp_files(self) -> Iterator[tuple[str, int | None, float]]:
+        """(path under the root, writer pid, last modified) of every writer's temp file outside quarantine/,
+        following no link."""
         if not self.ready():
             return
         for folder, dirs, files in os.walk(self.root):  # os.walk never descends into symlinked folders
@@ -423,7 +440,10 @@ class Store:
                 dirs[:] = [d for d in dirs if d != QUARANTINE]
             for name in files:
                 if name.startswith(".") and name.endswith(TMP_SUFFIX):
-                    yield str(Path(folder, name).relative_to(self.root)), _pid_of(name)
+                    where = Path(folder, name).relative_to(self.root)
+                    st = lstat_beneath(self.root, where.parts)
+                    if st is not None:
+                        yield str(where), _pid_of(name), st.st_mtime
 
     def remove_temp_file(self, where: str) -> None:
         """Unlink a temp file that temp_files() named (refuses any other name)."""

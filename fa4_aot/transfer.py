@@ -7,12 +7,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import signing
-from .build import Report, build_calls
+from . import kernel_keys, signing
+from .build import Report, Result, build_calls
 from .calls import Call
-from .errors import DiskFull, Fa4AotError
+from .errors import DiskFull, Fa4AotError, RemoteError, TrustError
 from .remote import Remote
+from .skus import Sku
 from .store import Store
+from .trust import Trust
 from .variants import Matrix
 
 Progress = Callable[[int, int, str], None]
@@ -71,13 +73,22 @@ def _push_manifests(store: Store, remote: Remote, entries: list[Any], result: Tr
                 result.failures.append(f"manifest {signing.manifest_id(envelope)}: {e}")
 
 
-def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progress | None = None) -> Transfer:
-    """Mirror every kernel the server holds for `sku` into `store` (an air-gapped copy), verified."""
-    wanted = [k for k in remote.manifest(sku)["kernels"] if not store.has_entry(k["kernel_key"])]
+def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progress | None = None,
+         trust: Trust | None = None) -> Transfer:
+    """Mirror every kernel the server holds for `sku` into `store` (an air-gapped copy), verified, under the
+    client's trust policy (`trust`, default Trust.from_env): with trusted keys only kernels a valid signed
+    manifest lists with their digest (the others are failures), without them only with FA4_AOT_INSECURE=1
+    (TrustError otherwise)."""
+    listing = remote.manifest(sku)
+    trust = trust or Trust.from_env(_sku_of(listing, sku, remote.url), store, remote)
+    refusal = trust.refuse_remote()
+    if refusal:
+        raise TrustError(f"pull refused: {refusal}")
+    wanted = [k for k in listing.get("kernels", []) if not store.has_entry(k["kernel_key"])]
     result = Transfer(kernels=len(wanted))
 
     def one(k: dict[str, Any]) -> dict[str, Any]:
-        if remote.fetch_kernel(k["kernel_key"], store) is None:
+        if remote.fetch_kernel(k["kernel_key"], store, accept=trust.check) is None:
             raise RuntimeError(f"{remote.url} listed kernel {k['kernel_key']} but no longer has it")
         return k
 
@@ -92,20 +103,77 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
     return result
 
 
+def _sku_of(listing: dict[str, Any], name: str, url: str) -> Sku:
+    """The SKU a server's manifest describes (its facts are what signed manifests must match)."""
+    facts: Any = listing.get("sku")
+    try:
+        return Sku(name, facts["arch"], int(facts["sm_count"]), int(facts["l2_bytes"]), int(facts["cuda_major"]))
+    except (TypeError, KeyError, ValueError):
+        raise RemoteError(f"{url} describes SKU {name} without its facts; is it an fa4-aot server?") from None
+
+
 def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
                    progress: Callable[..., None] | None = None) -> list[Report]:
-    """Build the calls clients reported missing (misses that carry a call), per SKU, and push the results."""
-    by_sku: dict[str, list[tuple[str, Call]]] = {}
-    for miss in remote.misses():
-        if miss.get("call") and miss.get("sku") in matrix.skus:
-            call = Call.from_dict(miss["call"])
-            by_sku.setdefault(miss["sku"], []).append(("from-misses", call))
+    """Build the kernels clients reported missing to `remote`, per SKU, and push the results."""
+    reports = build_misses(matrix, store, remote.misses(), jobs=jobs, progress=progress)
+    for report in reports:
+        push(store, remote, report.sku)
+    return reports
+
+
+def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], jobs: int = 1,
+                 progress: Callable[..., None] | None = None) -> list[Report]:
+    """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows, by re-planning the Call each
+    miss carries. A missed kernel the rebuild does not produce (no call recorded, or the call no longer selects
+    it) is a failure in its SKU's report, so nothing is left out silently."""
+    by_sku: dict[str, dict[str, dict[str, Any]]] = {}
+    for miss in misses:
+        if miss.get("sku") in matrix.skus:
+            by_sku.setdefault(miss["sku"], {})[miss["kernel_key"]] = miss
     reports = []
-    for name, work in sorted(by_sku.items()):
-        report = build_calls(matrix.sku(name), store, list(dict.fromkeys(work)), jobs=jobs, progress=progress)
-        push(store, remote, name)
+    for name, wanted in sorted(by_sku.items()):
+        calls = [_call(m.get("call")) for m in wanted.values()]
+        work = list(dict.fromkeys(("from-misses", c) for c in calls if c is not None))
+        report = build_calls(matrix.sku(name), store, list(work), jobs=jobs, progress=progress)
+        _unreproduced(report, wanted, store)
         reports.append(report)
     return reports
+
+
+def _call(doc: Any) -> Call | None:
+    """The Call a miss carries, or None when it carries none or one this fa4-aot cannot read (a server may hold
+    misses from other clients): that miss is then reported as not reproduced, and the others still build."""
+    if not doc:
+        return None
+    try:
+        return Call.from_dict(doc)
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Store) -> None:
+    done = _done_keys(report, store)
+    for key, miss in sorted(wanted.items()):
+        if key in done:
+            continue
+        why = ("the client could not describe the call (score_mod, block sparsity...)" if not miss.get("call")
+               else "re-planning the recorded call did not select it (was FA4 or the SKU table changed?)")
+        report.results.append(Result(
+            "failed", miss["family"], key, "from-misses",
+            call.describe() if (call := _call(miss.get("call"))) else "", error=f"missed kernel not rebuilt: {why}"))
+
+
+def _done_keys(report: Report, store: Store) -> set[str]:
+    """Keys of the kernels the report built or found, under both names a kernel may have: a client's miss names
+    the base key, while a kernel that consumed SKU constants is reported under its full key."""
+    done = set()
+    for r in report.results:
+        if r.status in ("built", "present"):
+            done.add(r.kernel_key)
+            entry = store.get_entry(r.kernel_key)
+            if entry is not None:
+                done.update(kernel_keys.entry_keys(entry))
+    return done
 
 
 def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer, progress: Progress | None,

@@ -49,7 +49,7 @@ class Trust:
         """kernel key -> object digest over every valid manifest (computed once; server manifests that verify
         are kept in the local store so that a later offline process trusts the same kernels)."""
         if self._allowed is None:
-            envelopes = [(e, False) for e in signing.local(self.store, self.sku.name)]
+            envelopes = [(e, False) for e in signing.local(self.store, self.sku.name, self.rejected)]
             revoked = self.revoked
             if self.remote is not None:
                 try:
@@ -57,16 +57,17 @@ class Trust:
                     envelopes += [(e, True) for e in self.remote.signed_manifests(self.sku.name)]
                 except Fa4AotError as e:  # a server that is down must not stop local kernels from loading
                     self.rejected.append(f"server manifests and revocations unavailable: {e}")
-            self._allowed = {}
+            valid = []
             for envelope, remote in envelopes:
                 try:
                     manifest = signing.verify(envelope, self.trusted, self.sku, revoked)
                 except TrustError as e:
                     self.rejected.append(str(e))
                     continue
-                self._allowed.update(manifest["kernels"])
+                valid.append(manifest)
                 if remote:
                     signing.save(self.store, envelope)
+            self._allowed = newest_listing(valid)
         return self._allowed
 
     def check(self, entry: Entry) -> None:
@@ -98,3 +99,12 @@ class Trust:
                           stacklevel=3)
             _warned = True
         return ""
+
+
+def newest_listing(manifests: list[dict[str, Any]]) -> dict[str, str]:
+    """kernel key -> object digest over valid manifests, where the newest manifest (by `created`, which
+    signing.check_shape made a UTC timestamp) that lists a key decides its digest, whatever order they came in."""
+    allowed: dict[str, str] = {}
+    for manifest in sorted(manifests, key=lambda m: str(m["created"])):
+        allowed.update(manifest["kernels"])
+    return allowed

@@ -1,9 +1,10 @@
 """variants.toml: the SKU table, shape grids, and the variant matrix; expansion into concrete FA4 calls.
 
-A variant names what a model runs (head dims, dtypes, masks, GQA ratios, layouts, passes...). FA4's
-kernel choice also depends on batch, sequence lengths and head count (q_stage, pack_gqa, split-KV,
-2-CTA, persistent scheduling), so each variant is crossed with a named shape grid: every point of the
-grid becomes one `Call`, and planning runs FA4's own dispatch on all of them.
+A variant names what a model runs (head dims, dtypes, masks, GQA ratios, layouts, passes, head counts...).
+FA4's kernel choice also depends on batch and sequence lengths (q_stage, pack_gqa, split-KV, 2-CTA,
+persistent scheduling). A variant without `shapes` is shape-complete: it expands into Signatures, and the
+build plans every kernel FA4 can choose for them at any batch and sequence lengths (complete.py). A variant
+with `shapes` is restricted to the points of that named grid: each point becomes one `Call`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from .calls import DTYPES, LAYOUTS, MASKS, PASSES, Call
 from .errors import ConfigError
+from .signature import Signature
 from .skus import ARCHS, Sku, parse_skus
 from .tomlsrc import TomlSource
 
@@ -22,11 +24,11 @@ SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads", "page_size")
 VARIANT_FIELDS = {
     "name": None, "shapes": None, "passes": PASSES, "head_dims": None, "dtypes": DTYPES, "masks": MASKS,
     "window": None, "gqa": None, "softcap": None, "sink": None, "layouts": LAYOUTS, "num_splits": None,
-    "archs": None, "description": None,
+    "heads": None, "page_size": None, "archs": None, "description": None,
 }
 DEFAULTS: dict[str, Any] = {
     "dtypes": ["bf16"], "masks": ["causal"], "window": [1024, 0], "gqa": [1], "softcap": [0.0],
-    "sink": [False], "layouts": ["dense"], "num_splits": [1], "archs": [], "description": "",
+    "sink": [False], "layouts": ["dense"], "num_splits": [1], "page_size": 128, "archs": [], "description": "",
 }
 
 
@@ -50,7 +52,7 @@ class Shapes:
 @dataclass(frozen=True)
 class Variant:
     name: str
-    shapes: str
+    shapes: str  # "" for a shape-complete variant
     passes: tuple[str, ...]
     head_dims: tuple[tuple[int, int], ...]
     dtypes: tuple[str, ...]
@@ -63,27 +65,39 @@ class Variant:
     num_splits: tuple[int, ...]
     archs: tuple[str, ...]
     description: str = ""
+    heads: tuple[int, ...] = ()  # query head counts of a shape-complete variant
+    page_size: int = 128  # page size of a shape-complete variant's paged layout
 
     def applies_to(self, sku: Sku) -> bool:
         return not self.archs or sku.arch in self.archs
 
-    def calls(self, shapes: Shapes) -> list[Call]:
-        """Every concrete call of this variant over the shape grid (duplicates removed, order kept)."""
-        out: dict[Call, None] = {}
-        for (p, (d, dv), dt, m, r, sc, sk, lay, ns), (b, q, k, h) in itertools.product(
-            itertools.product(self.passes, self.head_dims, self.dtypes, self.masks, self.gqa, self.softcap,
-                              self.sink, self.layouts, self.num_splits),
-            shapes.points(),
+    @property
+    def complete(self) -> bool:
+        """Shape-complete: every batch and sequence length, not the points of a grid."""
+        return not self.shapes
+
+    def signatures(self, heads: tuple[int, ...] = (), page_size: int = 0) -> list[Signature]:
+        """Every signature of this variant (for a grid variant, pass the grid's heads and page size)."""
+        out: dict[Signature, None] = {}
+        for p, (d, dv), dt, m, r, sc, sk, lay, ns, h in itertools.product(
+            self.passes, self.head_dims, self.dtypes, self.masks, self.gqa, self.softcap, self.sink,
+            self.layouts, self.num_splits, heads or self.heads,
         ):
             if lay == "paged" and p in ("bwd", "bwd_det"):
                 continue  # FA4 has no paged backward; training variants list dense/varlen layouts
-            heads_kv = 1 if r == "mqa" else h // int(r)
-            call = Call(
-                layout=lay, pass_=p, dtype=dt, head_dim=d, head_dim_v=dv, mask=m, window=self.window,
-                softcap=sc, sink=sk, num_splits=ns, batch=b, seqlen_q=q, seqlen_k=k, heads_q=h,
-                heads_kv=heads_kv, page_size=shapes.page_size if lay == "paged" else 0,
-            )
-            out[call] = None
+            out[Signature(
+                layout=lay, pass_=p, dtype=dt, head_dim=d, head_dim_v=dv, mask=m, window=self.window, softcap=sc,
+                sink=sk, num_splits=ns, heads_q=h, heads_kv=1 if r == "mqa" else h // int(r),
+                page_size=(page_size or self.page_size) if lay == "paged" else 0,
+            )] = None
+        return list(out)
+
+    def calls(self, shapes: Shapes) -> list[Call]:
+        """Every concrete call of this variant over the shape grid (duplicates removed, order kept)."""
+        out: dict[Call, None] = {}
+        for (b, q, k, h) in shapes.points():
+            for sig in self.signatures((h,), shapes.page_size):
+                out[sig.call(b, q, k)] = None
         return list(out)
 
 
@@ -92,7 +106,7 @@ class Matrix:
     path: Path
     skus: dict[str, Sku]
     shapes: dict[str, Shapes]
-    variants: tuple[Variant, ...]
+    variants: tuple[Variant | ModelVariant, ...]
 
     def sku(self, name: str) -> Sku:
         from .errors import UnknownSku
@@ -101,7 +115,7 @@ class Matrix:
             raise UnknownSku(f"unknown SKU {name!r}; known: {', '.join(sorted(self.skus))} (`fa4-aot skus` lists them)")
         return self.skus[name]
 
-    def select(self, names: list[str] | None) -> list[Variant]:
+    def select(self, names: list[str] | None) -> list[Variant | ModelVariant]:
         if not names:
             return list(self.variants)
         by_name = {v.name: v for v in self.variants}
@@ -167,35 +181,60 @@ def _choices(src: TomlSource, i: int, field: str, value: Any, allowed: tuple[str
     return tuple(value)
 
 
-def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[str, Shapes]) -> Variant:
+def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[str, Shapes]) -> Any:
     fail = lambda field, msg: src.fail("[[variants]]", field, msg, i)  # noqa: E731
+    if "models" in table:
+        return parse_model_variant(src, i, table)
     for key in table:
         if key not in VARIANT_FIELDS:
             raise fail(key, f"unknown field; allowed: {', '.join(VARIANT_FIELDS)}")
-    for key in ("name", "shapes", "passes", "head_dims"):
+    for key in ("name", "passes", "head_dims"):
         if key not in table:
             raise fail(None, f"variant #{i + 1} is missing field {key!r}")
     t = {**DEFAULTS, **table}
     if not isinstance(t["name"], str) or not t["name"]:
         raise fail("name", "expected a non-empty string")
-    if not isinstance(t["shapes"], str) or t["shapes"] not in shapes:
-        raise fail("shapes", f"unknown shape grid {t['shapes']!r}; defined: {', '.join(shapes) or 'none'}")
+    grid = _grid(fail, t, table, shapes)
     return Variant(
         name=t["name"],
-        shapes=t["shapes"],
+        shapes=grid.name if grid else "",
         passes=_choices(src, i, "passes", t["passes"], PASSES),
         head_dims=_head_dims(fail, t["head_dims"]),
         dtypes=_choices(src, i, "dtypes", t["dtypes"], DTYPES),
         masks=_choices(src, i, "masks", t["masks"], MASKS),
         window=_window(fail, t["window"]),
-        gqa=_gqa(fail, t["gqa"], shapes[t["shapes"]]),
+        gqa=_gqa(fail, t["gqa"], grid.heads if grid else tuple(t["heads"]), grid.name if grid else ""),
         softcap=_floats(fail, "softcap", t["softcap"]),
         sink=_bools(fail, t["sink"]),
         layouts=_choices(src, i, "layouts", t["layouts"], LAYOUTS),
         num_splits=_int_list(src, "[[variants]]", "num_splits", t["num_splits"], i, minimum=0),
         archs=_choices(src, i, "archs", t["archs"], ARCHS) if t["archs"] else (),
         description=str(t["description"]),
+        heads=() if grid else tuple(t["heads"]),
+        page_size=t["page_size"],
     )
+
+
+def _grid(fail: Any, t: dict[str, Any], table: dict[str, Any], shapes: dict[str, Shapes]) -> Shapes | None:
+    """The variant's shape grid, or None for a shape-complete variant (which then needs `heads`)."""
+    if "shapes" not in t:
+        heads = t.get("heads")
+        if heads is None:
+            raise fail(None, "a shape-complete variant (no 'shapes') needs field 'heads', the query head counts "
+                             "such as [32, 64]; or name a shape grid with shapes = \"...\"")
+        if not isinstance(heads, list) or not heads or not all(_is_int(h) and h >= 1 for h in heads):
+            raise fail("heads", f"expected a non-empty list of positive integers, got {heads!r}")
+        page = t["page_size"]
+        if not _is_int(page) or page <= 0:
+            raise fail("page_size", f"expected a positive integer, got {page!r}")
+        return None
+    for field in ("heads", "page_size"):
+        if field in table:
+            raise fail(field, f"comes from the shape grid {t['shapes']!r} here; drop it, or drop 'shapes' to "
+                              "make the variant shape-complete")
+    if not isinstance(t["shapes"], str) or t["shapes"] not in shapes:
+        raise fail("shapes", f"unknown shape grid {t['shapes']!r}; defined: {', '.join(shapes) or 'none'}")
+    return shapes[t["shapes"]]
 
 
 def _head_dims(fail: Any, value: Any) -> tuple[tuple[int, int], ...]:
@@ -221,7 +260,7 @@ def _window(fail: Any, value: Any) -> tuple[int, int]:
     return value[0], value[1]
 
 
-def _gqa(fail: Any, value: Any, shapes: Shapes) -> tuple[int | str, ...]:
+def _gqa(fail: Any, value: Any, heads: tuple[int, ...], grid: str) -> tuple[int | str, ...]:
     if not isinstance(value, list) or not value:
         raise fail("gqa", "expected a non-empty list of query heads per KV head (1, 2, 4, 8...) or \"mqa\"")
     for r in value:
@@ -229,9 +268,9 @@ def _gqa(fail: Any, value: Any, shapes: Shapes) -> tuple[int | str, ...]:
             continue
         if not isinstance(r, int) or isinstance(r, bool) or r < 1:
             raise fail("gqa", f"bad ratio {r!r}; allowed: positive integers or \"mqa\"")
-        bad = [h for h in shapes.heads if h % r]
+        bad = [h for h in heads if h % r]
         if bad:
-            raise fail("gqa", f"ratio {r} does not divide heads {bad} of shape grid {shapes.name!r}")
+            raise fail("gqa", f"ratio {r} does not divide heads {bad}" + (f" of shape grid {grid!r}" if grid else ""))
     return tuple(value)
 
 
@@ -246,3 +285,67 @@ def _bools(fail: Any, value: Any) -> tuple[bool, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, bool) for v in value):
         raise fail("sink", f"expected a non-empty list of true/false, got {value!r}")
     return tuple(value)
+
+
+# -- model entries: a [[variants]] entry naming catalog models, TP degrees and workloads -------------------------
+# (owned by the model catalog work; the rest of this file is the shape-grid schema)
+MODEL_VARIANT_FIELDS = ("name", "models", "tp", "workloads", "archs", "description")
+
+
+@dataclass(frozen=True)
+class ModelVariant:
+    """Every signature the named catalog models (["*"]: the whole catalog) run at these TP degrees and workloads."""
+
+    name: str
+    models: tuple[str, ...]
+    tp: tuple[int, ...]
+    workloads: tuple[str, ...]
+    archs: tuple[str, ...] = ()
+    description: str = ""
+
+    def applies_to(self, sku: Sku) -> bool:
+        return not self.archs or sku.arch in self.archs
+
+    @property
+    def complete(self) -> bool:
+        return True  # model signatures are always built for every batch and sequence length
+
+    def model_list(self) -> list[Any]:
+        from . import models
+
+        catalog = models.catalog()
+        return list(catalog.values()) if self.models == ("*",) else [catalog[n] for n in self.models]
+
+    def signatures(self) -> list[Signature]:
+        """Every distinct signature of the models at the TP degrees and workloads (degrees vLLM refuses skipped)."""
+        from . import models
+
+        out: dict[Signature, None] = {}
+        for model in self.model_list():
+            for tp in self.tp:
+                out.update(dict.fromkeys(models.signatures(model, tp, self.workloads)))
+        return list(out)
+
+
+def parse_model_variant(src: TomlSource, i: int, table: dict[str, Any]) -> ModelVariant:
+    """A model entry; raises ConfigError naming file, line, field and the allowed values."""
+    from . import models
+
+    fail = lambda field, msg: src.fail("[[variants]]", field, msg, i)  # noqa: E731
+    for key in table:
+        if key not in MODEL_VARIANT_FIELDS:
+            raise fail(key, f"unknown field in a model entry; allowed: {', '.join(MODEL_VARIANT_FIELDS)}")
+    if not isinstance(table.get("name"), str) or not table["name"]:
+        raise fail("name", "expected a non-empty string")
+    known = models.catalog()
+    names = table["models"]
+    if not isinstance(names, list) or not names or any(n not in known and n != "*" for n in names):
+        raise fail("models", f"got {names!r}; allowed: [\"*\"] (the whole catalog) or names from `fa4-aot models`")
+    tp = _int_list(src, "[[variants]]", "tp", table.get("tp", [1]), i)
+    workloads = _choices(src, i, "workloads", table.get("workloads", list(models.WORKLOADS)), models.WORKLOADS)
+    archs = table.get("archs", [])
+    return ModelVariant(
+        name=table["name"], models=("*",) if "*" in names else tuple(names), tp=tp, workloads=workloads,
+        archs=_choices(src, i, "archs", archs, ARCHS) if archs else (),
+        description=str(table.get("description", "")),
+    )

@@ -1,9 +1,11 @@
 """The worker side of a build: runs in a process configured for one SKU (fa4.configure), never in the driver.
 
 Both executors (executors.py: a local process pool; farm.py: Ray) run these functions. `plan_calls` lists the
-kernels of some calls; `compile_kernels` compiles the wanted kernels of one call and hands each one, as an index
-Entry plus its object bytes, to a sink: the local pool's sink writes the shared store under a lock, Ray's returns
-the bytes to the driver or publishes them to a server. FA4 is reached only through the seam, fa4_aot.fa4.
+kernels of some work items (calls, or signatures planned at every shape); `compile_kernels` compiles the wanted
+kernels of one call and hands each one, as its index entries (full key first, then the base key's signpost when
+the kernel consumed SKU constants) plus its object bytes, to a sink: the local pool's sink writes the shared
+store under a lock, Ray's returns the bytes to the driver or publishes them to a server. FA4 is reached only
+through the seam, fa4_aot.fa4.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ import hashlib
 import os
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from . import fa4, kernel_keys
 from .calls import Call
 from .errors import DiskFull
+from .signature import Signature
 from .skus import Sku
 from .store import Entry
 
 Wanted = tuple[str, str, str]  # (family, canonical compile-key JSON, kernel key)
-PlanOut = tuple[list[tuple[str, str, str, int]], list[tuple[int, str]]]
-Sink = Callable[[Entry, bytes], None]
+# (family, ident, base kernel key, index into the work, a concrete call that makes FA4 choose it), rejected items
+PlanOut = tuple[list[tuple[str, str, str, int, Call]], list[tuple[int, str]]]
+Sink = Callable[[list[Entry], bytes], None]
 
 _configured: list[Sku] = []
 
@@ -44,19 +49,23 @@ def configure(sku: Sku) -> None:
     _configured.append(sku)
 
 
-def plan_calls(sku: Sku, work: list[tuple[str, Call]]) -> PlanOut:
-    """(family, ident, kernel key, index into work) of every kernel the calls need, and the calls FA4 rejects."""
+def plan_calls(sku: Sku, work: list[tuple[str, Call | Signature]]) -> PlanOut:
+    """Every kernel the work items need (a Call: at its shapes; a Signature: at every shape), and the items FA4
+    rejects."""
     configure(sku)  # first: planning imports FA4, which must see the SKU's arch
     tools = fa4.toolchain()
     kernels, failures = [], []
-    for i, (_name, call) in enumerate(work):
+    for i, (_name, item) in enumerate(work):
         try:
-            seen = fa4.plan(call)
-        except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
+            if isinstance(item, Call):
+                found = {ident: (key, item) for ident, key in fa4.plan(item).items()}
+            else:
+                found = fa4.plan_signature(item, sku)
+        except Exception as e:  # FA4 rejects the item for this SKU: report it, go on
             failures.append((i, one_line(e)))
             continue
-        for (family, ident), key in seen.items():
-            kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, tools), i))
+        for (family, ident), (key, call) in found.items():
+            kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, tools), i, call))
     return kernels, failures
 
 
@@ -73,13 +82,16 @@ def compile_kernels(sku: Sku, variant: str, call: Call, wanted: list[Wanted], si
         queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
         data = fa4.export(fn)
-        sink(Entry(
+        base = Entry(
             kernel_key=kk, object_digest=hashlib.sha256(data).hexdigest(), size=len(data), family=family,
             compile_key=kernel_keys.canonical(key),
             sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
             toolchain=fa4.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
             hardware_queries=[list(q) for q in queries],
-        ), data)
+        )
+        full = kernel_keys.entry_keys(base)[1]
+        # stored under the full key (the constants it consumed); the base entry is the signpost saying which
+        sink([replace(base, kernel_key=full), base] if full != kk else [base], data)
         sunk.add(kk)
 
     try:

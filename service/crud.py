@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -269,10 +268,13 @@ def _facts_text(facts: schemas.SkuFacts) -> str:
     return f"arch={facts.arch} sm_count={facts.sm_count} l2_bytes={facts.l2_bytes} cuda_major={facts.cuda_major}"
 
 
-def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str) -> tuple[Entry, bool]:
-    """Create or update the kernel row (and its SKU row) and commit. Returns the store entry to write and
-    whether the row is new. A new or changed row is audited as `actor` (an identical re-publish is not).
-    Raises Conflict if the object is absent, its size differs, or SKU facts clash."""
+def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str,
+                   write: Callable[[Entry, bool], None]) -> tuple[Entry, bool]:
+    """Create the kernel row (and its SKU row) in one transaction: `write(entry, is_new)` runs after the rows
+    are flushed and before the commit (the store's index entry goes there), so a failed write rolls the rows
+    back. Returns the entry and whether the row is new. A kernel key is immutable once published: the same
+    key with the same object and SKU is an idempotent re-publish (the row is kept as it is), anything else a
+    Conflict. Also Conflict if the object is absent, its size differs, or SKU facts clash."""
     created = kernel.created or utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def work() -> tuple[Entry, bool]:
@@ -285,18 +287,32 @@ def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str) ->
                            "bytes; publish the entry that belongs to this object")
         ensure_sku(session, facts=sku_facts(kernel))
         row = session.get(models.Kernel, kernel.kernel_key)
-        is_new = row is None
-        if row is None:
-            row = models.Kernel(kernel_key=kernel.kernel_key, created=created)
-            session.add(row)
+        if row is not None:
+            _check_same_kernel(row, kernel)
+            held = get_kernel(session, kernel_key=kernel.kernel_key)
+            entry = _entry(kernel, row.created) if held is None else Entry(**held.model_dump())
+            write(entry, False)
+            return entry, False
+        row = models.Kernel(kernel_key=kernel.kernel_key, created=created)
+        session.add(row)
         fill_kernel(row, kernel)
-        if is_new or session.is_modified(row):
-            record_audit(session, actor=actor, action="kernel.create" if is_new else "kernel.update",
-                         target=kernel.kernel_key, detail={"sku": kernel.sku, "object_digest": kernel.object_digest})
+        record_audit(session, actor=actor, action="kernel.create", target=kernel.kernel_key,
+                     detail={"sku": kernel.sku, "object_digest": kernel.object_digest})
         session.flush()
-        return _entry(kernel, row.created), is_new
+        entry = _entry(kernel, created)
+        write(entry, True)
+        return entry, True
 
     return retrying(session, work)
+
+
+def _check_same_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
+    if row.object_digest != kernel.object_digest or row.sku != kernel.sku:
+        raise Conflict(
+            f"kernel {kernel.kernel_key} is already published with object {row.object_digest} for SKU "
+            f"{row.sku!r}; a kernel key is immutable once published, so this entry (object "
+            f"{kernel.object_digest}, SKU {kernel.sku!r}) is refused: rebuild with the published toolchain, or "
+            "check the build host for a non-deterministic export")
 
 
 def fill_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
@@ -313,33 +329,6 @@ def fill_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
 
 def _entry(kernel: schemas.KernelIn, created: str) -> Entry:
     return Entry(**{**kernel.model_dump(), "created": created})
-
-
-# -- misses ---------------------------------------------------------------------------------------
-def record_miss(session: Session, *, miss: schemas.MissIn) -> None:
-    """Insert the miss or count one more report of it, atomically (INSERT ... ON CONFLICT DO UPDATE)."""
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    now = utcnow()
-    stmt = dialect.insert(models.Miss).values(
-        kernel_key=miss.kernel_key, sku=miss.sku, family=miss.family,
-        compile_key=canonical_json(miss.compile_key), count=1, first_seen=now, last_seen=now,
-        call=None if miss.call is None else canonical_json(miss.call),
-    )
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[models.Miss.kernel_key],
-        set_={"count": models.Miss.count + 1, "last_seen": stmt.excluded.last_seen,
-              "call": func.coalesce(stmt.excluded.call, models.Miss.call)},
-    )
-    session.execute(stmt)
-    session.commit()
-
-
-def list_misses(session: Session) -> list[schemas.MissOut]:
-    rows = session.scalars(select(models.Miss).order_by(models.Miss.count.desc(), models.Miss.kernel_key)).all()
-    return [schemas.MissOut(kernel_key=m.kernel_key, sku=m.sku, family=m.family,
-                            compile_key=json.loads(m.compile_key), count=m.count,
-                            call=None if m.call is None else json.loads(m.call),
-                            first_seen=m.first_seen, last_seen=m.last_seen) for m in rows]
 
 
 def counts(session: Session) -> dict[str, int]:

@@ -23,18 +23,26 @@ from fa4_aot.kernel_keys import dumps as canonical_json
 
 from . import models, schemas
 from .crud import record_audit, retrying
-from .errors import Conflict, InvalidBody
+from .errors import Conflict, InvalidBody, TooMany
 from .models import utcnow
 
 _IN_CHUNK = 500  # kernel keys per IN (...) query: far below SQLite's and PostgreSQL's parameter limits
+ENVELOPE_FIELDS = frozenset({"format", "manifest", "key_id", "public_key", "signature"})
+MANIFEST_FIELDS = frozenset({"sku", "kernels", "toolchain", "created", "expires"})
+PER_KEY = 4  # manifests kept per (SKU, signing key): a newer one makes the oldest go
+KEYS_PER_SKU = 8  # distinct signing keys a publish token may store manifests of, per SKU (admins: any)
+TOOLCHAIN_CHARS = 4096
 
 
 # -- signed manifests -----------------------------------------------------------------------------
-def store_manifest(session: Session, *, sku: str, envelope: Any, actor: str) -> tuple[schemas.ManifestStored, bool]:
+def store_manifest(session: Session, *, sku: str, envelope: Any, actor: str, admin: bool = False
+                   ) -> tuple[schemas.ManifestStored, bool]:
     """Store a signed manifest of `sku` and commit; returns what is stored and whether it is new (only a new
-    one is audited). Raises InvalidBody (422) for a malformed envelope or one for another SKU, Conflict (409)
-    for an unknown SKU, other SKU facts, a kernel the service lacks or holds with another object digest, or an
-    envelope with this manifest id but another signature."""
+    one is audited). Raises InvalidBody (422) for a malformed envelope (fields beyond the format's, no kernel
+    listed, an oversized toolchain) or one for another SKU, Conflict (409) for an unknown SKU, other SKU facts,
+    a kernel the service lacks or holds with another object digest, or an envelope with this manifest id but
+    another signature; TooMany (429) when a non-admin brings a ninth signing key to the SKU. Only the newest
+    PER_KEY manifests of a SKU and key are kept: storing one more drops the oldest (audited)."""
     manifest = _checked_shape(envelope, sku)
     manifest_id = signing.manifest_id(envelope)
     text = canonical_json(envelope)
@@ -48,15 +56,35 @@ def store_manifest(session: Session, *, sku: str, envelope: Any, actor: str) -> 
             return _stored(envelope, manifest_id), False
         _check_facts(session, sku, manifest["sku"])
         _check_kernels(session, manifest["kernels"])
+        _check_room(session, sku, envelope["key_id"], admin)
         session.add(models.SignedManifest(manifest_id=manifest_id, sku=sku, key_id=envelope["key_id"],
                                           created=manifest["created"], expires=manifest["expires"], envelope=text,
                                           uploaded_at=utcnow()))
         record_audit(session, actor=actor, action="manifest.store", target=manifest_id,
                      detail={"sku": sku, "key_id": envelope["key_id"], "kernels": len(manifest["kernels"])})
         session.flush()
+        _prune(session, sku, envelope["key_id"], actor)
         return _stored(envelope, manifest_id), True
 
     return retrying(session, work)
+
+
+def _check_room(session: Session, sku: str, key_id: str, admin: bool) -> None:
+    held = set(session.scalars(select(models.SignedManifest.key_id).where(models.SignedManifest.sku == sku)).all())
+    if key_id not in held and len(held) >= KEYS_PER_SKU and not admin:
+        raise TooMany(f"SKU {sku!r} already has manifests by {len(held)} signing keys; a manifest by a new key "
+                      f"({key_id}) needs an admin token, or revoke a key (`fa4-aot revoke --key-id`) first")
+
+
+def _prune(session: Session, sku: str, key_id: str, actor: str) -> None:
+    rows = session.scalars(select(models.SignedManifest).where(models.SignedManifest.sku == sku,
+                                                               models.SignedManifest.key_id == key_id)).all()
+    rows = sorted(rows, key=lambda r: (_parse_time(r.created), r.uploaded_at, r.manifest_id), reverse=True)
+    for row in rows[PER_KEY:]:
+        session.delete(row)
+        record_audit(session, actor=actor, action="manifest.prune", target=row.manifest_id,
+                     detail={"sku": sku, "key_id": key_id, "created": row.created})
+    session.flush()
 
 
 def list_manifests(session: Session, *, sku: str) -> list[dict[str, Any]]:
@@ -72,6 +100,15 @@ def _checked_shape(envelope: Any, sku: str) -> dict[str, Any]:
         manifest = signing.check_shape(envelope)
     except (TrustError, StoreError) as e:  # check_shape raises StoreError for a malformed hex id
         raise InvalidBody(str(e)) from None
+    extra = sorted((set(envelope) - ENVELOPE_FIELDS) | (set(manifest) - MANIFEST_FIELDS))
+    if extra:
+        raise InvalidBody(f"unexpected fields {', '.join(map(str, extra))[:200]} in the signed manifest; send "
+                          "the envelope that `fa4-aot sign` wrote, unchanged")
+    if not manifest["kernels"]:
+        raise InvalidBody("the manifest lists no kernel; sign a store that holds this SKU's kernels")
+    if len(canonical_json(manifest.get("toolchain"))) > TOOLCHAIN_CHARS:
+        raise InvalidBody(f"the manifest's toolchain is over {TOOLCHAIN_CHARS} characters; a real one names a few "
+                          "package versions")
     if manifest["sku"]["name"] != sku:
         raise InvalidBody(f"the manifest is for SKU {manifest['sku']['name']!r}, not {sku!r}: "
                           f"PUT it to /v1/skus/{manifest['sku']['name']}/manifests")

@@ -6,6 +6,7 @@ The schema is owned by Alembic (service/migrations); `migrate(url)` brings any d
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,7 @@ def make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            _private_file(Path(parsed.database))
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
@@ -40,6 +41,13 @@ def make_engine(url: str) -> Engine:
         f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
         "use sqlite:///<path> or postgresql+psycopg://user@host:port/dbname"
     )
+
+
+def _private_file(path: Path) -> None:
+    """Create the SQLite file (and a missing folder) owner-only before SQLite does under the umask: it holds
+    token hashes and the audit log. SQLite gives its -wal and -shm files the main file's mode."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -29,6 +29,12 @@ class TooLarge(ServiceError):
     status_code = 413
 
 
+class TooMany(ServiceError):
+    """A bounded collection (misses of a SKU, manifests of a signing key) is full."""
+
+    status_code = 429
+
+
 class RangeNotSatisfiable(ServiceError):
     status_code = 416
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -29,6 +30,34 @@ def _storable(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_storable)]
+MAX_JSON_DEPTH = 32  # compile keys nest 3 deep; JSON nested far deeper makes encoders recurse past Python's limit
+MAX_JSON_CHARS = 16 << 10  # a real compile key is under 2 KiB as JSON
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> Any:
+    """`value` if its dicts and lists nest at most `limit` deep (checked without recursion), else ValueError."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            raise ValueError(f"JSON nested more than {limit} deep")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return value
+
+
+def _bounded(value: Any) -> Any:
+    """A free-form JSON value (compile key, hardware queries): check_depth, and at most MAX_JSON_CHARS long as
+    compact JSON."""
+    check_depth(value)
+    if len(json.dumps(value, separators=(",", ":"))) > MAX_JSON_CHARS:
+        raise ValueError(f"longer than {MAX_JSON_CHARS} characters as JSON; compile keys are far smaller")
+    return value
+
+
+BoundedJson = Annotated[Any, AfterValidator(_bounded)]
 
 
 class ErrorBody(BaseModel):
@@ -81,7 +110,7 @@ class KernelIn(BaseModel):
     object_digest: Hex64
     size: int = Field(ge=0, lt=2**53)
     family: Text = Field(min_length=1, max_length=128)
-    compile_key: Any
+    compile_key: BoundedJson
     sku: SkuName
     arch: str = Field(pattern=r"^sm_[0-9a-z]+$", max_length=32, examples=["sm_90a"])
     sm_count: int = Field(gt=0, lt=2**31)
@@ -91,7 +120,7 @@ class KernelIn(BaseModel):
     variant: Text = Field(max_length=4096)
     call: Text = Field(max_length=65536)
     compile_seconds: float = Field(ge=0, allow_inf_nan=False)
-    hardware_queries: list[Any] = Field(default_factory=list)
+    hardware_queries: Annotated[list[Any], AfterValidator(_bounded)] = Field(default_factory=list)
     created: Text | None = Field(default=None, max_length=40, examples=["2025-01-31T12:00:00Z"])
 
 
@@ -112,17 +141,40 @@ class ObjectOut(BaseModel):
     size: int
 
 
+class CallIn(BaseModel):
+    """A concrete FA4 call (fa4_aot.calls.Call, its fields exactly): what `build --from-misses` builds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layout: Literal["dense", "varlen", "seqused", "paged"]
+    pass_: Literal["fwd", "fwd_lse", "bwd", "bwd_det"]
+    dtype: Literal["bf16", "fp16"]
+    head_dim: int = Field(gt=0, le=1024)
+    head_dim_v: int = Field(gt=0, le=1024)
+    mask: Literal["full", "causal", "local"]
+    window: tuple[int, int]
+    softcap: float = Field(allow_inf_nan=False)
+    sink: bool
+    num_splits: int = Field(ge=0, le=1 << 16)
+    batch: int = Field(gt=0, lt=1 << 31)
+    seqlen_q: int = Field(gt=0, lt=1 << 31)
+    seqlen_k: int = Field(gt=0, lt=1 << 31)
+    heads_q: int = Field(gt=0, le=1 << 16)
+    heads_kv: int = Field(gt=0, le=1 << 16)
+    page_size: int = Field(default=0, ge=0, lt=1 << 31)
+
+
 class MissIn(BaseModel):
-    """A kernel a client lacked (fa4_aot.store.Miss). Other fields, such as the client's `when`, are ignored:
-    the server's clock stamps first_seen and last_seen."""
+    """A kernel a client lacked (fa4_aot.store.Miss). Other top-level fields, such as the client's `when`, are
+    ignored: the server's clock stamps first_seen and last_seen. `call`, when given, must be a whole Call."""
 
     model_config = ConfigDict(extra="ignore")
 
     kernel_key: Hex64
     sku: SkuName
     family: Text = Field(min_length=1, max_length=128)
-    compile_key: Any
-    call: dict[str, Any] | None = Field(default=None, description="The call that needed it (fa4_aot.calls)")
+    compile_key: BoundedJson
+    call: CallIn | None = Field(default=None, description="The call that needed it (fa4_aot.calls.Call)")
 
 
 class MissOut(MissIn):

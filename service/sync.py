@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlalchemy.orm import Session
 
-from fa4_aot import maintenance
+from fa4_aot import kernel_keys, maintenance
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Entry, Store
 
@@ -54,6 +54,8 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
     """Raises Conflict (SKU facts) or ValueError (entry fails validation, object missing or short) before
     adding anything to the session, so a skipped entry leaves no partial rows."""
     kernel = schemas.KernelIn.model_validate(asdict(entry))
+    if not kernel_keys.has_valid_key(entry):
+        raise ValueError("its fields do not hash to its kernel key; run `fa4-aot verify` and rebuild")
     try:
         size = store.object_size(entry.object_digest)
     except StoreError as e:
@@ -65,11 +67,18 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
         session.add(models.Object(digest=entry.object_digest, size=entry.size, created=models.utcnow()))
         report.objects += 1
     row = session.get(models.Kernel, entry.kernel_key)
-    if row is None:
-        row = models.Kernel(kernel_key=entry.kernel_key)
-        session.add(row)
+    if row is not None:
+        if row.object_digest != entry.object_digest or row.sku != entry.sku:
+            raise ValueError(f"the database publishes it with object {row.object_digest} (SKU {row.sku}), the "
+                             "store's entry differs; kernel keys are immutable, so the database's is served")
+        report.kernels += 1
+        return
+    row = models.Kernel(kernel_key=entry.kernel_key)
+    session.add(row)
     crud.fill_kernel(row, kernel)
     row.created = entry.created
+    crud.record_audit(session, actor="import", action="kernel.import", target=entry.kernel_key,
+                      detail={"sku": entry.sku, "object_digest": entry.object_digest})
     session.flush()
     report.kernels += 1
 

@@ -2,7 +2,8 @@
 
     common.py      the --cache-dir store option and pass_store, --json/--variants options, output, error mapping
     build.py       skus, build
-    store_cmds.py  list, verify, gc, misses
+    models.py      models, coverage
+    store_cmds.py  list, verify, gc, misses, migrate
     server.py      serve, token, push, pull
     trust.py       keys, sign, revoke
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from . import build, server, store_cmds, trust
+from . import build, models, server, store_cmds, trust
 from .common import Fa4AotGroup, cache_dir_option, make_state
 
 
@@ -32,6 +33,8 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
     Typical use:
       fa4-aot skus                      # the GPU SKUs variants.toml knows
       fa4-aot build --sku h200 -j 2     # cross-compile the default matrix (no GPU needed)
+      fa4-aot build --sku h200 --model llama-3.1-8b --tp 1,8   # or what one model runs
+      fa4-aot coverage --sku h200 --calls calls.jsonl          # would these calls compile? (FA4_AOT_RECORD)
       fa4-aot list --sku h200           # what the store holds
       fa4-aot verify                    # re-hash every object
     Then on a GPU host: import fa4_aot; fa4_aot.install()  (or fa4_aot.load(q.shape, causal=True)).
@@ -39,7 +42,8 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
     ctx.obj = make_state(cache_dir)
 
 
-for _command in (build.skus, build.build, store_cmds.list_, store_cmds.verify, store_cmds.gc, store_cmds.misses,
+for _command in (build.skus, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify,
+                 store_cmds.gc, store_cmds.misses, store_cmds.migrate,
                  server.serve, server.token, server.push, server.pull, trust.keys, trust.sign, trust.revoke):
     main.add_command(_command)
 

@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,20 +17,39 @@ if TYPE_CHECKING:
     from .. import build as build_mod
     from ..executors import Executor
     from ..skus import Sku
-    from ..variants import Matrix, Variant
+    from ..variants import Matrix, ModelVariant, Variant
 
 
 @click.command()
 @variants_option("Variants file holding the SKU table (default: variants.toml).")
+@click.option("--detect", is_flag=True, help="On a GPU host: the table row for the local device, with sources, "
+                                             "and which row serves it now.")
 @json_option()
-def skus(variants_file: Path | None, as_json: bool) -> None:
+def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
     """List the GPU SKUs: arch target, SM count, L2 size, CUDA major."""
     matrix = load_matrix(variants_file)
+    if detect:
+        _detect(matrix, as_json)
+        return
     rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  description"]
     rows += [f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  {s.description}"
              for s in matrix.skus.values()]
     doc = [{**s.target_facts(), "name": s.name, "description": s.description} for s in matrix.skus.values()]
     emit(as_json, doc, "\n".join(rows))
+
+
+def _detect(matrix: Matrix, as_json: bool) -> None:
+    from ..skus import detect_device, row_for, select
+
+    device = detect_device()
+    row = row_for(device)
+    sku, constants, trace = select(matrix.skus, device)
+    doc = {"row": row, "served_by": sku.name, "constants": constants.__dict__, "trace": trace}
+    lines = [f"[skus.{row['name']}]"]
+    lines += [f"{k} = {v!r}".replace("'", '"') + f"  # {row['sources'].get(k, '')}".rstrip(" #")
+              for k, v in row.items() if k not in ("name", "sources")]
+    lines += ["", f"served now by [skus.{sku.name}]:", *(f"  {t}" for t in trace)]
+    emit(as_json, doc, "\n".join(lines))
 
 
 @click.command()
@@ -49,20 +68,33 @@ def skus(variants_file: Path | None, as_json: bool) -> None:
               "Ray's guess is wrong (e.g. 127.0.0.1 for a cluster started with --node-ip-address=127.0.0.1).")
 @click.option("--push", "push_url", metavar="URL", help="With --executor ray: workers publish each kernel to this "
               "server (needs --token) instead of sending it back to this store.")
-@click.option("--dry-run", is_flag=True, help="Plan only: count the kernels and show the calls FA4 rejects.")
-@click.option("--from-misses", is_flag=True, help="Build the calls clients reported missing to --server, then push.")
+@click.option("--dry-run", is_flag=True, help="Plan only: kernels per variant, the estimated build time, and the "
+              "calls FA4 rejects.")
+@click.option("--from-misses", is_flag=True, help="Build the kernels clients reported missing: to --server (then "
+              "push), else those recorded in the local store (`fa4-aot misses`).")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
 @click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses and --push ($FA4_AOT_TOKEN).")
+@click.option("--model", "model_arg", metavar="NAME_OR_CONFIG_JSON",
+              help="Build what this model runs instead of the matrix: a catalog name (`fa4-aot models`) or a "
+                   "Hugging Face config.json.")
+@click.option("--tp", "tp_arg", default="1", show_default=True, help="TP degrees for --model, e.g. 1,2,4,8.")
+@click.option("--workload", "workload_arg", default="train,prefill,decode", show_default=True,
+              help="Workloads for --model: train, prefill, decode.")
+@click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Build exactly these calls: JSON lines as FA4_AOT_RECORD writes them (see `fa4-aot coverage`).")
 @json_option("Print one JSON document: counts, kernel keys, failures (a list of them, one per SKU, when several "
              "SKUs are built).")
 @pass_store
 def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
           executor: str, ray_address: str | None, ray_node_ip: str | None, push_url: str | None, dry_run: bool,
-          from_misses: bool, server: str | None, token: str | None, as_json: bool) -> None:
+          from_misses: bool, server: str | None, token: str | None, model_arg: str | None, tp_arg: str,
+          workload_arg: str, calls_file: Path | None, as_json: bool) -> None:
     """Cross-compile FA4 kernels for one or more SKUs into the store (no GPU needed).
 
-    Every [[variants]] entry is crossed with its shape grid and run through FA4's own dispatch on fake
-    tensors; each distinct kernel is compiled once. Kernels already in the store are not rebuilt.
+    Every [[variants]] entry is planned through FA4's own dispatch on fake tensors: at every batch and
+    sequence length (shape-complete, no `shapes`) or at the points of its shape grid. Each distinct
+    kernel is compiled once. Kernels already in the store are not rebuilt. With --model, the model's
+    signatures per TP degree (shape-complete) replace the matrix; with --calls, exactly those calls.
     Exits 1 if any call or kernel failed; the rest are still built.
     """
     matrix = load_matrix(variants_file)
@@ -70,23 +102,30 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         _build_misses(store, matrix, server, token, jobs, as_json)
         return
     if not sku:
-        raise click.UsageError("--sku is required (or --from-misses with --server)")
+        raise click.UsageError("--sku is required (or --from-misses)")
     if push_url and executor != "ray":
         raise click.UsageError("--push needs --executor ray; with the local executor, run `fa4-aot push` after it")
     targets = list(matrix.skus.values()) if sku == "all" else [matrix.sku(s.strip()) for s in sku.split(",")]
     chosen = matrix.select(list(only))
+    work = _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
     ex = _executor(executor, jobs, ray_address, ray_node_ip, push_url, token)
     if not as_json:
         where = f"Ray ({ray_address or 'local'})" if executor == "ray" else f"{jobs} job(s)"
-        click.echo(f"building {', '.join(t.name for t in targets)} into {push_url or store.root} on {where}", err=True)
+        click.echo(f"building {', '.join(f'{t.name} ({t.arch}, {t.sm_count} SMs)' for t in targets)} into "
+                   f"{push_url or store.root} on {where}", err=True)
     # stdout carries only the result: what an executor prints (Ray reports dead workers there) goes to stderr
     with contextlib.redirect_stdout(sys.stderr):
         try:
-            reports = [_build_one(matrix, t, store, chosen, ex, dry_run, as_json, push_url, token) for t in targets]
+            reports = [_build_one(matrix, t, store, work, chosen, ex, dry_run, as_json, push_url, token)
+                       for t in targets]
         finally:
             ex.close()
-    docs = [r.to_dict() for r in reports]
-    emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(_build_lines(reports, dry_run)))
+    docs, lines = [], []
+    for report in reports:
+        doc, more = _report_doc(report, store, targets, jobs, dry_run)
+        docs.append(doc)
+        lines += more
+    emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(lines))
     if any(r.failed for r in reports):
         sys.exit(1)
 
@@ -102,29 +141,86 @@ def _executor(kind: str, jobs: int, address: str | None, node_ip: str | None, pu
     return LocalExecutor(jobs)
 
 
-def _build_one(matrix: Matrix, target: Sku, store: Store, chosen: list[Variant], ex: Executor, dry_run: bool,
-               as_json: bool, push_url: str | None, token: str | None) -> build_mod.Report:
+def _build_one(matrix: Matrix, target: Sku, store: Store, work: build_mod.Work | None,
+               chosen: list[Variant | ModelVariant], ex: Executor, dry_run: bool, as_json: bool,
+               push_url: str | None, token: str | None) -> build_mod.Report:
+    """Build for `target` the explicit (label, call or signature) `work` of --model/--calls, or else the
+    chosen variants."""
     from .. import build as build_mod
 
     present = None
     if push_url:  # the server, not this store, is where built kernels go: ask it what it has
         from ..remote import Remote
 
-        present = Remote(push_url, token=token).kernel_keys(target.name).__contains__
-    work = build_mod.matrix_work(matrix, target, chosen)
+        present = _on_server(Remote(push_url, token=token).kernel_keys(target.name))
+    if work is None:
+        work = build_mod.work_of(matrix, target, chosen)
     return build_mod.build_calls(target, store, work, progress=_progress(as_json, target.name), dry_run=dry_run,
                                  executor=ex, present=present)
 
 
-def _build_lines(reports: list[build_mod.Report], dry_run: bool) -> list[str]:
-    lines = []
-    for report in reports:
-        lines += [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
-        lines.append(f"{report.sku}: {report.calls} calls, {len(report.results)} kernels: {report.count('built')} "
-                     f"built, {report.count('present')} already present, "
-                     + (f"{report.count('planned')} to build, " if dry_run else "")
-                     + f"{report.failed} failed ({report.seconds:.0f}s)")
-    return lines
+def _on_server(held: set[str]) -> Callable[[str], str | None]:
+    """`present` for a build that pushes: a kernel counts as held when the server lists its base key (its
+    signpost, or the kernel itself when it consumed no constant). The server's manifest gives keys, not the
+    constants a signpost names, so a kernel held only for other constant values is not rebuilt here: build it
+    without --push, or with --push after the SKU's manifest lists it."""
+
+    def present(base_key: str) -> str | None:
+        return base_key if base_key in held else None
+
+    return present
+
+
+def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs: int,
+                dry_run: bool) -> tuple[dict[str, Any], list[str]]:
+    """One SKU's JSON document and text lines: failures, the dry run's table and estimate, the summary."""
+    lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    doc = report.to_dict()
+    if dry_run:
+        target = next(t for t in targets if t.name == report.sku)
+        extra, doc["estimate"] = _dry_run_lines(report, store, target, jobs)
+        lines += extra
+    lines.append(f"{report.sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
+                 f"{report.count('built')} built, {report.count('present')} already present, "
+                 + (f"{report.count('planned')} to build, " if dry_run else "")
+                 + f"{report.failed} failed ({report.seconds:.0f}s); planned with {report.sku}'s dispatch "
+                 f"({report.dispatch_sm_count} SMs)")
+    return doc, lines
+
+
+def _explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
+                   calls_file: Path | None) -> list[Any] | None:
+    """(label, call or signature) pairs for --model or --calls; None to build the variants matrix."""
+    if model_arg and calls_file:
+        raise click.UsageError("give at most one of --model and --calls")
+    if calls_file:
+        from ..coverage import read_calls
+
+        return [(calls_file.name, c) for c in read_calls(calls_file)]
+    if not model_arg:
+        return None
+    from .. import models, modelwork
+    from .models import parse_tps, parse_workloads
+
+    model, tps = models.resolve(model_arg), parse_tps(tp_arg)
+    for why in modelwork.skipped(model, tps):
+        click.echo(why, err=True)
+    return modelwork.work(model, tps, parse_workloads(workload_arg))
+
+
+def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
+                   jobs: int) -> tuple[list[str], dict[str, Any]]:
+    """Kernels per variant (all it needs, and those the store lacks) and the estimated build time."""
+    from ..estimate import estimate
+
+    stored = {r.kernel_key for r in report.results if r.status == "present"}
+    lines = [f"{'variant':<28}{'kernels':>8}{'to build':>10}"]
+    for name, needed in sorted(report.by_variant.items()):
+        lines.append(f"{name:<28}{len(needed):>8}{len(needed - stored):>10}")
+    guess = estimate(report.count("planned"), store, target, jobs)
+    lines.append(f"estimated build time: {guess.seconds / 60:.1f} min for {guess.kernels} kernel(s) at "
+                 f"{guess.seconds_per_kernel:.1f} s each over {jobs} job(s) ({guess.source})")
+    return lines, guess.to_dict()
 
 
 def _progress(as_json: bool, sku: str) -> Callable[[int, int, build_mod.Result], None]:
@@ -142,15 +238,20 @@ def _progress(as_json: bool, sku: str) -> Callable[[int, int, build_mod.Result],
 
 def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str | None, jobs: int,
                   as_json: bool) -> None:
-    from ..remote import Remote
-    from ..transfer import rebuild_misses
+    from dataclasses import asdict
 
-    if not server:
-        raise click.UsageError("--from-misses needs --server (or FA4_AOT_SERVER)")
-    reports = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs)
+    from ..transfer import build_misses, rebuild_misses
+
+    if server:
+        from ..remote import Remote
+
+        reports = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs)
+    else:
+        reports = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs)
     docs = [r.to_dict() for r in reports]
     lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
-             f"{d['failed']} failed; pushed to {server}" for d in docs] or [f"{server} reports no buildable misses"]
-    emit(as_json, docs, "\n".join(lines))
+             f"{d['failed']} failed" + (f"; pushed to {server}" if server else "") for d in docs]
+    lines += [f"FAILED {f['kernel_key'][:16]} {f['family']}: {f['error']}" for d in docs for f in d["failures"]]
+    emit(as_json, docs, "\n".join(lines) or f"{server or store.root} reports no misses")
     if any(d["failed"] for d in docs):
         sys.exit(1)

@@ -1,4 +1,4 @@
-"""`fa4-aot list`, `verify`, `gc`, `misses`: looking after the local store."""
+"""`fa4-aot list`, `verify`, `gc`, `misses`, `migrate`: looking after the local store."""
 
 from __future__ import annotations
 
@@ -102,3 +102,22 @@ def misses(store: Store, as_json: bool) -> None:
     rows = [f"{m.when}  {m.sku:<10} {m.family:<26} {m.kernel_key[:16]}" for m in found]
     rows.append(f"{len(found)} miss(es)")
     emit(as_json, [asdict(m) for m in found], "\n".join(rows))
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="Only count what would be re-filed.")
+@json_option()
+@pass_store
+def migrate(store: Store, dry_run: bool, as_json: bool) -> None:
+    """Re-file kernels built before per-SKU constants were keyed by need (issue 13) under today's keys.
+
+    Objects are kept; old signed manifests list the old keys, so sign each SKU again afterwards."""
+    from ..migrate import migrate as run
+
+    result = run(store, dry_run=dry_run)
+    verb = "would re-file" if dry_run else "re-filed"
+    lines = [f"{result.entries} entries: {verb} {result.migrated}, {result.current} already current"]
+    lines += [f"UNRECOGNISED {k}: its key matches neither the old nor today's formula (left alone; "
+              "`fa4-aot verify` checks it)" for k in result.unrecognised]
+    lines += [f"re-sign: fa4-aot sign --sku {name} --key KEYFILE" for name in result.skus if not dry_run]
+    emit(as_json, result.to_dict(), "\n".join(lines))

@@ -11,6 +11,8 @@ Target (build workers, before FA4 is imported):
     toolchain()                    versions + CUDA flavour that kernel keys name (versions.py)
 Kernels of a Call, on fake tensors (kernels.py, through dispatch.py and caches.py):
     plan(call)                     {(family, canonical key JSON): compile key} FA4 selects for a call
+    plan_signature(sig, sku)       {(family, key JSON): (compile key, a Call)} at every shape (complete.py)
+    plan_each(calls)               plan() of many calls in one fake mode (None for a call FA4 rejects)
     compile_call(call, wanted, done)  compile only `wanted`, handing each kernel to done(...)
 Objects (objects.py):
     export(fn) -> bytes            a compiled kernel as object-file bytes
@@ -34,11 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..calls import Call
+    from ..signature import Signature
     from ..skus import Sku
     from .caches import KernelSource
 
-__all__ = ["configure", "hardware_calls", "toolchain", "plan", "compile_call", "export", "load_object",
-           "install_store_caches", "store_cache", "lookup", "capture", "current", "running", "attend"]
+__all__ = ["configure", "hardware_calls", "toolchain", "plan", "plan_signature", "plan_each", "compile_call",
+           "export", "load_object", "install_store_caches", "store_cache", "lookup", "capture", "current", "running",
+           "attend"]
 
 
 def configure(sku: Sku) -> None:
@@ -63,6 +67,18 @@ def plan(call: Call) -> dict[tuple[str, str], Any]:
     from . import kernels
 
     return kernels.plan(call)
+
+
+def plan_signature(sig: Signature, sku: Sku) -> dict[tuple[str, str], tuple[Any, Call]]:
+    from . import complete
+
+    return complete.kernels_for_signature(sig, sku)
+
+
+def plan_each(calls: list[Call]) -> list[dict[tuple[str, str], Any] | None]:
+    from . import complete
+
+    return complete.kernels_for_each(calls)
 
 
 def compile_call(call: Call, wanted: set[tuple[str, str]], done: Callable[[str, Any, Any, float], None]) -> None:

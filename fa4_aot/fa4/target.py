@@ -6,7 +6,8 @@ the SKU here, never from the build host:
 - cutlass.utils.HardwareInfo, which persistent tile schedulers call at compile time for the SM count they
   bake into the grid, and for max active clusters;
 - torch.cuda.current_device(), which torch's __dlpack__ calls for the deterministic backward's tensors;
-- flash_attn.cute.utils._fa_disable_2cta_cuda12, which FA4 computes from torch.version.cuda at import.
+- flash_attn.cute.utils._fa_disable_2cta_cuda12, which FA4 computes from torch.version.cuda at import;
+- FA4's hard-coded L2 budgets (l2.py), which become the SKU constants l2_budget / prepare_l2_budget.
 `configure()` must run in a fresh process before flash_attn is imported: FA4 caches the arch.
 """
 
@@ -27,6 +28,14 @@ def hardware_calls() -> list[tuple[str, Any]]:
     return list(_calls)
 
 
+def consume(name: str, sku: Sku) -> int:
+    """The value of SKU constant `name` (skus.Constants, the derivation clients use too), recorded as consumed
+    by the compile in progress."""
+    value = sku.constants().value(name)
+    _calls.append((name, value))
+    return value
+
+
 def make_hardware_info(sku: Sku) -> type:
     class SkuHardwareInfo:
         """cutlass.utils.HardwareInfo answering for `sku` instead of the local device."""
@@ -35,8 +44,7 @@ def make_hardware_info(sku: Sku) -> type:
             self.device_id = device_id
 
         def get_device_multiprocessor_count(self) -> int:
-            _calls.append(("sm_count", sku.sm_count))
-            return sku.sm_count
+            return consume("sm_count", sku)
 
         def get_max_active_clusters(self, cluster_size: int, stream: Any = None) -> int:
             # One CTA per SM at maximum shared memory, as FA4's kernels run. Clusters of 1 and 2 fill every
@@ -45,13 +53,10 @@ def make_hardware_info(sku: Sku) -> type:
             if cluster_size > 2:
                 raise BuildError(f"max active clusters of size {cluster_size} on {sku.name} is not known; "
                                  "only cluster sizes 1 and 2 can be derived from the SM count")
-            answer = sku.sm_count // cluster_size
-            _calls.append((f"max_active_clusters({cluster_size})", answer))
-            return answer
+            return consume(f"max_active_clusters({cluster_size})", sku)
 
         def get_l2_cache_size_in_bytes(self) -> int:
-            _calls.append(("l2_bytes", sku.l2_bytes))
-            return sku.l2_bytes
+            return consume("l2_bytes", sku)
 
     SkuHardwareInfo.__name__ = f"SkuHardwareInfo[{sku.name}]"
     return SkuHardwareInfo
@@ -85,6 +90,9 @@ def configure(sku: Sku) -> None:
     import flash_attn.cute.utils as fa_utils
 
     tile_scheduler.HardwareInfo = hardware_info
+    from . import l2
+
+    l2.patch(sku)  # FA4's L2 budgets become consumed constants (off: FA4's own figures)
     cute_dsl_utils.get_max_active_clusters.cache_clear()
     fa_utils._fa_disable_2cta_cuda12 = sku.cuda_major == 12
     arch = __import__("flash_attn.cute.interface", fromlist=["_get_device_arch"])._get_device_arch()

@@ -1,6 +1,7 @@
 """Which Call is FA4 running? install() wraps FA4's autograd functions so that a kernel missing from the
 store can be reported with the Call that needed it; `fa4-aot build --from-misses` then builds exactly that
-call. Importing this module imports no FA4: only capture() and from_arguments() touch FA4 or torch.
+call, and FA4_AOT_RECORD appends it (record.py). Importing this module imports no FA4: only capture() and
+from_arguments() touch FA4 or torch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
+from .. import record
 from ..calls import Call, dtype_name, mask_of, pass_of
 
 _current = threading.local()
@@ -52,6 +54,8 @@ def _wrap_forward(forward: Any, layout: str) -> Any:
         except Exception:  # describing the call must never break it
             call = None
         ctx._fa4_aot_call = call
+        if call is not None:
+            record.note(call)  # FA4_AOT_RECORD: append each distinct call (no-op when unset)
         with running(call):
             return forward(ctx, *args, **kwargs)
 
@@ -69,8 +73,6 @@ def _wrap_backward(backward: Any) -> Any:
 
 def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
     """The Call behind FA4 forward arguments `a` (as bound to FlashAttn[Varlen]Func.forward), or None."""
-    import torch
-
     if any(a.get(name) is not None for name in _UNSUPPORTED):
         return None
     q, k, v = a["q"], a["k"], a["v"]
@@ -79,7 +81,10 @@ def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
     if dtype is None or (window != (None, None) and None in window):
         return None
     local = window != (None, None)
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    # FA4 keeps LSE and compiles the training kernels when any input requires grad (its own `requires_grad`),
+    # whatever the grad mode: autograd runs Function.forward with grad disabled, so is_grad_enabled() is False
+    # here even inside a training step (which recorded training misses as "fwd").
+    training = any(t is not None and t.requires_grad for t in (q, k, v, a.get("learnable_sink")))
     layout, batch, sq, sk, page = _layout_shape(layout, a, q, k)
     return Call.from_dict({
         "layout": layout, "dtype": dtype, "head_dim": q.shape[-1], "head_dim_v": v.shape[-1],

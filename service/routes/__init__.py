@@ -14,7 +14,8 @@ _DESCRIPTIONS = {
     409: "Conflicts with what the service holds",
     413: "Body larger than the server's limit (objects: FA4_AOT_MAX_BODY_BYTES; JSON: 1 MiB)",
     416: "Range not satisfiable",
-    422: "Body does not match its digest",
+    422: "Body does not match its digest, or fails validation",
+    429: "A bounded collection is full (misses of a SKU, manifests of a SKU)",
 }
 
 

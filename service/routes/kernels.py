@@ -6,13 +6,15 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response, status
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
-from fa4_aot.store import Store
+from fa4_aot import kernel_keys
+from fa4_aot.store import Entry, Store
 
 from .. import crud
 from ..deps import PublisherDep, SessionDep, StoreDep, check_sku_allowed, require_read
-from ..errors import NotFound
+from ..errors import Conflict, NotFound
 from ..openapi import PUBLISH, READ
 from ..schemas import HEX64, KernelIn, KernelOut
 from . import READ_ERRORS, errors
@@ -35,20 +37,37 @@ def get_kernel(kernel_key: KeyPath, session: SessionDep) -> KernelOut:
     "",
     response_model=KernelOut,
     status_code=status.HTTP_201_CREATED,
-    responses={200: {"model": KernelOut, "description": "Already published (updated if it differed)"},
+    responses={200: {"model": KernelOut, "description": "Already published with this object"},
                **errors(400, 401, 403, 409, 413)},
     openapi_extra=PUBLISH,
 )
 def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, response: Response,
                    token: PublisherDep) -> KernelOut:
-    """Publish an index entry whose object was uploaded before: 201 when new, 200 when it existed. The
-    database row is committed first, then the store's index entry is written (the entry is the commit marker
-    readers of the store trust). 409 when the object is missing, its size differs or the SKU's facts clash;
-    403 when the token is limited to other SKUs."""
+    """Publish an index entry whose object was uploaded before: 201 when new, 200 when it existed with the
+    same object. The server recomputes the kernel key from the entry's fields (422 when it differs), writes
+    the store's index entry first and commits the row last, in one transaction under the key's lock, so a
+    failed write leaves no row. 409 when the key is published with another object or SKU (keys are
+    immutable), the object is missing or its size differs, or the SKU's facts clash; 403 when the token is
+    limited to other SKUs."""
     check_sku_allowed(token, kernel.sku)
+    if not kernel_keys.has_valid_key(kernel):  # type: ignore[arg-type]
+        recomputed = " or ".join(kernel_keys.entry_keys(kernel))  # type: ignore[arg-type]  # a validation error of the field, shaped like FastAPI's own 422s
+        raise RequestValidationError([{
+            "type": "value_error", "loc": ("body", "kernel_key"), "input": kernel.kernel_key,
+            "msg": f"kernel_key {kernel.kernel_key} is not the key of this entry's fields (they hash to "
+                   f"{recomputed}); publish the entry `fa4-aot build` wrote, unchanged"}])
     _adopt_unrecorded_object(session, store, kernel.object_digest, actor=crud.token_label(token))
-    entry, is_new = crud.publish_kernel(session, kernel=kernel, actor=crud.token_label(token))
-    store.put_entry(entry)
+
+    def write(entry: Entry, is_new: bool) -> None:
+        if store.object_size(entry.object_digest) != entry.size:
+            raise Conflict(f"object {entry.object_digest} is recorded but its file is missing from the server's "
+                           f"store (or not {entry.size} bytes); upload it again with "
+                           f"PUT /v1/objects/{entry.object_digest}, then publish the kernel again")
+        if is_new or not store.has_entry(entry.kernel_key):
+            store.put_entry(entry)
+
+    with store.lock(kernel.kernel_key):
+        entry, is_new = crud.publish_kernel(session, kernel=kernel, actor=crud.token_label(token), write=write)
     response.status_code = status.HTTP_201_CREATED if is_new else status.HTTP_200_OK
     return KernelOut(**asdict(entry))
 

@@ -13,7 +13,7 @@ from .. import crud, crud_trust
 from ..deps import PublisherDep, SessionDep, check_sku_allowed, require_read
 from ..errors import InvalidBody, NotFound, ServiceError
 from ..openapi import PUBLISH, READ
-from ..schemas import SKU_NAME, ErrorBody, ManifestStored, SignedManifests
+from ..schemas import SKU_NAME, ErrorBody, ManifestStored, SignedManifests, check_depth
 from . import READ_ERRORS, errors
 
 router = APIRouter(prefix="/v1/skus", tags=["manifests"])
@@ -39,7 +39,7 @@ def list_manifests(sku: SkuPath, session: SessionDep) -> SignedManifests:
     response_model=ManifestStored,
     status_code=status.HTTP_201_CREATED,
     responses={200: {"model": ManifestStored, "description": "Already stored"},
-               **errors(400, 401, 403, 409, 413), 422: _INVALID},
+               **errors(400, 401, 403, 409, 413, 429), 422: _INVALID},
     openapi_extra={**PUBLISH, "requestBody": _ENVELOPE_BODY},
 )
 async def put_manifest(sku: SkuPath, request: Request, response: Response, session: SessionDep,
@@ -52,7 +52,7 @@ async def put_manifest(sku: SkuPath, request: Request, response: Response, sessi
     check_sku_allowed(token, sku)
     envelope = _json(await _body(request))
     stored, created = await run_in_threadpool(crud_trust.store_manifest, session, sku=sku, envelope=envelope,
-                                              actor=crud.token_label(token))
+                                              actor=crud.token_label(token), admin=token.scope == "admin")
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return stored
 
@@ -65,7 +65,11 @@ async def _body(request: Request) -> bytes:
 
 
 def _json(body: bytes) -> Any:
+    """The parsed body; InvalidBody when it is not JSON or nests deeper than any envelope (which is 4 deep)."""
     try:
-        return json.loads(body)
+        return check_depth(json.loads(body))
+    except RecursionError:
+        raise InvalidBody("the body nests too deep to be a signed manifest; send the envelope that `fa4-aot "
+                          "sign` wrote") from None
     except ValueError as e:  # UnicodeDecodeError is a ValueError too
         raise InvalidBody(f"the body is not JSON ({e}); send the envelope that `fa4-aot sign` wrote") from None

@@ -2,26 +2,41 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response, status
+from typing import Annotated
 
-from .. import crud
-from ..deps import SessionDep, require_read
-from ..openapi import READ
-from ..schemas import MissIn, MissOut
+from fastapi import APIRouter, Depends, Path, Query, Response, status
+
+from .. import crud, crud_misses
+from ..deps import AdminDep, SessionDep, require_read
+from ..openapi import ADMIN, READ
+from ..schemas import HEX64, MissIn, MissOut
 from . import errors
 
-router = APIRouter(prefix="/v1/misses", tags=["misses"], dependencies=[Depends(require_read)])
+router = APIRouter(prefix="/v1/misses", tags=["misses"])
+KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, description="64 lowercase hex")]
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_class=Response,
-             responses={202: {"description": "Recorded"}, **errors(400, 401, 403, 413)}, openapi_extra=READ)
+             responses={202: {"description": "Recorded"}, **errors(400, 401, 403, 404, 413, 429)},
+             dependencies=[Depends(require_read)], openapi_extra=READ)
 def report_miss(miss: MissIn, session: SessionDep) -> Response:
-    """Record that a client needed `kernel_key` and lacked it (count += 1). Open to readers."""
-    crud.record_miss(session, miss=miss)
+    """Record that a client needed `kernel_key` and lacked it (count += 1). Open to readers; at most 64 KiB,
+    only for SKUs the service holds (404 otherwise), at most 10,000 distinct misses a SKU (429)."""
+    crud_misses.record_miss(session, miss=miss)
     return Response(status_code=status.HTTP_202_ACCEPTED)
 
 
-@router.get("", response_model=list[MissOut], responses=errors(401, 403), openapi_extra=READ)
-def list_misses(session: SessionDep) -> list[MissOut]:
-    """Every recorded miss, most reported first."""
-    return crud.list_misses(session)
+@router.get("", response_model=list[MissOut], responses=errors(400, 401, 403),
+            dependencies=[Depends(require_read)], openapi_extra=READ)
+def list_misses(session: SessionDep, offset: Annotated[int, Query(ge=0, lt=1 << 31)] = 0,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 1000) -> list[MissOut]:
+    """Recorded misses, most reported first, a page at a time: `limit` (at most 1000) from `offset`."""
+    return crud_misses.list_misses(session, offset=offset, limit=limit)
+
+
+@router.delete("/{kernel_key}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response,
+               responses=errors(400, 401, 403, 404), openapi_extra=ADMIN)
+def delete_miss(kernel_key: KeyPath, session: SessionDep, token: AdminDep) -> Response:
+    """Forget one miss (admin token): a bogus report, or one built since."""
+    crud_misses.delete_miss(session, kernel_key=kernel_key, actor=crud.token_label(token))
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 from sqlalchemy import func, select
 
+from fa4_aot import kernel_keys
 from service import crud, db, models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,15 +36,18 @@ def free_port() -> int:
 
 
 def kernel_doc(data: bytes, *, key: str | None = None, **overrides: Any) -> dict[str, Any]:
-    """A POST /v1/kernels body for an object holding `data` (key derived from the bytes unless given)."""
+    """A POST /v1/kernels body for an object holding `data`. Its compile key names the bytes, so distinct bytes
+    make distinct kernels; the kernel key is what the fields hash to (fa4_aot.kernel_keys.entry_key, as the server
+    recomputes it) unless `key` is given."""
     doc = {
-        "kernel_key": key or hashlib.sha256(b"key:" + data).hexdigest(),
         "object_digest": hashlib.sha256(data).hexdigest(), "size": len(data),
-        "family": "FlashAttentionForwardSm90", "compile_key": ["fwd", 128, True, {"float": "0x1.0p-3"}, None],
+        "family": "FlashAttentionForwardSm90",
+        "compile_key": ["fwd", 128, True, {"float": "0x1.0p-3"}, None, hashlib.sha256(data).hexdigest()[:16]],
         **H200, "toolchain": {"flash-attn-4": "4.0.0b36"}, "variant": "train", "call": "fwd dense bf16 d=128",
         "compile_seconds": 1.5, "hardware_queries": [["sm_count", 132]],
     }
-    return {**doc, **overrides}
+    doc = {**doc, **overrides}
+    return {"kernel_key": key or kernel_keys.entry_key(SimpleNamespace(**doc)), **doc}
 
 
 @dataclass

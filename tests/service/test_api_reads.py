@@ -129,13 +129,17 @@ def test_object_range_ignored(server: Server, blob: tuple[str, bytes], headers: 
 
 
 def test_misses_round_trip(server: Server) -> None:
-    """What fa4_aot's client sends (asdict of store.Miss: with `call` and its own `when`) is accepted; the
-    latest described call is kept, a report without one does not erase it."""
+    """What fa4_aot's client sends (asdict of store.Miss: with `call` and its own `when`) is accepted for a SKU the
+    server holds; the first described call is kept (a later report cannot replace it), and a report without one
+    does not erase it."""
+    publish(server, os.urandom(100))  # the SKU must be known to the server
     miss = {"kernel_key": "c" * 64, "sku": "h200", "family": "FlashAttentionForwardSm90",
             "compile_key": ["fwd", 64, {"float": "0x1.0p-3"}], "call": None, "when": "2025-01-01T00:00:00Z"}
-    call = {"layout": "dense", "q_shape": [2, 4096, 32, 128], "causal": True}
+    call = {"layout": "dense", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
+            "window": [-1, -1], "softcap": 0.0, "sink": False, "num_splits": 1, "batch": 2, "seqlen_q": 4096,
+            "seqlen_k": 4096, "heads_q": 32, "heads_kv": 32, "page_size": 0}
     with server.client() as c:
-        for report in (miss, {**miss, "call": {"layout": "old"}}, {**miss, "call": call}, miss):
+        for report in (miss, {**miss, "call": call}, {**miss, "call": {**call, "batch": 9}}, miss):
             assert c.post("/v1/misses", json=report).status_code == 202
         found = [m for m in c.get("/v1/misses").json() if m["kernel_key"] == miss["kernel_key"]]
     assert len(found) == 1

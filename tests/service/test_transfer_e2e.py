@@ -6,6 +6,7 @@ Runs against both databases (the `server` fixture is parametrized over SQLite an
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -51,6 +52,9 @@ def object_gets(server: Server) -> float:
     return sum(float(m) for m in re.findall(pattern, text))
 
 
+UNSIGNED = {"FA4_AOT_INSECURE": "1"}  # these builds are unsigned: pull takes them only when told to
+
+
 def test_push_then_pull_into_an_empty_cache_is_byte_identical(server: Server, built: Path, tmp_path: Path) -> None:
     local = list(Store(built).entries())
     first = push(server, built)
@@ -58,7 +62,8 @@ def test_push_then_pull_into_an_empty_cache_is_byte_identical(server: Server, bu
     assert push(server, built)["objects_sent"] == 0  # HEAD first: nothing is uploaded twice
     mirror = tmp_path / "mirror"
     for sku in ("h200", "b200"):
-        result = run_cli("pull", "--server", server.url, "--sku", sku, "--json", cache=mirror)
+        result = run_cli("pull", "--server", server.url, "--sku", sku, "--json", cache=mirror,
+                         env=UNSIGNED)
         assert result.returncode == 0 and json.loads(result.stdout)["failures"] == []
     pulled = Store(mirror)
     assert {e.kernel_key for e in pulled.entries()} == {e.kernel_key for e in local}
@@ -76,7 +81,8 @@ def test_eight_processes_pulling_one_sku_download_each_object_once(server: Serve
     cache = tmp_path / "shared-node-cache"
     cmd = [sys.executable, "-m", "fa4_aot", "--cache-dir", str(cache), "pull", "--server", server.url,
            "--sku", "h200", "--json"]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(8)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, **UNSIGNED}) for _ in range(8)]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
@@ -124,8 +130,8 @@ def test_client_fetches_verified_kernels_and_degrades_when_the_server_is_down(
 def test_build_from_misses_builds_the_reported_call_and_pushes_it(server: Server, tmp_path: Path) -> None:
     call = Call(layout="dense", pass_="fwd", dtype="bf16", head_dim=64, head_dim_v=64, mask="full", window=(0, 0),
                 softcap=0.0, sink=False, num_splits=1, batch=1, seqlen_q=512, seqlen_k=512, heads_q=16, heads_kv=16)
-    miss = {"kernel_key": "e" * 64, "family": "_flash_attn_fwd", "compile_key": [], "sku": "b200",
-            "call": call.to_dict()}
+    [(family, kernel_key)] = planned_keys(call, "b200")  # a real miss names a kernel its call selects
+    miss = {"kernel_key": kernel_key, "family": family, "compile_key": [], "sku": "b200", "call": call.to_dict()}
     assert httpx.post(f"{server.url}/v1/misses", json=miss).status_code == 202
     result = run_cli("build", "--from-misses", "--server", server.url, "--token", server.tokens["publish"],
                      "--variants", str(TINY_VARIANTS), "--json", cache=tmp_path / "builder")
@@ -134,3 +140,23 @@ def test_build_from_misses_builds_the_reported_call_and_pushes_it(server: Server
     assert report["failed"] == 0 and report["kernels"] >= 1
     manifest = httpx.get(f"{server.url}/v1/skus/b200/manifest").json()
     assert set(report["kernel_keys"]) <= {k["kernel_key"] for k in manifest["kernels"]}
+    assert kernel_key in report["kernel_keys"]
+
+
+def planned_keys(call: Call, sku: str) -> list[tuple[str, str]]:
+    """(family, kernel key) of every kernel `call` needs on `sku`, planned in a fresh process configured for it."""
+    code = (
+        "import json, sys\n"
+        "from fa4_aot import fa4, kernel_keys, variants\n"
+        "from fa4_aot.calls import Call\n"
+        f"sku = variants.load({str(TINY_VARIANTS)!r}).sku({sku!r})\n"
+        "fa4.configure(sku)\n"
+        "tools = fa4.toolchain()\n"
+        "call = Call.from_dict(json.loads(sys.argv[1]))\n"
+        "print(json.dumps(sorted([f, kernel_keys.kernel_key(f, k, sku, tools)] for (f, _), k in "
+        "fa4.plan(call).items())))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(call.to_dict())], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [tuple(p) for p in json.loads(out.stdout.strip().splitlines()[-1])]

@@ -21,7 +21,7 @@ CASES = [
     ("build-without-sku", ["build"], "--sku is required"),
     ("zero-jobs", ["build", "--sku", "h200", "--jobs", "0"], "Invalid value for '--jobs'"),
     ("unknown-variant", ["build", "--sku", "h200", "--only", "nope"], "unknown variant(s) nope"),
-    ("from-misses-without-server", ["build", "--from-misses"], "--from-misses needs --server"),
+    ("from-misses-unreachable-server", ["build", "--from-misses", "--server", "http://127.0.0.1:9"], "cannot reach"),
     ("negative-gc-age", ["gc", "--min-age", "-5"], "Invalid value for '--min-age'"),
     ("unreachable-server", ["pull", "--server", "http://127.0.0.1:9", "--sku", "h200"], "cannot reach"),
     ("bad-token-scope", ["token", "create", "--scope", "root"], "Invalid value for '--scope'"),

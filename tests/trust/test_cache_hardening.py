@@ -220,7 +220,7 @@ def test_symlinked_lock_and_miss_are_refused(tmp_path: Path) -> None:
     publish(store, b"kernel")
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep me")
-    (store.root / "locks").mkdir(mode=0o700)
+    (store.root / "locks").mkdir(mode=0o700, exist_ok=True)  # publish made it: put_entry locks the object
     (store.root / "locks" / ("a" * 64)).symlink_to(victim)
     with pytest.raises(StoreError, match="refusing symlink"):
         with store.lock("a" * 64):
@@ -273,7 +273,7 @@ def test_new_files_and_folders_are_owner_only(tmp_path: Path, umask: int) -> Non
     folders = [root, *(p for p in root.rglob("*") if p.is_dir())]
     files = [p for p in root.rglob("*") if p.is_file()]
     assert {f.name for f in folders} >= {"store", "objects", "index", "misses", "locks", entry.object_digest[:2]}
-    assert len(files) == 4 and {mode(f) for f in files} == {0o600}
+    assert len(files) == 5 and {mode(f) for f in files} == {0o600}  # object, entry, miss, and two locks
     assert {mode(f) for f in folders} == {0o700}
     assert all(f.stat().st_uid == os.geteuid() for f in folders + files)
 

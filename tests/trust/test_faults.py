@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fa4_aot import maintenance
+from fa4_aot import kernel_keys, maintenance
 from fa4_aot.store import Entry, Store
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.service.service_helpers import Server, prepare_database
@@ -40,6 +40,13 @@ FREE_BYTES = 48 << 10  # room for the smallest det-bwd kernel (28 KiB) but not f
 BIG_OBJECT = 16 << 20  # uploads that last long enough for a server kill to land inside one
 RLIMIT_BUILD = ("RLIMIT_FSIZE caps every file the build writes, including the compiler's own export files "
                 "outside the store, so it cannot stand for a full store disk; only the tmpfs case models that")
+
+
+@pytest.fixture(autouse=True)
+def _unsigned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builds here are unsigned: pulls take them only with FA4_AOT_INSECURE=1 (the client's policy)."""
+    monkeypatch.setenv("FA4_AOT_INSECURE", "1")
+    monkeypatch.delenv("FA4_AOT_TRUSTED_KEYS", raising=False)
 
 
 # -- processes --------------------------------------------------------------------------------------------
@@ -144,8 +151,9 @@ def uploads(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     template = next(store.entries())
     for i in range(2):
         data = random.Random(i).randbytes(BIG_OBJECT)
-        store.put_entry(Entry(**{**template.__dict__, "kernel_key": hashlib.sha256(b"big%d" % i).hexdigest(),
-                                 "object_digest": store.put_object(data), "size": len(data)}))
+        big = Entry(**{**template.__dict__, "compile_key": [*template.compile_key, "big", i],
+                       "object_digest": store.put_object(data), "size": len(data)})
+        store.put_entry(Entry(**{**big.__dict__, "kernel_key": kernel_keys.entry_key(big)}))  # as the server checks
     return root
 
 
@@ -299,3 +307,109 @@ def test_disk_full_is_one_clean_error_and_leaves_nothing_partial(
     assert "FA4_AOT_CACHE" in errors[0]
     assert_sound(root)
     assert temp_files(root) == []  # the writer was not killed: it removed its own temp files
+
+
+# -- issue 9 (security round 2): races and stalls ----------------------------------------------------------
+def _orphan(store: Store, data: bytes, age: float = 7200.0) -> str:
+    digest = store.put_object(data)
+    old = time.time() - age
+    os.utime(store.object_path(digest), (old, old))
+    return digest
+
+
+def test_d2_gc_never_deletes_an_object_a_writer_reuses(tmp_path: Path) -> None:
+    """A writer that finds an old orphan object present writes only the entry; gc, whose live set was read
+    before that entry existed, must not delete the object under it."""
+    import threading
+
+    store = Store(tmp_path / "cache")
+    data = os.urandom(1000)
+    digest = _orphan(store, data)
+    entry = Entry(kernel_key=hashlib.sha256(b"d2").hexdigest(), object_digest=digest, size=len(data), family="f",
+                  compile_key=["d2"], sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13,
+                  toolchain={}, variant="v", call="c", compile_seconds=0.0)
+    reports: list[maintenance.GcReport] = []
+    with store.lock(digest):  # the writer holds the object's lock while it checks the object and writes
+        gc = threading.Thread(target=lambda: reports.append(maintenance.gc(store, min_age=3600)))
+        gc.start()
+        gc.join(timeout=1.0)  # gc has read its live set by now (and, unfixed, deleted the object)
+        assert store.object_state(digest, len(data)) == "ok", "gc deleted an object a writer holds"
+        from fa4_aot.fsutil import atomic_write  # the entry, written as Store.put_entry does inside its hold
+
+        atomic_write(store.entry_path(entry.kernel_key), entry.to_json().encode(), root=store.root)
+    gc.join(timeout=60)
+    assert reports and reports[0].removed_objects == []
+    assert store.read_object(digest) == data and store.get_entry(entry.kernel_key) == entry
+    other = _orphan(store, os.urandom(500))
+    assert maintenance.gc(store, min_age=3600).removed_objects == [other]
+
+
+def _drip(body: bytes, every: float):  # type: ignore[no-untyped-def]
+    from tests.trust.raw_server import reply
+
+    def handle(server, path: str, conn) -> None:  # type: ignore[no-untyped-def]
+        server.send(conn, reply(200, b"", "application/octet-stream", length=len(body)))
+        for i in range(len(body)):
+            if server.stop.wait(every):
+                return
+            server.send(conn, body[i:i + 1])
+
+    return handle
+
+
+def test_d5_slow_or_hung_server_has_a_deadline_and_is_then_down(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server dripping one byte at a time, or one that accepts and never answers: every fetch has a total
+    deadline, and after one failure the server is treated as down (no more connections) for this process."""
+    from fa4_aot.errors import RemoteError
+    from fa4_aot.remote import Remote
+    from tests.trust.raw_server import RawServer
+
+    monkeypatch.setenv("FA4_AOT_FETCH_DEADLINE", "2")
+    body = os.urandom(40)
+    digest = hashlib.sha256(body).hexdigest()
+    holder: list[RawServer] = []
+    dripping = RawServer(lambda path, conn: _drip(body, 0.25)(holder[0], path, conn))
+    holder.append(dripping)
+    store = Store(tmp_path / "cache")
+    with dripping:  # 40 bytes at 4 a second: 10 s, far past the 2 s deadline
+        remote = Remote(dripping.url)
+        with pytest.raises(RemoteError, match="deadline"):
+            remote.fetch_object(digest, store, len(body))
+        with pytest.raises(RemoteError, match="treated as down"):
+            remote.kernel("a" * 64)
+        assert dripping.connections == 1
+    assert not store.has_object(digest) and not list(store.root.rglob("*.tmp"))
+    hung = RawServer(lambda path, conn: hung.stop.wait(60))
+    with hung:
+        remote = Remote(hung.url)
+        with pytest.raises(RemoteError, match="cannot reach"):
+            remote.kernel("b" * 64)
+        with pytest.raises(RemoteError, match="treated as down"):
+            remote.fetch_object(digest, store, len(body))
+        assert hung.connections <= 2  # retries stop at the deadline; nothing after the server is down
+
+
+def test_d15_temp_files_of_a_reused_pid_are_cleaned(tmp_path: Path) -> None:
+    """In a container the server is PID 1 after every restart: a temp file named after a pid that is running
+    but whose process started after the file last changed is a killed writer's, and goes."""
+    store = Store(tmp_path / "cache")
+    store.put_object(b"x")
+    folder = store.object_path("a" * 64).parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # holds the reused pid
+    try:
+        leftover = folder / f".{'a' * 62}.{writer.pid}.0123abcd.tmp"
+        live = folder / f".{'b' * 62}.{writer.pid}.4567cdef.tmp"
+        for path in (leftover, live):
+            path.write_bytes(b"partial")
+        before = time.time() - 60
+        os.utime(leftover, (before, before))  # last written before that process started: a dead writer's
+        removed = maintenance.gc(store, min_age=float("inf")).removed_temp_files
+        assert (removed, leftover.exists(), live.exists()) == (1, False, True)
+        ancient = time.time() - 2 * 86400
+        os.utime(live, (ancient, ancient))  # untouched for days by a pid that still runs: stuck, goes too
+        assert maintenance.gc(store, min_age=float("inf")).removed_temp_files == 1 and not live.exists()
+    finally:
+        writer.kill()
+        writer.wait()

@@ -1,5 +1,6 @@
 """Kernel keys: canonical() is an exact, type-tagged image of a compile key; kernel_key() hashes every input
-that changes a binary (target facts, family, compile key, toolchain) and nothing else (not the SKU's name)."""
+that changes a binary (arch, CUDA major, family, compile key, toolchain, the SKU constants the compile
+consumed) and nothing else (not the SKU's name, nor figures the compile did not read)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ class Outer:
 TOOLS = {"flash-attn-4": "4.0.0b36", "nvidia-cutlass-dsl": "4.8.1", "cutlass-dsl-cuda": "cu13"}
 H200 = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, description="H200")
 COMPILE_KEY = ("fwd", 128, 128, True, None, 0.125, Mask.CAUSAL, int)
+# sha256 of (written out by hand, checked against hashlib when set):
+# {"compile_key":["fwd",128,128,true,null,{"float":"0x1.0000000000000p-3"},{"enum":"test_kernel_keys.Mask.CAUSAL"},
+#  {"type":"builtins.int"}],"consumed":{},"family":"FlashAttentionForwardSm90","target":{"arch":"sm_90a",
+#  "cuda_major":13},"toolchain":{"cutlass-dsl-cuda":"cu13","flash-attn-4":"4.0.0b36","nvidia-cutlass-dsl":"4.8.1"}}
+GOLDEN = "36cdce2d87f2e929ce4e269bcc8c3606c07a5e6dcc1a0d1fb3dbfd578e8f026b"
 
 
 @pytest.mark.parametrize(
@@ -119,18 +125,30 @@ def test_kernel_key_is_sha256_hex_and_stable() -> None:
     assert _key(compile_key=tuple(list(COMPILE_KEY)), sku=same_sku, tools=dict(reversed(TOOLS.items()))) == first
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"arch": "sm_100a"},
-        {"sm_count": 114},
-        {"l2_bytes": 52428800},
-        {"cuda_major": 12},
-    ],
-    ids=lambda c: next(iter(c)),
-)
-def test_kernel_key_changes_with_every_target_fact(change: dict[str, object]) -> None:
+@pytest.mark.parametrize("change", [{"arch": "sm_100a"}, {"cuda_major": 12}], ids=lambda c: next(iter(c)))
+def test_kernel_key_changes_with_arch_and_cuda_major(change: dict[str, object]) -> None:
     assert _key(sku=dataclasses.replace(H200, **change)) != _key()
+
+
+@pytest.mark.parametrize("change", [{"sm_count": 114}, {"l2_bytes": 52428800}, {"l2_budget": True}],
+                         ids=lambda c: next(iter(c)))
+def test_base_key_ignores_figures_no_compile_consumed(change: dict[str, object]) -> None:
+    """h100-sxm, h100-pcie and h200 share every kernel that consumed no SKU constant (issue 13)."""
+    assert _key(sku=dataclasses.replace(H200, **change)) == _key()
+
+
+def test_consumed_constants_are_keyed_by_value_and_name() -> None:
+    sm132 = kernel_keys.kernel_key("F", COMPILE_KEY, H200, TOOLS, consumed={"sm_count": 132})
+    assert sm132 != _key(family="F")
+    assert sm132 != kernel_keys.kernel_key("F", COMPILE_KEY, H200, TOOLS, consumed={"sm_count": 148})
+    assert sm132 != kernel_keys.kernel_key("F", COMPILE_KEY, H200, TOOLS, consumed={"l2_bytes": 132})
+    assert kernel_keys.kernel_key("F", COMPILE_KEY, H200, TOOLS, consumed={}) == _key(family="F")
+
+
+def test_golden_key() -> None:
+    """Changes only deliberately (it invalidates every store: `fa4-aot migrate` converts them). Issue 13 made
+    the key hold arch + CUDA major and the consumed constants instead of all four SKU figures."""
+    assert _key() == GOLDEN
 
 
 @pytest.mark.parametrize(

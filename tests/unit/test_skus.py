@@ -1,5 +1,6 @@
-"""SKU table: select() told apart by every target fact over the real variants.toml, and [skus.X] parse errors
-that name file:line, the field and the allowed values."""
+"""SKU table: select() over the real variants.toml (exact rows told apart by every figure, other devices of a
+known arch matched by need with their own constants), Constants' derivation, and [skus.X] parse errors that
+name file:line, the field and the allowed values."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from fa4_aot import variants
 from fa4_aot.errors import ConfigError, UnknownSku
-from fa4_aot.skus import DeviceInfo, Sku, select
+from fa4_aot.skus import MIB, Constants, DeviceInfo, Sku, l2_budgets, select
 from tests.conftest import assert_located
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +35,8 @@ def test_real_table_has_the_known_skus() -> None:
 
 @pytest.mark.parametrize("name", KNOWN)
 def test_each_sku_selects_itself(name: str) -> None:
-    sku, trace = select(SKUS, device_like(name))
-    assert sku.name == name
+    sku, constants, trace = select(SKUS, device_like(name))
+    assert sku.name == name and constants == sku.constants()
     assert f"{name}: match" in trace
     assert len(trace) == len(SKUS)
 
@@ -57,7 +58,7 @@ def test_each_sku_selects_itself(name: str) -> None:
     ids=lambda v: v.name if isinstance(v, DeviceInfo) else None,
 )
 def test_select_tells_neighbours_apart(device: DeviceInfo, expected: str, neighbour: str, told_apart_by: str) -> None:
-    sku, trace = select(SKUS, device)
+    sku, _, trace = select(SKUS, device)
     assert sku.name == expected
     (line,) = [t for t in trace if t.startswith(f"{neighbour}: ")]
     assert told_apart_by in line
@@ -68,17 +69,15 @@ def test_select_tells_neighbours_apart(device: DeviceInfo, expected: str, neighb
     ("device", "in_message"),
     [
         (DeviceInfo("NVIDIA A100-SXM4-80GB", (8, 0), 108, 41943040, 12), "sm_80"),
-        (device_like("h100-sxm", sm_count=120), "120 SMs"),
-        (device_like("h200", l2_bytes=40 << 20), "L2 40 MiB"),
-        (DeviceInfo("RTX 5090", (12, 0), 170, 100663296, 13), "RTX 5090"),
+        (DeviceInfo("NVIDIA GH100-next", (9, 1), 132, 62914560, 13), "sm_91"),
     ],
-    ids=["a100", "odd-sm-count", "odd-l2", "rtx-5090"],
+    ids=["a100", "unknown-arch"],
 )
-def test_unknown_device_says_what_it_saw_and_how_to_add_it(device: DeviceInfo, in_message: str) -> None:
+def test_device_of_no_known_arch_says_what_it_saw_and_how_to_add_it(device: DeviceInfo, in_message: str) -> None:
     with pytest.raises(UnknownSku) as e:
         select(SKUS, device)
     message = str(e.value)
-    assert in_message in message
+    assert in_message in message and device.name in message
     assert all(name in message for name in KNOWN)
     assert "[skus.NAME]" in message and "variants.toml" in message
     assert "fa4-aot build --sku NAME" in message and "FA4_AOT_SKU" in message
@@ -86,14 +85,14 @@ def test_unknown_device_says_what_it_saw_and_how_to_add_it(device: DeviceInfo, i
 
 @pytest.mark.parametrize(("cuda_major", "expected"), [(13, "h200"), (12, "h200-cu12")])
 def test_torch_cuda_major_picks_the_flavour(cuda_major: int, expected: str) -> None:
-    sku, trace = select(SKUS, device_like("h200", cuda_major=cuda_major))
+    sku, _constants, trace = select(SKUS, device_like("h200", cuda_major=cuda_major))
     assert sku.name == expected and sku.cuda_major == cuda_major
     other = "h200" if expected == "h200-cu12" else "h200-cu12"
     assert f"{other}: CUDA {SKUS[other].cuda_major} != {cuda_major}" in trace
 
 
 @pytest.mark.bad_input("SKU detection")
-@pytest.mark.parametrize("name", ["b300", "gb200", "rtx-pro-6000"])
+@pytest.mark.parametrize("name", ["b300", "rtx-pro-6000"])  # no CUDA 12 row of their arch
 def test_cuda12_torch_on_a_cuda13_only_sku_says_which_flavour_to_add(name: str) -> None:
     with pytest.raises(UnknownSku) as e:
         select(SKUS, device_like(name, cuda_major=12))
@@ -103,13 +102,57 @@ def test_cuda12_torch_on_a_cuda13_only_sku_says_which_flavour_to_add(name: str) 
 
 
 @pytest.mark.parametrize(
+    ("device", "row"),
+    [
+        # figures the table does not hold, arch it does: served by a row of the arch, with the device's constants
+        (device_like("h100-sxm", sm_count=120), "h100-pcie"),  # no row with 120 SMs: first sm_90a row by name
+        (device_like("h200", l2_bytes=40 * MIB), "h100-sxm"),  # a row with its SM count wins
+        (device_like("b200", l2_bytes=126 * MIB), "b200"),  # a driver reporting another L2 figure
+        (DeviceInfo("NVIDIA H200 MIG 3g.71gb", (9, 0), 60, 31457280, 13), "h100-pcie"),
+        (DeviceInfo("RTX 5090", (12, 0), 170, 100663296, 13), "rtx-pro-6000"),
+        (device_like("gb200", cuda_major=12), "b200-cu12"),  # the CUDA 12 row of its arch serves it
+    ],
+    ids=["odd-sm-count", "odd-l2", "b200-other-l2", "mig-slice", "rtx-5090", "gb200-cuda12"],
+)
+def test_device_of_known_arch_is_matched_by_need(device: DeviceInfo, row: str) -> None:
+    """Issue 13: such a device gets every kernel that consumed no constant, and those whose constants equal its
+    own (Constants carries the device's figures, not the row's)."""
+    sku, constants, trace = select(SKUS, device)
+    assert sku.name == row
+    assert constants == Constants(device.sm_count, device.l2_bytes, SKUS[row].l2_budget)
+    assert f"{row}: serves this device by arch and CUDA major" in trace[-1]
+
+
+@pytest.mark.parametrize(
+    ("name", "on", "expected"),
+    [
+        ("sm_count", False, 148), ("max_active_clusters(1)", False, 148), ("max_active_clusters(2)", False, 74),
+        ("l2_bytes", False, 132644864), ("l2_budget", False, 50 * MIB), ("prepare_l2_budget", False, 32 * MIB),
+        ("l2_budget", True, 126 * MIB), ("prepare_l2_budget", True, 80 * MIB),
+    ],
+)
+def test_constants(name: str, on: bool, expected: int) -> None:
+    assert Constants(148, 132644864, on).value(name) == expected
+
+
+def test_l2_budgets_follow_l2() -> None:
+    assert l2_budgets(62914560) == (60 * MIB, 38 * MIB)  # H200
+    assert l2_budgets(52428800) == (50 * MIB, 32 * MIB)  # H100: FA4's own figures
+
+
+def test_unknown_constant_says_to_upgrade() -> None:
+    with pytest.raises(ValueError, match="upgrade fa4-aot"):
+        Constants(1, 1).value("tmem_columns")
+
+
+@pytest.mark.parametrize(
     "device",
     [device_like("h200"), DeviceInfo("NVIDIA A100-SXM4-80GB", (8, 0), 108, 41943040, 12)],
     ids=["matching-device", "unknown-device"],
 )
 def test_forced_name_wins(device: DeviceInfo) -> None:
-    sku, trace = select(SKUS, device, forced="b200")
-    assert sku is SKUS["b200"]
+    sku, constants, trace = select(SKUS, device, forced="b200")
+    assert sku is SKUS["b200"] and constants == SKUS["b200"].constants()
     assert trace == ["b200: forced by FA4_AOT_SKU"]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import kernel_keys, maintenance, signing
+from fa4_aot import build, kernel_keys, maintenance, migrate, signing
 from fa4_aot.signing import Revocations
 from fa4_aot.skus import Sku
 from fa4_aot.store import Store
@@ -54,3 +54,26 @@ def test_old_signed_manifest_still_verifies(store: Store) -> None:
     (envelope,) = signing.local(store, "h200")
     manifest = signing.verify(envelope, {public.key_id: public}, H200, Revocations())
     assert manifest["kernels"] == {e.kernel_key: e.object_digest for e in store.entries()}
+
+
+def test_migrate_refiles_the_old_store_under_todays_keys(store: Store) -> None:
+    """Issue 13: `fa4-aot migrate` converts a store built by the old code; a build and a client find its
+    kernels, the objects are untouched, and a second run changes nothing."""
+    old = {e.kernel_key: e for e in store.entries()}
+    assert all(k == migrate.legacy_key(e) for k, e in old.items())
+    dry = migrate.migrate(store, dry_run=True)
+    assert dry.migrated == 5 and [e.kernel_key for e in store.entries()] == sorted(old)
+    result = migrate.migrate(store)
+    assert (result.entries, result.migrated, result.current, result.skus) == (5, 5, 0, ["h200"])
+    new = list(store.entries())
+    assert len(new) == 5 and not set(old) & {e.kernel_key for e in new}
+    assert {e.object_digest for e in new} == {e.object_digest for e in old.values()}
+    assert maintenance.verify(store).ok
+    for entry in new:
+        base, full = kernel_keys.entry_keys(entry)
+        assert entry.kernel_key == base == full  # these kernels consumed no constant
+        assert build.stored_key(store, base, H200) == base
+        twin = Sku(name="h100-sxm", arch="sm_90a", sm_count=132, l2_bytes=52428800, cuda_major=13)
+        assert build.stored_key(store, base, twin) == base  # shared now
+    again = migrate.migrate(store)
+    assert (again.migrated, again.current) == (0, 5)

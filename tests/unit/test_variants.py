@@ -40,9 +40,8 @@ def load(tmp_path: Path, text: str) -> variants.Matrix:
 def test_default_file_loads() -> None:
     matrix = variants.load(ROOT / "variants.toml")
     assert {"h100-sxm", "h200", "b200"} <= set(matrix.skus)
-    assert {"train", "prefill", "decode"} <= set(matrix.shapes)
-    assert matrix.variants and all(v.shapes in matrix.shapes for v in matrix.variants)
-    assert all(v.calls(matrix.shapes[v.shapes]) for v in matrix.variants)
+    assert matrix.variants and all(v.complete or v.shapes in matrix.shapes for v in matrix.variants)
+    assert all(v.signatures() if v.complete else v.calls(matrix.shapes[v.shapes]) for v in matrix.variants)
 
 
 @pytest.mark.parametrize(
@@ -226,3 +225,37 @@ def test_select_and_sku(tmp_path: Path) -> None:
     assert matrix.sku("h200").sm_count == 132
     with pytest.raises(UnknownSku, match="unknown SKU 'b200'; known: h200"):
         matrix.sku("b200")
+
+
+COMPLETE = '[[variants]]\nname = "c"\npasses = ["fwd", "bwd"]\nhead_dims = [128]\nheads = [32, 40]\ngqa = [1, 8]\n'
+
+
+def test_a_variant_without_shapes_is_shape_complete(tmp_path: Path) -> None:
+    matrix = load(tmp_path, COMPLETE + 'layouts = ["dense", "paged"]\npage_size = 64\n')
+    variant = matrix.variants[0]
+    assert variant.complete and variant.shapes == "" and variant.heads == (32, 40)
+    sigs = variant.signatures()
+    # (fwd dense, fwd paged, bwd dense) x heads 32, 40 x gqa 1, 8
+    assert len(sigs) == 12
+    assert {(s.heads_q, s.heads_kv) for s in sigs} == {(32, 32), (32, 4), (40, 40), (40, 5)}
+    assert {s.page_size for s in sigs if s.layout == "paged"} == {64}
+    assert all(s.page_size == 0 for s in sigs if s.layout != "paged")
+
+
+@pytest.mark.parametrize(("case", "text", "parts"), [
+    ("complete-missing-heads", COMPLETE.replace("heads = [32, 40]\n", ""), ["needs field 'heads'", "shapes ="]),
+    ("complete-bad-heads", COMPLETE.replace("heads = [32, 40]", "heads = [0]  # HERE"), ["'heads'", "[0]"]),
+    ("complete-gqa-not-dividing", COMPLETE.replace("gqa = [1, 8]", "gqa = [3]  # HERE"),
+     ["'gqa'", "ratio 3 does not divide heads [32, 40]"]),
+    ("grid-with-heads", f'{GRIDS}\n[[variants]]\nname = "v"\nshapes = "square"\npasses = ["fwd"]\n'
+     'head_dims = [128]\nheads = [8]  # HERE\n', ["'heads'", "comes from the shape grid 'square'"]),
+    ("complete-bad-page-size", COMPLETE + "page_size = -1  # HERE\n", ["'page_size'", "positive integer"]),
+])
+def test_shape_complete_errors_are_located(tmp_path: Path, case: str, text: str, parts: list[str]) -> None:
+    path = tmp_path / "variants.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        variants.load(path)
+    lines = text.splitlines()
+    line = next((i + 1 for i, t in enumerate(lines) if "# HERE" in t), 1)
+    assert_located(info.value, path, line, parts)

@@ -1,0 +1,75 @@
+"""Misses in the database, keyword-only like crud.py (whose conventions hold: writes commit themselves; reads
+never raise for a missing row). Reports come from unauthenticated clients when reads are open, so every one is
+bounded: its fields (schemas.MissIn), the distinct keys of a SKU, and a page of the list."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from fa4_aot.kernel_keys import dumps as canonical_json
+
+from . import models, schemas
+from .crud import record_audit
+from .errors import NotFound, TooMany
+from .models import utcnow
+
+MAX_MISSES_PER_SKU = 10_000  # distinct kernel keys; a real matrix gap is a few hundred
+
+
+def record_miss(session: Session, *, miss: schemas.MissIn) -> None:
+    """Insert the miss or count one more report of it, atomically (INSERT ... ON CONFLICT DO UPDATE). A
+    report never replaces a call already recorded. Raises NotFound for a SKU the service does not hold and
+    TooMany when the SKU already has MAX_MISSES_PER_SKU distinct misses (a known key is still counted)."""
+    if session.get(models.Sku, miss.sku) is None:
+        raise NotFound(f"unknown SKU {miss.sku!r}: misses are recorded only for SKUs this service holds "
+                       "(GET /v1/skus lists them)")
+    known = session.get(models.Miss, miss.kernel_key) is not None
+    held = session.scalar(select(func.count()).select_from(models.Miss).where(models.Miss.sku == miss.sku)) or 0
+    if not known and held >= MAX_MISSES_PER_SKU:
+        raise TooMany(f"SKU {miss.sku!r} already has {held} distinct misses recorded; an admin clears built ones "
+                      "with DELETE /v1/misses/<kernel_key>")
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    now = utcnow()
+    stmt = dialect.insert(models.Miss).values(
+        kernel_key=miss.kernel_key, sku=miss.sku, family=miss.family,
+        compile_key=canonical_json(miss.compile_key), count=1, first_seen=now, last_seen=now,
+        call=None if miss.call is None else canonical_json(miss.call.model_dump()),
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[models.Miss.kernel_key],
+        set_={"count": models.Miss.count + 1, "last_seen": stmt.excluded.last_seen,
+              "call": func.coalesce(models.Miss.call, stmt.excluded.call)},
+    )
+    session.execute(stmt)
+    session.commit()
+
+
+def list_misses(session: Session, *, offset: int = 0, limit: int = 1000) -> list[schemas.MissOut]:
+    """Misses most reported first (then by key), `limit` of them from `offset`. A stored row that no longer
+    validates (recorded before the checks) is passed over, never a 500."""
+    query = (select(models.Miss).order_by(models.Miss.count.desc(), models.Miss.kernel_key)
+             .offset(offset).limit(limit))
+    found = []
+    for m in session.scalars(query).all():
+        try:
+            found.append(schemas.MissOut(kernel_key=m.kernel_key, sku=m.sku, family=m.family,
+                                         compile_key=json.loads(m.compile_key), count=m.count,
+                                         call=None if m.call is None else json.loads(m.call),
+                                         first_seen=m.first_seen, last_seen=m.last_seen))
+        except (ValueError, RecursionError):
+            continue
+    return found
+
+
+def delete_miss(session: Session, *, kernel_key: str, actor: str) -> None:
+    """Forget a miss (built since, or bogus); audited. Raises NotFound when none is recorded."""
+    row = session.get(models.Miss, kernel_key)
+    if row is None:
+        raise NotFound(f"no miss recorded for kernel {kernel_key}; GET /v1/misses lists them")
+    session.delete(row)
+    record_audit(session, actor=actor, action="miss.delete", target=kernel_key, detail={"sku": row.sku})
+    session.commit()
