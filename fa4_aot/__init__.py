@@ -1,11 +1,12 @@
 """fa4-aot: FlashAttention-4 kernels compiled ahead of time per GPU SKU, loaded with zero JIT compiles.
 
     import fa4_aot
-    fa4_aot.install()                                  # every FA4 call in this process reads the store
-    attn = fa4_aot.load(q.shape, causal=True)          # or: load one signature's kernels up front
-    out = attn(q, k, v)
+    out, lse = fa4_aot.flash_attn_func(q, k, v, causal=True)   # lean: torch + tvm_ffi only, no FA4 import
+    attn = fa4_aot.load(q.shape, causal=True)          # lean, one signature's kernels loaded up front
+    out, lse = attn(q, k, v)
+    fa4_aot.install()                                  # or: FA4 itself reads the store (any FA4 feature)
 
-The client imports FA4 only when install()/load() run, so `import fa4_aot` stays cheap.
+`import fa4_aot` imports neither torch nor FA4; install() imports FA4, the lean entry points never do.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 from .errors import BuildError, ConfigError, Fa4AotError, IntegrityError, KernelMissing, StoreError, UnknownSku
 
 __version__ = "0.1.0"
-__all__ = ["install", "load", "Fa4AotError", "ConfigError", "UnknownSku", "KernelMissing", "IntegrityError",
+__all__ = ["install", "load", "flash_attn_func", "flash_attn_varlen_func",
+           "Fa4AotError", "ConfigError", "UnknownSku", "KernelMissing", "IntegrityError",
            "StoreError", "BuildError"]
 
 
@@ -27,7 +29,21 @@ def install(mode: str = "strict", **kwargs: Any) -> Any:
 
 
 def load(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.client.load."""
-    from .client import load as _load
+    """See fa4_aot.lean_api.load (lean runtime). fa4_aot.client.load does the same through FA4 itself."""
+    from .lean_api import load as _load
 
     return _load(*args, **kwargs)
+
+
+def flash_attn_func(*args: Any, **kwargs: Any) -> Any:
+    """See fa4_aot.lean_api.flash_attn_func (lean runtime)."""
+    from .lean_api import flash_attn_func as _fn
+
+    return _fn(*args, **kwargs)
+
+
+def flash_attn_varlen_func(*args: Any, **kwargs: Any) -> Any:
+    """See fa4_aot.lean_api.flash_attn_varlen_func (lean runtime)."""
+    from .lean_api import flash_attn_varlen_func as _fn
+
+    return _fn(*args, **kwargs)

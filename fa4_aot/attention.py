@@ -9,7 +9,7 @@ from typing import Any
 from . import fa4
 from .arguments import call_from
 from .calls import Call
-from .installation import Installation, install, installed
+from .installation import Installation, has_cuda, install, installed
 
 FETCH_THREADS = 8
 
@@ -51,18 +51,26 @@ def load(
     q_shape is (batch, seqlen_q, heads, head_dim) and k_shape (batch, seqlen_k, heads_kv, head_dim_v)
     in logical form for every layout ("dense", "varlen", "seqused", "paged"): for varlen they are the
     batch size and the max sequence lengths. Installs fa4_aot in `mode` (default strict) if needed.
-    Raises KernelMissing in strict mode before returning if any kernel is absent.
+    Raises KernelMissing in strict mode before returning if any kernel is absent. Arguments are checked
+    first (ValueError), before any device or store is looked at.
+
+    Without a GPU (FA4_AOT_SKU=NAME set; see install()) it plans for that SKU, fetches what the server has,
+    and checks that the store holds every kernel, verified and trusted, without loading any: the returned
+    callable then fails like FA4 would on CPU tensors. That is how a CPU host checks a store before a job.
     """
-    current = installed()
-    inst = install(mode or (current.mode if current else "strict"), cache_dir=cache_dir)
     call = call_from(q_shape, k_shape, causal=causal, dtype=dtype, window_size=window_size, softcap=softcap,
                      sink=learnable_sink, num_splits=num_splits, layout=layout, page_size=page_size,
                      training=training, deterministic=deterministic, return_lse=return_lse)
+    current = installed()
+    inst = install(mode or (current.mode if current else "strict"), cache_dir=cache_dir)
     needed = fa4.plan(call)
     kernel_keys = [inst.kernel_key(family, key) for (family, _), key in needed.items()]
     absent = [kk for kk in kernel_keys if not inst.store.has_entry(kk)]
     inst.fetch_many(absent, threads=FETCH_THREADS)
     with fa4.running(call):
         for (family, _), key in needed.items():
-            fa4.lookup(family, key)  # loads, or raises/records the miss
+            if has_cuda():
+                fa4.lookup(family, key)  # loads, or raises/records the miss
+            else:
+                inst.object_for(family, key)  # verified and trusted on disk, or raises/records the miss
     return AttentionFn(call, inst, kernel_keys)

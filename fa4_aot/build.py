@@ -11,12 +11,11 @@ the signpost. Failures are reported per call and per kernel while the rest goes 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import kernel_keys
+from . import build_lean, kernel_keys
 from .calls import Call
 from .executors import CompileTask, Executor, LocalExecutor, Outcome
 from .signature import Signature
@@ -49,8 +48,17 @@ class Report:
     dispatch_sm_count: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
+    recipes: int = 0  # lean-runtime recipe regions recorded (build_lean.py)
+    lean_failures: list[str] = field(default_factory=list)  # recipes or libraries the lean runtime will lack
     seconds: float = 0.0
+    to_build: int = 0  # kernels the store lacked after planning
+    finished: int = 0  # of those, how many workers finished (built, failed, or found present under the lock)
+    interrupted: bool = False  # Ctrl-C (SIGINT) stopped the build: the kernels in flight were dropped
     by_variant: dict[str, set[str]] = field(default_factory=dict)  # label -> every kernel key it needs
+
+    @property
+    def not_built(self) -> int:
+        return self.to_build - self.finished
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -64,7 +72,8 @@ class Report:
             "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count},
             "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
-            "seconds": round(self.seconds, 2),
+            "seconds": round(self.seconds, 2), "interrupted": self.interrupted, "not_built": self.not_built,
+            "recipes": self.recipes, "lean_failures": self.lean_failures,
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
             "variants": {name: len(keys) for name, keys in sorted(self.by_variant.items())},
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
@@ -120,36 +129,56 @@ def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Pro
                 dry_run: bool = False, executor: Executor | None = None, present: Present | None = None) -> Report:
     """Build the kernels of explicit (label, Call or Signature) pairs: a Call's kernels at its shapes, a
     Signature's at every shape (complete.py), e.g. model signatures or the calls clients reported missing.
-    `present(base key)` says under which key a kernel is already held (default: stored_key in `store`)."""
+    `present(base key)` says under which key a kernel is already held (default: stored_key in `store`).
+
+    Ctrl-C (KeyboardInterrupt) stops it within seconds: queued kernels are cancelled, workers are told to
+    stop and the kernels they were compiling are dropped (entries are written last, so none is partial);
+    the report comes back with `interrupted` set and `not_built` counting what was left."""
     started = time.perf_counter()
     report = Report(sku=sku.name, calls=len(work), dispatch_sm_count=sku.sm_count)
-    with _executor(executor, jobs) as ex:
-        planned = _plan(ex, sku, store, work, report)
-        todo = _triage(planned, work, present or (lambda kk: stored_key(store, kk, sku)), report, dry_run)
-        _compile(ex, sku, store, todo, report, progress)
+    ex = executor or LocalExecutor(jobs)
+    tasks: list[CompileTask] = []
+    try:
+        planned = _plan(ex, sku, store, work, report, dry_run)
+        tasks = _triage(planned, work, present or (lambda kk: stored_key(store, kk, sku)), report, dry_run)
+        _compile(ex, sku, store, tasks, report, progress)
+        if not dry_run and present is None:  # libraries for kernels built here, by Ray, or before linking existed
+            unlinked = build_lean.unlinked(store, [p.kernel_key for p in planned], sku)
+            report.lean_failures += ex.relink(sku, store, unlinked) if unlinked else []
+    except KeyboardInterrupt:
+        report.interrupted = True
+    finally:
+        if executor is None or report.interrupted:  # a given executor is closed by its owner, unless stopping
+            ex.close(stop=report.interrupted)
+    if report.interrupted:
+        _count_stored(tasks, store, report)
     report.seconds = time.perf_counter() - started
     return report
 
 
-@contextmanager
-def _executor(given: Executor | None, jobs: int) -> Iterator[Executor]:
-    """`given` (its owner closes it), or a local pool of `jobs` closed at the end."""
-    if given is not None:
-        yield given
-        return
-    local = LocalExecutor(jobs)
-    try:
-        yield local
-    finally:
-        local.close()
+def _count_stored(tasks: list[CompileTask], store: Store, report: Report) -> None:
+    """After an interrupt: a local worker stores each kernel as it finishes, before its outcome comes back, so
+    the store, not the outcomes, says which kernels of the unfinished tasks were built."""
+    reported = {r.kernel_key for r in report.results}
+    for task in tasks:
+        for family, _ident, kk in task.wanted:
+            if kk not in reported and store.has_entry(kk):
+                report.results.append(Result("built", family, kk, task.variant, task.call.describe(), sku=report.sku))
+                report.finished += 1
 
 
-def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report) -> list[Planned]:
-    """Every distinct kernel of `work`, each attributed to the first work item that needs it."""
+def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_run: bool) -> list[Planned]:
+    """Every distinct kernel of `work`, each attributed to the first work item that needs it; the recipe regions
+    the workers recorded are saved to the store (counted only, in a dry run)."""
     n = max(1, min(ex.plan_chunks(len(work)), len(work)))
     offsets = [list(range(i, len(work), n)) for i in range(n)]
     planned: dict[str, Planned] = {}
-    for c, (kernels, failures) in ex.plan(sku, store, [[work[i] for i in chunk] for chunk in offsets]):
+    recorded: dict[str, list[dict[str, Any]]] = {}
+    for c, (kernels, failures, regions, lean_failures) in ex.plan(
+            sku, store, [[work[i] for i in chunk] for chunk in offsets]):
+        for key, found in regions.items():
+            recorded.setdefault(key, []).extend(found)
+        report.lean_failures += lean_failures
         for family, ident, kernel_key, local, call in kernels:
             index = offsets[c][local]
             report.by_variant.setdefault(work[index][0], set()).add(kernel_key)
@@ -159,6 +188,7 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report) -> l
             name, item = work[offsets[c][local]]
             report.call_failures.append(Result("failed", "", "", name, describe(item), error=error, sku=sku.name))
     report.call_failures.sort(key=lambda r: (r.variant, r.call))
+    report.recipes = sum(len(r) for r in recorded.values()) if dry_run else build_lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
@@ -186,13 +216,15 @@ def _triage(planned: list[Planned], work: Work, present: Present, report: Report
 def _compile(ex: Executor, sku: Sku, store: Store, tasks: list[CompileTask], report: Report,
              progress: Progress | None) -> None:
     done = 0
+    report.to_build = sum(len(t.wanted) for t in tasks)
     for i, outcomes in ex.compile(sku, store, tasks):
         for outcome in outcomes:
             result = _result(store, tasks[i], outcome, sku)
             report.results.append(result)
             done += 1
+            report.finished = done
             if progress:
-                progress(done, len(tasks), result)
+                progress(done, report.to_build, result)
 
 
 def _result(store: Store, task: CompileTask, outcome: Outcome, sku: Sku) -> Result:

@@ -45,3 +45,11 @@ def default_variants_file() -> Path:
     if (CHECKOUT_DIR / "variants.toml").is_file():
         return CHECKOUT_DIR / "variants.toml"
     return PACKAGE_DIR / "variants.toml"
+
+
+def host_arch() -> str:
+    """This host's CPU architecture as lean libraries are keyed (Entry.shared_libs): x86_64 or aarch64."""
+    import platform
+
+    machine = platform.machine()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine)

@@ -120,8 +120,8 @@ def plan(sku: Any, store_root: Path, items: list[Any], jobs: int = 1) -> list[tu
     chunks = [list(range(i, len(items), jobs)) for i in range(jobs)]
     ex = LocalExecutor(jobs)
     try:
-        for c, (kernels, failures) in ex.plan(sku, Store(store_root), [[("coverage", items[i]) for i in chunk]
-                                                                       for chunk in chunks]):
+        chunked = [[("coverage", items[i]) for i in chunk] for chunk in chunks]
+        for c, (kernels, failures, _regions, _errors) in ex.plan(sku, Store(store_root), chunked, record=False):
             for family, _ident, kernel_key, local, _call in kernels:
                 out[chunks[c][local]][0].append((family, kernel_key))
             for local, error in failures:

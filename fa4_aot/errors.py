@@ -57,5 +57,13 @@ class RemoteError(Fa4AotError):
     """The server could not be reached or refused a request; the message names the server and the fix."""
 
 
+class RemoteAuthError(RemoteError):
+    """The server refused the token (401/403): every other request of the command would fail the same way."""
+
+
+class Unreachable(RemoteError):
+    """The server could not be reached after retries: every other request of the command would fail too."""
+
+
 class DatabaseError(Fa4AotError):
     """The service's database URL cannot be used (unsupported driver, unreachable server)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.spawn
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
@@ -62,8 +63,9 @@ class Executor(Protocol):
         """How many tasks to cut the planning of `calls` calls into."""
         ...
 
-    def plan(self, sku: Sku, store: Store, chunks: list[Work]) -> Iterator[tuple[int, PlanOut]]:
-        """Plan each chunk in a worker for `sku`; yield (chunk index, its kernels and rejected calls)."""
+    def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
+        """Plan each chunk in a worker for `sku`; yield (chunk index, its kernels, rejected calls and, with
+        `record`, the lean runtime's recipe regions)."""
         ...
 
     def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
@@ -71,7 +73,13 @@ class Executor(Protocol):
         Raises DiskFull (and stops) when the store is full; any other failure is an outcome."""
         ...
 
-    def close(self) -> None: ...
+    def relink(self, sku: Sku, store: Store, keys: list[str]) -> list[str]:
+        """Link this host's lean-runtime library for the stored entries `keys` (build_lean.relink); errors."""
+        ...
+
+    def close(self, stop: bool = False) -> None:
+        """Release the workers; with `stop` (Ctrl-C), drop queued and running work at once."""
+        ...
 
 
 class LocalExecutor:
@@ -88,9 +96,9 @@ class LocalExecutor:
     def plan_chunks(self, calls: int) -> int:
         return self.jobs
 
-    def plan(self, sku: Sku, store: Store, chunks: list[Work]) -> Iterator[tuple[int, PlanOut]]:
+    def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
         pool = self._pool_for(sku, store)
-        futures = [pool.submit(_plan_task, chunk) for chunk in chunks]
+        futures = [pool.submit(_plan_task, chunk, record) for chunk in chunks]
         for i, future in enumerate(futures):
             yield i, future.result()
 
@@ -104,11 +112,27 @@ class LocalExecutor:
             for future in futures:
                 future.cancel()
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+    def relink(self, sku: Sku, store: Store, keys: list[str]) -> list[str]:
+        return self._pool_for(sku, store).submit(_relink_task, keys).result()
+
+    def close(self, stop: bool = False, grace: float = 5.0) -> None:
+        """Shut the pool down; with `stop`, cancel what is queued and end the workers: SIGTERM first (a worker
+        exits through its finally blocks, removing its temp files and releasing its locks), SIGKILL after `grace`."""
+        pool, self._pool, self._key = self._pool, None, None
+        if pool is not None and not stop:
+            pool.shutdown(cancel_futures=True)
+        elif pool is not None:
+            workers = list((getattr(pool, "_processes", None) or {}).values())  # the stdlib has no public handle
+            pool.shutdown(wait=False, cancel_futures=True)
+            for proc in workers:
+                proc.terminate()
+            deadline = time.monotonic() + grace
+            for proc in workers:
+                proc.join(max(0.0, deadline - time.monotonic()))
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
         self._stack.close()
-        self._pool, self._key = None, None
 
     def _pool_for(self, sku: Sku, store: Store) -> ProcessPoolExecutor:
         root = str(store.root)
@@ -148,16 +172,28 @@ _state: dict[str, Any] = {}
 
 
 def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
+    import signal
+
+    # Ctrl-C reaches the whole process group: the parent decides (LocalExecutor.close), workers do not die
+    # mid-write. Its SIGTERM then unwinds the worker through its finally blocks (temp files, locks).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # configure() runs in the first task, so that a wrong environment fails that task with a BuildError
     if sys_path:  # a worker of another flavour's interpreter: multiprocessing gave it the driver's sys.path
         sys.path[:] = sys_path
     _state.update(sku=sku, store=Store(Path(store_root)))
 
 
-def _plan_task(work: Work) -> PlanOut:
+def _plan_task(work: Work, record: bool) -> PlanOut:
     from . import worker
 
-    return worker.plan_calls(_state["sku"], work)
+    return worker.plan_calls(_state["sku"], work, _state["store"], record)
+
+
+def _relink_task(keys: list[str]) -> list[str]:
+    from . import worker
+
+    return worker.relink(_state["sku"], _state["store"], keys)
 
 
 def _compile_task(task: CompileTask) -> list[Outcome]:
@@ -182,7 +218,8 @@ def _compile_task(task: CompileTask) -> list[Outcome]:
         held = {w: stored_key(store, w[2], _state["sku"]) for w in task.wanted}
         pending = [w for w, key in held.items() if key is None]
         outcomes += [Outcome(key, w[0], "present") for w, key in held.items() if key is not None]
-        errors = worker.compile_kernels(_state["sku"], task.variant, task.call, pending, sink) if pending else {}
+        errors = worker.compile_kernels(_state["sku"], task.variant, task.call, pending, sink,
+                                        store) if pending else {}
     by_key = {w[2]: w[0] for w in task.wanted}
     outcomes += [Outcome(kk, by_key[kk], "failed", error=error) for kk, error in errors.items()]
     return outcomes

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import flavours
 from .errors import BuildError
-from .executors import CompileTask, Outcome, Work
+from .executors import CompileTask, LocalExecutor, Outcome, Work
 from .skus import Sku
 from .store import Entry, Store
 from .worker import PlanOut
@@ -55,8 +55,8 @@ class RayExecutor:
         cpus = int(self._ray.cluster_resources().get("CPU", 1))
         return max(1, min(cpus, math.ceil(calls / PLAN_CALLS_PER_TASK)))
 
-    def plan(self, sku: Sku, store: Store, chunks: list[Work]) -> Iterator[tuple[int, PlanOut]]:
-        refs = [self._submit(sku, "plan", chunk) for chunk in chunks]
+    def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
+        refs = [self._submit(sku, "plan", (chunk, record)) for chunk in chunks]
         for i, ref in enumerate(refs):
             try:
                 yield i, self._ray.get(ref)
@@ -75,8 +75,16 @@ class RayExecutor:
             for ref in pending:  # the orchestrator stopped early (DiskFull, an interrupt): drop the rest
                 self._ray.cancel(ref, force=True)
 
-    def close(self) -> None:
-        self._ray.shutdown()
+    def relink(self, sku: Sku, store: Store, keys: list[str]) -> list[str]:
+        """On the driver: the libraries link against this host's CuTe runtime into the driver's store."""
+        linker = LocalExecutor(1)
+        try:
+            return linker.relink(sku, store, keys)
+        finally:
+            linker.close()
+
+    def close(self, stop: bool = False) -> None:
+        self._ray.shutdown()  # in-flight tasks were cancelled by compile() when the orchestrator stopped
 
     def _submit(self, sku: Sku, kind: str, payload: Any) -> Any:
         return self._task.options(num_cpus=1, max_retries=self._retries, retry_exceptions=False,
@@ -106,7 +114,8 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
     from . import worker
 
     if kind == "plan":
-        return worker.plan_calls(sku, payload)
+        work, record = payload
+        return worker.plan_calls(sku, work, None, record)
     task: CompileTask = payload
     outcomes: list[Outcome] = []
 

@@ -183,6 +183,8 @@ def installed() -> Installation | None:
 
 def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_file: Path | None = None) -> Installation:
     """Serve FA4's kernels from the store for this process's GPU. Idempotent for the same mode and store.
+    With FA4_AOT_SKU=NAME it needs no GPU: on a host without CUDA it points FA4 at that SKU (as a build
+    worker does), so load() can plan and check the store there.
 
     Raises UnknownSku when the device matches no SKU (the message lists them and how to add one).
     """
@@ -195,7 +197,11 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     if _installed and _installed.mode == mode and _installed.store.root == store.root:
         return _installed
     matrix = variants.load(variants_file or config.default_variants_file())
-    sku, constants, trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
+    forced = os.environ.get("FA4_AOT_SKU")
+    device = None if forced and not has_cuda() else detect_device()
+    sku, constants, trace = select(matrix.skus, device, forced=forced)
+    if not has_cuda():  # a CPU host checking a SKU's store: FA4 plans for the SKU, as a build worker does
+        fa4.configure(sku)
     remote = _remote_from_env()
     installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=remote,
                                 trust=Trust.from_env(sku, store, remote), tools=fa4.toolchain(), constants=constants)
@@ -203,6 +209,12 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     fa4.install_store_caches(installation)
     _installed = installation
     return installation
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _remote_from_env() -> Remote | None:

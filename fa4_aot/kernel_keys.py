@@ -65,8 +65,12 @@ def kernel_key(family: str, compile_key: Any, sku: Sku, tools: dict[str, str],
 
 
 def consumed_of(hardware_queries: list[Any]) -> dict[str, int]:
-    """{constant: value} of what a compile asked the stand-in HardwareInfo (an entry's hardware_queries)."""
-    return {str(name): int(value) for name, value in hardware_queries}
+    """{constant: value} of what a compile asked the stand-in HardwareInfo (an entry's hardware_queries).
+    Raises ValueError for anything but [name, integer] pairs (an entry from outside may hold anything)."""
+    try:
+        return {str(name): int(value) for name, value in hardware_queries}
+    except (TypeError, ValueError):
+        raise ValueError(f"hardware_queries {hardware_queries!r:.200} is not a list of [name, integer] pairs") from None
 
 
 def entry_keys(entry: Entry) -> tuple[str, str]:
@@ -88,7 +92,10 @@ def entry_key(entry: Entry) -> str:
 def has_valid_key(entry: Entry) -> bool:
     """Whether an entry's kernel_key is what its own fields hash to (full key, or base key for the entry a client
     reads first): what a server checks before it accepts an entry, so no entry can claim another's key."""
-    return entry.kernel_key in entry_keys(entry)
+    try:
+        return entry.kernel_key in entry_keys(entry)
+    except ValueError:  # malformed hardware_queries: no key can be recomputed, so none is valid
+        return False
 
 
 def variant_key(base: Entry, constants: Constants) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -38,41 +39,55 @@ class GcReport:
     bytes_freed: int = 0
 
 
-def verify(store: Store, quarantine: bool = False) -> VerifyReport:
+def verify(store: Store, quarantine: bool = False,
+           progress: Callable[[int, int, str], None] | None = None) -> VerifyReport:
     """Re-hash every object and check every index entry (readable, names its own key, object present with its
     size and digest). Symlinks are reported, never followed. With `quarantine`, every bad object, bad or
     dangling entry and symlink is moved to quarantine/<time>/ (entries first), so no load sees it. Entries
     whose object was not seen in the object pass (a build running meanwhile) are checked against the object
-    directly, so a concurrent build's fresh entry is never taken for dangling."""
+    directly, so a concurrent build's fresh entry is never taken for dangling. `progress(done, total,
+    status)` is called after each object is hashed ("ok" or "corrupt <digest>")."""
     report, doomed = VerifyReport(), list[Found]()
-    good = _verify_objects(store, report, doomed)
+    good = _verify_objects(store, report, doomed, progress)
     doomed[:0] = _verify_entries(store, report, good)
     if quarantine and doomed:
         report.quarantine_dir, report.quarantined = store.quarantine(doomed)
     return report
 
 
-def _verify_objects(store: Store, report: VerifyReport, doomed: list[Found]) -> dict[str, int]:
+def _verify_objects(store: Store, report: VerifyReport, doomed: list[Found],
+                    progress: Callable[[int, int, str], None] | None) -> dict[str, int]:
     """Hash every object; returns {digest: size} of the good ones and appends the bad ones to `doomed`."""
-    good = {}
-    for found in store.scan("objects"):
-        if found.kind == "unexpected":
-            report.unexpected.append(shown(found.where))
-            continue
-        if found.kind == "symlink":
-            report.symlinks.append(shown(found.where))
-        else:
-            hashed = store.hash_object(found.name)
-            if hashed is None:  # removed since the scan (a gc): nothing to check
-                continue
-            report.objects_checked += 1
-            actual, size = hashed
-            if actual == found.name:
-                good[found.name] = size
-                continue
-            report.bad_objects.append((found.name, actual))
-        doomed.append(found)
+    good: dict[str, int] = {}
+    items = list(store.scan("objects"))
+    for done, found in enumerate(items, 1):
+        status = _verify_object(store, report, doomed, good, found)
+        if progress is not None:
+            progress(done, len(items), status)
     return good
+
+
+def _verify_object(store: Store, report: VerifyReport, doomed: list[Found], good: dict[str, int],
+                   found: Found) -> str:
+    """Check one scanned object; returns "ok", or what is wrong with it."""
+    if found.kind == "unexpected":
+        report.unexpected.append(shown(found.where))
+        return "ok"
+    if found.kind == "symlink":
+        report.symlinks.append(shown(found.where))
+        doomed.append(found)
+        return f"symlink {shown(found.where)}"
+    hashed = store.hash_object(found.name)
+    if hashed is None:  # removed since the scan (a gc): nothing to check
+        return "ok"
+    report.objects_checked += 1
+    actual, size = hashed
+    if actual == found.name:
+        good[found.name] = size
+        return "ok"
+    report.bad_objects.append((found.name, actual))
+    doomed.append(found)
+    return f"corrupt {found.name}"
 
 
 def _verify_entries(store: Store, report: VerifyReport, good: dict[str, int]) -> list[Found]:
@@ -131,7 +146,7 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
     old = [f.name for f in store.scan("objects") if f.kind == "file" and (store.object_mtime(f.name) or cutoff + 1)
            <= cutoff]
     if old:
-        live = {e.object_digest for e in store.entries()}
+        live = {d for e in store.entries() for d in e.digests()}
         doomed = [d for d in old if d not in live]
         if dry_run:  # nothing is removed, so nothing is locked (or created)
             report.removed_objects = doomed
@@ -157,7 +172,7 @@ def _remove_unreferenced(store: Store, digests: list[str], cutoff: float, report
                 held.append(digest)
             except StoreError:  # a writer holds it: the object is in use, leave it
                 continue
-        live = {e.object_digest for e in store.entries()}  # again, now that no writer can add one for these
+        live = {d for e in store.entries() for d in e.digests()}  # again, now that no writer can add one for these
         for digest in held:
             mtime = store.object_mtime(digest)
             if digest in live or mtime is None or mtime > cutoff:

@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from typing import Any
 
 import httpx
 
 from . import config
-from .errors import Fa4AotError, RemoteError, StoreError
+from .errors import Fa4AotError, RemoteAuthError, RemoteError, StoreError, Unreachable
 from .store import Entry, Store, check_hex
 
 RETRIES = 4
@@ -36,16 +36,24 @@ def server_from_env() -> Remote | None:
     return Remote(url, token=os.environ.get("FA4_AOT_TOKEN")) if url else None
 
 
+ENV_ADVICE = "check FA4_AOT_SERVER or set FA4_AOT_OFFLINE=1 to use the local store only"
+
+
 class Remote:
     """One server, for one process start: every request and download has a total deadline (retries included,
     FA4_AOT_FETCH_DEADLINE, read at call time unless `deadline` is given), and after one fails for want of
-    the server (unreachable, too slow, 5xx) the server is treated as down: later calls fail at once."""
+    the server (unreachable, too slow, 5xx) the server is treated as down: later calls fail at once.
+    `advice` ends a "cannot reach" message: the default names the environment variables a client reads; a
+    command given --server passes its own (the variables did not choose the server)."""
 
     def __init__(self, url: str, token: str | None = None, retries: int = RETRIES,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, advice: str = ENV_ADVICE) -> None:
+        if not re.match(r"https?://[^/\s]", url):
+            raise RemoteError(f"server URL {url!r} needs a scheme and a host, e.g. http://{url.split('://')[-1]}")
         self.url = url.rstrip("/")
         self.retries = retries
         self.deadline = deadline
+        self.advice = advice
         self.down = ""  # why the server was given up on, once it was
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
@@ -59,13 +67,12 @@ class Remote:
 
     def _check_up(self) -> None:
         if self.down:
-            raise RemoteError(f"{self.url} is treated as down for the rest of this process ({self.down}); "
-                              "restart once it answers, or set FA4_AOT_OFFLINE=1 to use the local store only")
+            raise Unreachable(f"{self.url} is treated as down for the rest of this process ({self.down}); "
+                              f"restart once it answers; {self.advice}")
 
-    def _give_up(self, why: str, cause: BaseException | None = None) -> RemoteError:
+    def _give_up(self, why: str, cause: BaseException | None = None) -> Unreachable:
         self.down = why
-        error = RemoteError(f"{why}; check FA4_AOT_SERVER, raise FA4_AOT_FETCH_DEADLINE for a slow link, or set "
-                            "FA4_AOT_OFFLINE=1 to use the local store only")
+        error = Unreachable(f"{why}; raise FA4_AOT_FETCH_DEADLINE for a slow link; {self.advice}")
         error.__cause__ = cause
         return error
 
@@ -147,6 +154,18 @@ class Remote:
         except (KeyError, TypeError):
             raise RemoteError(f"{self.url}/v1/revocations is not a revocation list") from None
 
+    def token_scope(self) -> str:
+        """The token's scope as the server sees it: "admin", "publish", "read", "none" (no token sent) or
+        "refused: <server's reason>". Asks GET /v1/audit?limit=1 (admin only): a 403 names the token's scope."""
+        try:
+            self._request("GET", "/v1/audit", params={"limit": 1})
+            return "admin"
+        except RemoteAuthError as e:
+            if "(401:" in str(e):
+                return "none"
+            found = re.search(r"has scope '(\w+)'", str(e))
+            return found.group(1) if found else f"refused: {str(e).split('(403: ', 1)[-1].split(')')[0]}"
+
     def push_manifest(self, sku: str, envelope: dict[str, Any]) -> None:
         self._request("PUT", f"/v1/skus/{sku}/manifests", ok=(200, 201), json=envelope)
 
@@ -224,7 +243,7 @@ class Remote:
                                          timeout=_timeout(end)) as response:
                     _check(response, (200,), self.url)
                     chunks = self._within(response.iter_bytes(1 << 20), end, what)
-                    return _unbundle(BundleReader(chunks), store, accept, self.url)
+                    return _unbundle(BundleReader(chunks), store, accept, self.url, set(kernel_keys))
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
                     raise self._give_up(f"{what} from {self.url} failed: {e}", e) from e
@@ -245,7 +264,7 @@ class Remote:
             self._request("PUT", f"/v1/objects/{entry.object_digest}", ok=(200, 201), content=data(),
                           headers={"Content-Type": "application/octet-stream"})
             uploaded = True
-        self._request("POST", "/v1/kernels", ok=(200, 201), json=asdict(entry))
+        self._request("POST", "/v1/kernels", ok=(200, 201), json=entry.published())
         return uploaded
 
     def report_miss(self, doc: dict[str, Any]) -> None:
@@ -263,6 +282,24 @@ class Remote:
                 pass
 
         threading.Thread(target=send, name="fa4-aot-miss-report", daemon=True).start()
+
+
+def needed_scope(method: str, path: str) -> str:
+    """The token scope the service wants for a request (service/deps.py): admin for revocations and the
+    audit log, publish for other writes, read otherwise."""
+    if path.startswith("/v1/audit") or (method == "POST" and path.startswith("/v1/revocations")):
+        return "admin"
+    return "read" if method in ("GET", "HEAD") else "publish"
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's own reason (its JSON `detail`), else the start of the body."""
+    response.read()
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail) if detail else response.text[:300]
 
 
 def _remaining(end: float) -> float:
@@ -299,14 +336,15 @@ def _shaped(doc: Any, kind: type, url: str) -> Any:
 def _check(response: httpx.Response, ok: tuple[int, ...], url: str) -> httpx.Response:
     if response.status_code in ok:
         return response
-    if response.status_code == 401:
-        raise RemoteError(f"{url} wants a token: set FA4_AOT_TOKEN (create one with `fa4-aot token create`)")
-    if response.status_code == 403:
-        raise RemoteError(f"{url} refused the token for {response.request.method} {response.request.url.path}: "
-                          "it is revoked or lacks the scope (publishing needs --scope publish)")
-    response.read()
-    detail = response.text[:300]
-    raise RemoteError(f"{response.request.method} {response.request.url} -> {response.status_code}: {detail}")
+    method, path = response.request.method, response.request.url.path
+    if response.status_code in (401, 403):
+        scope = needed_scope(method, path)
+        fix = ("pass --token or set FA4_AOT_TOKEN" if response.status_code == 401 else "use another token") + \
+            (f"; make one with `fa4-aot token create --scope {scope}` where the server's database is (the same "
+             "--cache-dir or --db as `fa4-aot serve`)")
+        raise RemoteAuthError(f"{url} refused {method} {path} ({response.status_code}: {_detail(response)}); "
+                              f"this needs a {scope} token: {fix}")
+    raise RemoteError(f"{method} {response.request.url} -> {response.status_code}: {_detail(response)}")
 
 
 class BundleReader:
@@ -341,10 +379,13 @@ class BundleReader:
 
 
 def _unbundle(reader: BundleReader, store: Store, accept: Callable[[Entry], None] | None,
-              url: str) -> tuple[list[Entry], dict[str, str]]:
+              url: str, asked: set[str]) -> tuple[list[Entry], dict[str, str]]:
     head = json.loads(reader.line())
     entries = [Entry(**{k: v for k, v in e.items() if k in Entry.__dataclass_fields__}) for e in head["entries"]]
-    skipped = {k: f"{url} has no kernel {k}" for k in head["missing"]}
+    skipped = {k: f"{url} has no kernel {k}" for k in head["missing"] if k in asked}
+    for entry in entries:  # a server answers for the keys asked, never plants others
+        if entry.kernel_key not in asked:
+            skipped[entry.kernel_key] = f"{url} sent kernel {entry.kernel_key}, which was not asked for"
     for entry in entries:
         try:
             if accept is not None:

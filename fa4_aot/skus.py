@@ -10,6 +10,7 @@ table-tested; `detect_device()` is the only code here that touches CUDA.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -154,19 +155,56 @@ def _check_table(src: TomlSource, name: str, table: dict[str, Any]) -> list[int]
     return majors
 
 
-def select(skus: dict[str, Sku], device: DeviceInfo, forced: str | None = None
+def sources(lines: list[str]) -> dict[str, str]:
+    """Where each SKU's figures come from: the comment lines just above or just below its `[skus.NAME]`
+    header in variants.toml, joined (pure: takes the file's lines)."""
+    found: dict[str, str] = {}
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"\s*\[skus\.([A-Za-z0-9-]+)\]\s*(#.*)?", line)
+        if not m:
+            continue
+        above: list[str] = []
+        for prev in reversed(lines[:i]):
+            if not prev.lstrip().startswith("#") or prev.lstrip().startswith("# ---"):
+                break
+            above.insert(0, prev)
+        below = []
+        for nxt in lines[i + 1:]:
+            if not nxt.lstrip().startswith("#"):
+                break
+            below.append(nxt)
+        found[m.group(1)] = " ".join(c.strip().lstrip("#").strip() for c in above + below)
+    return found
+
+
+def unknown(name: str, known: Iterable[str], what: str = "SKU") -> UnknownSku:
+    """UnknownSku for `name`, listing `known` with a "did you mean" (case-insensitive, close spellings)."""
+    names = sorted(set(known))
+    folded = {n.lower(): n for n in names}
+    low = name.lower()
+    close = ([folded[low]] if low in folded else [n for n in names if n.lower().startswith(low)][:2]
+             or [folded[n] for n in difflib.get_close_matches(low, list(folded), n=1, cutoff=0.6)])
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    return UnknownSku(f"unknown {what} {name!r}; {hint}known: {', '.join(names) or 'none'} "
+                      "(`fa4-aot skus` lists them; names are lowercase)")
+
+
+def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None = None
            ) -> tuple[Sku, Constants, list[str]]:
     """Match `device` by need: (the table row whose manifests and dispatch the client uses, the constants
     kernels must have consumed to load here, a trace). Any row of the device's arch and CUDA major serves:
     kernels that consumed no constant are shared by all of them, and a kernel that consumed one loads only
     where the device's own value (in the returned Constants) equals it. The row with the device's exact
     figures is preferred, then one with its SM count, then the first by name. `forced` (FA4_AOT_SKU) picks a
-    row by name and takes its figures as the device's. Raises UnknownSku with the fix when no row has the
-    device's arch and CUDA major, or when several rows have its exact figures."""
+    row by name and takes its figures as the device's (no device needed). Raises UnknownSku with the fix when
+    no row has the device's arch and CUDA major, or when several rows have its exact figures."""
     if forced:
         if forced not in skus:
-            raise UnknownSku(f"FA4_AOT_SKU={forced!r} is not a known SKU; known: {', '.join(sorted(skus))}")
+            raise UnknownSku(f"FA4_AOT_SKU={forced!r}: {unknown(forced, skus)}")
         return skus[forced], skus[forced].constants(), [f"{forced}: forced by FA4_AOT_SKU"]
+    if device is None:
+        raise UnknownSku("no CUDA device is visible to torch: set FA4_AOT_SKU=NAME (`fa4-aot skus`) to plan and "
+                         "check the store for a SKU on this host; loading kernels needs the GPU")
     trace = [f"{sku.name}: {_mismatch(sku, device) or 'match'}" for sku in skus.values()]
     same = sorted((s for s in skus.values() if _mismatch(s, device, figures=False) == ""), key=lambda s: s.name)
     if not same:
@@ -240,7 +278,8 @@ def detect_device(index: int | None = None) -> DeviceInfo:
     import torch
 
     if not torch.cuda.is_available():
-        raise UnknownSku("no CUDA device is visible to torch; fa4_aot.install()/load() run on a GPU host")
+        raise UnknownSku("no CUDA device is visible to torch: fa4_aot loads kernels on a GPU host; to plan and "
+                         "check the store for a SKU here, set FA4_AOT_SKU=NAME (`fa4-aot skus`)")
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
     cuda = torch.version.cuda or "0"

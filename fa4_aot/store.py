@@ -60,7 +60,7 @@ _FANOUT = re.compile(r"[0-9a-f]{2}")
 _SKU_NAME = re.compile(r"[a-z0-9-]+")
 QUARANTINE = "quarantine"
 _CHUNK = 1 << 20
-_FOLDERS = ("objects", "index", "misses", "locks", "manifests")
+_FOLDERS = ("objects", "index", "misses", "locks", "manifests", "recipes")
 SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
 
 
@@ -92,10 +92,28 @@ class Entry:
     # What the compile asked the stand-in HardwareInfo (target.py), e.g. [["sm_count", 148]]: proof that
     # persistent schedulers baked the SKU's figures, not the build host's.
     hardware_queries: list[Any] = field(default_factory=list)
+    # The kernel linked for the lean runtime, per host architecture (link.py): {"x86_64": {"digest", "size",
+    # "needs": {SONAME: object digest, or "" for a library the client finds itself}}}. Absent in older entries.
+    shared_libs: dict[str, Any] = field(default_factory=dict)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    def published(self) -> dict[str, Any]:
+        """The entry as the service knows it: without `shared_libs`, which stay in the store that linked them
+        (the server carries neither lean libraries nor recipes yet, so it must not name them to its clients)."""
+        data = asdict(self)
+        del data["shared_libs"]
+        return data
+
+    def digests(self) -> set[str]:
+        """Every object this entry refers to: the exported object, its linked libraries and their runtimes."""
+        found = {self.object_digest}
+        for lib in self.shared_libs.values():
+            found.add(lib["digest"])
+            found.update(d for d in lib.get("needs", {}).values() if d)
+        return found
 
     @classmethod
     def from_json(cls, text: str) -> Entry:
@@ -256,6 +274,19 @@ class Store:
                              "if it persists (something else is writing the store)")
         return path
 
+    def verified_file(self, digest: str) -> IO[bytes]:
+        """The object open for reading (at offset 0) after its bytes, read through this very descriptor, hashed
+        to `digest`: what is later read or mapped through it (e.g. /proc/self/fd/N) is what was verified."""
+        f = self._open_object(digest)
+        try:
+            actual = hash_stream(f).hexdigest()
+            self._check_digest(self.object_path(digest), digest, actual)
+            f.seek(0)
+        except BaseException:
+            f.close()
+            raise
+        return f
+
     def read_object(self, digest: str) -> bytes:
         """The object's bytes, hashed as they are read from one O_NOFOLLOW fd (the bytes returned are the
         bytes verified); errors as verified_object_path."""
@@ -320,13 +351,13 @@ class Store:
                              "(it quarantines the entry) and rebuild")
         return entry
 
+    def remove_entry(self, kernel_key: str) -> None:
+        """Unlink the index entry of `kernel_key` (no link followed); nothing when it is already gone. The
+        entry goes first, its object after (gc or prune): a reader never sees an entry without its object."""
+        self._unlink(self.entry_path(kernel_key).relative_to(self.root).parts)
+
     def has_entry(self, kernel_key: str) -> bool:
         return self._is_file(self.entry_path(kernel_key))
-
-    def remove_entry(self, kernel_key: str) -> None:
-        """Unlink the entry for `kernel_key` (no link followed); nothing when it is already gone. Its object
-        stays (`fa4-aot gc` removes objects no entry names)."""
-        self._unlink(self.entry_path(kernel_key).relative_to(self.root).parts)
 
     def entries(self, sku: str | None = None, *, skipped: list[str] | None = None) -> Iterator[Entry]:
         """Every entry (of `sku`), in key order. Temp files and names that are not `<key>.json` are passed
@@ -360,6 +391,23 @@ class Store:
                 with self._open(folder / name) as f:
                     found.append(Miss(**json.loads(f.read())))
         return found
+
+    # -- lean-runtime recipes (recipe_store.py owns their content) ---------------------------------
+    def put_recipes(self, key: str, data: bytes) -> None:
+        """Replace recipes/<ab>/<key>.json (a signature's recorded regions on one SKU) atomically."""
+        self._write(self._recipes_path(key), data)
+
+    def recipes(self, key: str) -> bytes | None:
+        """The bytes of recipes/<ab>/<key>.json, or None when there is none; StoreError for a symlink."""
+        try:
+            with self._open(self._recipes_path(key)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def _recipes_path(self, key: str) -> Path:
+        check_hex(key, "recipe key")
+        return self.root / "recipes" / key[:2] / f"{key}.json"
 
     # -- signed manifests (signing.py owns their content) -----------------------------------------
     def put_manifest(self, sku: str, manifest_id: str, data: bytes) -> Path:

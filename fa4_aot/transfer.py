@@ -10,7 +10,7 @@ from typing import Any
 from . import kernel_keys, signing
 from .build import Report, Result, build_calls
 from .calls import Call
-from .errors import DiskFull, Fa4AotError, RemoteError, TrustError
+from .errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
 from .remote import Remote
 from .skus import Sku
 from .store import Store
@@ -184,7 +184,8 @@ def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer
             try:
                 count(result, future.result())
                 status = "ok"
-            except DiskFull:  # every other kernel would fail the same way: stop with one error
+            except (DiskFull, RemoteAuthError, Unreachable):  # every other kernel would fail the same way:
+                # stop at once with one error
                 for other in futures:
                     other.cancel()
                 raise

@@ -109,10 +109,10 @@ class Matrix:
     variants: tuple[Variant | ModelVariant, ...]
 
     def sku(self, name: str) -> Sku:
-        from .errors import UnknownSku
+        from .skus import unknown
 
         if name not in self.skus:
-            raise UnknownSku(f"unknown SKU {name!r}; known: {', '.join(sorted(self.skus))} (`fa4-aot skus` lists them)")
+            raise unknown(name, self.skus)
         return self.skus[name]
 
     def select(self, names: list[str] | None) -> list[Variant | ModelVariant]:

@@ -22,9 +22,10 @@ from starlette.concurrency import run_in_threadpool
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Store
 
-from . import db, openapi, sync
+from . import db, docs, openapi, sync
 from .config import Settings
 from .errors import ServiceError
+from .head import HeadAsGet
 from .limits import JsonBodyLimit
 from .metrics import Metrics, MetricsMiddleware
 from .routes import audit, bundles, health, kernels, manifests, metrics, misses, objects, revocations, skus
@@ -36,7 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """A new app for `settings` (default: Settings() from FA4_AOT_* variables). Connects to nothing until
     it starts; each app has its own engine, store handle and metrics registry."""
     settings = settings or Settings()
-    app = FastAPI(title="fa4-aot artifact service", version="1", lifespan=_lifespan,
+    app = FastAPI(title="fa4-aot artifact service", version="1", lifespan=_lifespan, docs_url=None,
                   description="FlashAttention-4 kernels compiled ahead of time, per GPU SKU.")
     app.state.settings = settings
     app.state.store = Store(settings.cache_dir)
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = db.session_factory(app.state.engine)
     app.state.metrics = Metrics()
     app.add_middleware(JsonBodyLimit)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts the 413s too
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(StoreError, _store_error)
@@ -51,6 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(405, openapi.method_not_allowed)
     for module in (health, metrics, skus, manifests, kernels, bundles, objects, misses, revocations, audit):
         app.include_router(module.router)
+    docs.mount(app)
     app.openapi = openapi.builder(app)  # type: ignore[method-assign]
     return app
 
@@ -95,8 +98,16 @@ def prepare(settings: Settings) -> None:
         report = sync.import_store(session, store)
     log.info("store %s: imported %d kernels (%d new objects), removed %d stale temp files",
              store.root, report.kernels, report.objects, removed)
+    # tokens are checked against this database: `fa4-aot token create` must be given the same --cache-dir or --db
+    log.info("tokens and metadata: %s", _shown_url(settings.database_url))
     for line in report.skipped:
         log.warning("skipped store entry %s", line)
+
+
+def _shown_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 async def _service_error(_request: Request, exc: Exception) -> Response:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
@@ -53,7 +53,7 @@ def _entries(store: Store, report: ImportReport) -> list[Entry]:
 def _import_entry(session: Session, store: Store, entry: Entry, report: ImportReport) -> None:
     """Raises Conflict (SKU facts) or ValueError (entry fails validation, object missing or short) before
     adding anything to the session, so a skipped entry leaves no partial rows."""
-    kernel = schemas.KernelIn.model_validate(asdict(entry))
+    kernel = schemas.KernelIn.model_validate(entry.published())
     if not kernel_keys.has_valid_key(entry):
         raise ValueError("its fields do not hash to its kernel key; run `fa4-aot verify` and rebuild")
     try:

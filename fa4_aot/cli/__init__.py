@@ -3,9 +3,11 @@
     common.py      the --cache-dir store option and pass_store, --json/--variants options, output, error mapping
     build.py       skus, build
     models.py      models, coverage
-    store_cmds.py  list, verify, gc, misses, migrate
+    store_cmds.py  list, verify, gc, prune, misses, migrate
     server.py      serve, token, push, pull
     trust.py       keys, sign, revoke
+    account.py     login, logout
+    doctor.py      doctor
 
 This module only assembles the group. Command modules import from common, never from here (no import circle).
 A Fa4AotError from any command becomes one line on stderr and exit 1 (common.Fa4AotGroup).
@@ -18,7 +20,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from . import build, models, server, store_cmds, trust
+from . import account, build, doctor, models, server, store_cmds, trust
 from .common import Fa4AotGroup, cache_dir_option, make_state
 
 
@@ -42,9 +44,12 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
     ctx.obj = make_state(cache_dir)
 
 
-for _command in (build.skus, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify,
-                 store_cmds.gc, store_cmds.misses, store_cmds.migrate,
-                 server.serve, server.token, server.push, server.pull, trust.keys, trust.sign, trust.revoke):
+COMMANDS = (
+    build.skus, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify, store_cmds.gc,
+    store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve, server.token, server.push, server.pull,
+    account.login, account.logout, trust.keys, trust.sign, trust.revoke, doctor.doctor,
+)
+for _command in COMMANDS:
     main.add_command(_command)
 
 __all__ = ["main"]

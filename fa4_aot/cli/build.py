@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..store import Store
-from .common import emit, json_option, load_matrix, pass_store, variants_option
+from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
+from .progress import Progress, quiet_option
 
 if TYPE_CHECKING:
     from .. import build as build_mod
@@ -26,15 +27,23 @@ if TYPE_CHECKING:
                                              "and which row serves it now.")
 @json_option()
 def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
-    """List the GPU SKUs: arch target, SM count, L2 size, CUDA major."""
+    """List the GPU SKUs: arch target, SM count, L2 size, CUDA major, and where each figure comes from (the
+    comments beside each [skus.NAME] in variants.toml)."""
+    from ..skus import sources
+    from ..tomlsrc import TomlSource
+
     matrix = load_matrix(variants_file)
     if detect:
         _detect(matrix, as_json)
         return
+    source = sources(TomlSource(matrix.path).lines)
     rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  description"]
-    rows += [f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  {s.description}"
-             for s in matrix.skus.values()]
-    doc = [{**s.target_facts(), "name": s.name, "description": s.description} for s in matrix.skus.values()]
+    for s in matrix.skus.values():
+        rows.append(f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  "
+                    f"{s.description}")
+        rows += [f"{'':14}source: {source[s.name]}"] if source.get(s.name) else []
+    doc = [{**s.target_facts(), "name": s.name, "description": s.description, "source": source.get(s.name, "")}
+           for s in matrix.skus.values()]
     emit(as_json, doc, "\n".join(rows))
 
 
@@ -82,13 +91,14 @@ def _detect(matrix: Matrix, as_json: bool) -> None:
               help="Workloads for --model: train, prefill, decode.")
 @click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Build exactly these calls: JSON lines as FA4_AOT_RECORD writes them (see `fa4-aot coverage`).")
-@json_option("Print one JSON document: counts, kernel keys, failures (a list of them, one per SKU, when several "
-             "SKUs are built).")
+@json_option("Print one JSON document on stdout: counts, kernel keys, failures (a list of them, one per SKU, when "
+             "several SKUs are built); per-kernel JSON lines on stderr.")
+@quiet_option
 @pass_store
 def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
           executor: str, ray_address: str | None, ray_node_ip: str | None, push_url: str | None, dry_run: bool,
           from_misses: bool, server: str | None, token: str | None, model_arg: str | None, tp_arg: str,
-          workload_arg: str, calls_file: Path | None, as_json: bool) -> None:
+          workload_arg: str, calls_file: Path | None, as_json: bool, quiet: bool) -> None:
     """Cross-compile FA4 kernels for one or more SKUs into the store (no GPU needed).
 
     Every [[variants]] entry is planned through FA4's own dispatch on fake tensors: at every batch and
@@ -109,15 +119,19 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
     chosen = matrix.select(list(only))
     work = _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
     ex = _executor(executor, jobs, ray_address, ray_node_ip, push_url, token)
-    if not as_json:
+    if not (as_json or quiet):
         where = f"Ray ({ray_address or 'local'})" if executor == "ray" else f"{jobs} job(s)"
         click.echo(f"building {', '.join(f'{t.name} ({t.arch}, {t.sm_count} SMs)' for t in targets)} into "
                    f"{push_url or store.root} on {where}", err=True)
+    reports: list[build_mod.Report] = []
     # stdout carries only the result: what an executor prints (Ray reports dead workers there) goes to stderr
     with contextlib.redirect_stdout(sys.stderr):
         try:
-            reports = [_build_one(matrix, t, store, work, chosen, ex, dry_run, as_json, push_url, token)
-                       for t in targets]
+            for t in targets:  # an interrupted SKU ends the build: the others are not started
+                with Progress("build", quiet=quiet, as_json=as_json) as bar:
+                    reports.append(_build_one(matrix, t, store, work, chosen, ex, dry_run, bar, push_url, token))
+                if reports[-1].interrupted:
+                    break
         finally:
             ex.close()
     docs, lines = [], []
@@ -126,6 +140,8 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         docs.append(doc)
         lines += more
     emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(lines))
+    if any(r.interrupted for r in reports):
+        sys.exit(130)
     if any(r.failed for r in reports):
         sys.exit(1)
 
@@ -142,7 +158,7 @@ def _executor(kind: str, jobs: int, address: str | None, node_ip: str | None, pu
 
 
 def _build_one(matrix: Matrix, target: Sku, store: Store, work: build_mod.Work | None,
-               chosen: list[Variant | ModelVariant], ex: Executor, dry_run: bool, as_json: bool,
+               chosen: list[Variant | ModelVariant], ex: Executor, dry_run: bool, bar: Progress,
                push_url: str | None, token: str | None) -> build_mod.Report:
     """Build for `target` the explicit (label, call or signature) `work` of --model/--calls, or else the
     chosen variants."""
@@ -150,12 +166,10 @@ def _build_one(matrix: Matrix, target: Sku, store: Store, work: build_mod.Work |
 
     present = None
     if push_url:  # the server, not this store, is where built kernels go: ask it what it has
-        from ..remote import Remote
-
-        present = _on_server(Remote(push_url, token=token).kernel_keys(target.name))
+        present = _on_server(remote_for(push_url, token, param="push_url").kernel_keys(target.name))
     if work is None:
         work = build_mod.work_of(matrix, target, chosen)
-    return build_mod.build_calls(target, store, work, progress=_progress(as_json, target.name), dry_run=dry_run,
+    return build_mod.build_calls(target, store, work, progress=_progress(bar), dry_run=dry_run,
                                  executor=ex, present=present)
 
 
@@ -175,6 +189,7 @@ def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs
                 dry_run: bool) -> tuple[dict[str, Any], list[str]]:
     """One SKU's JSON document and text lines: failures, the dry run's table and estimate, the summary."""
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    lines += [f"LEAN RUNTIME: {message}" for message in report.lean_failures]
     doc = report.to_dict()
     if dry_run:
         target = next(t for t in targets if t.name == report.sku)
@@ -184,7 +199,10 @@ def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs
                  f"{report.count('built')} built, {report.count('present')} already present, "
                  + (f"{report.count('planned')} to build, " if dry_run else "")
                  + f"{report.failed} failed ({report.seconds:.0f}s); planned with {report.sku}'s dispatch "
-                 f"({report.dispatch_sm_count} SMs)")
+                 f"({report.dispatch_sm_count} SMs); {report.recipes} lean recipe region(s) recorded")
+    if report.interrupted:
+        lines[-1] = (f"INTERRUPTED {lines[-1]}; {report.not_built} not built (the kernels in flight were dropped, "
+                     "no partial entry is left): run the same command again to build the rest")
     return doc, lines
 
 
@@ -223,15 +241,15 @@ def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
     return lines, guess.to_dict()
 
 
-def _progress(as_json: bool, sku: str) -> Callable[[int, int, build_mod.Result], None]:
-    """One line per kernel on stderr (none with --json)."""
+def _progress(bar: Progress) -> Callable[[int, int, build_mod.Result], None]:
+    """Each finished kernel: a bar step, a line, or a JSON event (see progress.py)."""
 
     def progress(done: int, total: int, result: build_mod.Result) -> None:
-        if as_json:
-            return
         mark = {"built": "ok", "present": "--", "failed": "FAIL"}[result.status]
-        line = f"[{sku} {done}/{total}] {mark} {result.family} {result.seconds:.1f}s  {result.call}"
-        click.echo(line + (f"\n    {result.error}" if result.error else ""), err=True)
+        line = f"{mark} {result.family} {result.seconds:.1f}s  {result.call}" + \
+            (f"\n    {result.error}" if result.error else "")
+        bar.update(done, total, result.status, line, kernel_key=result.kernel_key, family=result.family,
+                   seconds=round(result.seconds, 3), call=result.call, error=result.error, sku=result.sku)
 
     return progress
 
@@ -243,9 +261,7 @@ def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str |
     from ..transfer import build_misses, rebuild_misses
 
     if server:
-        from ..remote import Remote
-
-        reports = rebuild_misses(matrix, store, Remote(server, token=token), jobs=jobs)
+        reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs)
     else:
         reports = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs)
     docs = [r.to_dict() for r in reports]

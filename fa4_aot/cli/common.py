@@ -20,6 +20,7 @@ from ..errors import Fa4AotError
 from ..store import Store
 
 if TYPE_CHECKING:
+    from ..remote import Remote
     from ..variants import Matrix
 
 P = ParamSpec("P")
@@ -77,6 +78,34 @@ def pass_store(f: Callable[Concatenate[Store, P], R]) -> Callable[P, R]:
         return f(state().store, *args, **kwargs)
 
     return wrapper
+
+
+def existing(store: Store) -> Store:
+    """`store`, when its folder exists: a command that only reads must not report a mistyped path as healthy."""
+    if not store.root.is_dir():
+        raise Fa4AotError(f"no store at {store.root}: check --cache-dir or FA4_AOT_CACHE (a store is made by "
+                          "`fa4-aot build --sku NAME` or `fa4-aot pull`)")
+    return store
+
+
+def remote_for(server: str, token: str | None, param: str = "server") -> Remote:
+    """A Remote for a command's --server: refused at once under FA4_AOT_OFFLINE=1 (the command needs the
+    network) or without a scheme; a connection error advises on the option or the variable that gave the URL."""
+    import os
+
+    from ..remote import ENV_ADVICE, Remote
+
+    if os.environ.get("FA4_AOT_OFFLINE") == "1":
+        raise Fa4AotError(f"FA4_AOT_OFFLINE=1 forbids the network, and this command talks to {server}: unset "
+                          "FA4_AOT_OFFLINE to run it")
+    if token is None:
+        from ..credentials import token_for
+
+        token = token_for(server)
+    source = click.get_current_context().get_parameter_source(param)
+    from_env = source is click.core.ParameterSource.ENVIRONMENT
+    advice = ENV_ADVICE if from_env else "check the --server URL, and that `fa4-aot serve` runs there"
+    return Remote(server, token=token, advice=advice)
 
 
 def json_option(help: str = "Print one JSON document.") -> Callable[[F], F]:

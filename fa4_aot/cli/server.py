@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import Fa4AotError
 from ..store import Store
-from .common import emit, json_option, pass_store, state
+from .common import emit, json_option, pass_store, remote_for, state
+from .progress import Progress, quiet_option
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -20,15 +22,14 @@ if TYPE_CHECKING:
 
 
 def _remote(server: str, token: str | None) -> Remote:
-    from ..remote import Remote
+    """The server of --server (or FA4_AOT_SERVER), refused at once under FA4_AOT_OFFLINE=1 or without a scheme."""
+    return remote_for(server, token)
 
-    return Remote(server, token=token)
 
-
-def _progress(as_json: bool, verb: str) -> Callable[[int, int, str], None]:
+def _progress(bar: Progress) -> Callable[[int, int, str], None]:
     def report(done: int, total: int, status: str) -> None:
-        if not as_json and (status != "ok" or done == total or done % 25 == 0):
-            click.echo(f"[{done}/{total}] {verb} {status}", err=True)
+        if bar.mode != "lines" or status != "ok" or done == total or done % 25 == 0:  # lines: a few, for logs
+            bar.update(done, total, status)
 
     return report
 
@@ -42,7 +43,8 @@ _db = click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server datab
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0 for all).")
-@click.option("--port", default=8700, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8700, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to listen on; pick another free one if it is taken.")
 @click.option("--db", "db_url", envvar="FA4_AOT_DB_URL",
               help="SQLAlchemy URL (default: SQLite inside the cache dir); e.g. postgresql+psycopg://u@host/db.")
 @click.option("--require-read-token", is_flag=True, help="Reads need a token too (default: reads are open).")
@@ -57,8 +59,25 @@ def serve(host: str, port: int, db_url: str | None, require_read_token: bool, wo
     from service.config import Settings
     from service.main import serve as run
 
+    _check_port(host, port)
     run(Settings(cache_dir=state().cache_dir, db_url=db_url, host=host, port=port,
                  require_read_token=require_read_token, workers=workers))
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail before uvicorn does (its message is a bare `[Errno 98]`, exit 3) when host:port is taken."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise Fa4AotError(f"cannot listen on {host}:{port}: {e.strerror}; check --host") from e
+            raise Fa4AotError(f"port {port} on {host} is already in use (another `fa4-aot serve`?): pick another "
+                              f"with `fa4-aot serve --port {port + 1}`, or stop what listens there") from e
 
 
 @click.group()
@@ -66,14 +85,37 @@ def token() -> None:
     """Create and revoke the server's bearer tokens (run where the server's database is)."""
 
 
-def _session(db_url: str | None) -> AbstractContextManager[Session]:
+def _session(db_url: str | None, create: bool = False) -> AbstractContextManager[Session]:
     """A session on the server's database (migrated first): --db, else the one in --cache-dir."""
     from service import db
+
+    url = token_db(db_url, create=create)
+    db.migrate(url)
+    return db.session_for(url)
+
+
+def token_db(db_url: str | None, *, create: bool) -> str:
+    """The server's database URL: --db, else the SQLite file in --cache-dir. Without `create`, a missing SQLite
+    file is an error (listing tokens must not make an empty database where no server runs)."""
+    from sqlalchemy.engine import make_url
+
     from service.config import Settings
 
     url = Settings(cache_dir=state().cache_dir, db_url=db_url).database_url
-    db.migrate(url)
-    return db.session_for(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        path = Path(parsed.database)
+        if not (path.is_file() if not create else path.parent.is_dir()):
+            raise Fa4AotError(f"no token database at {path}: a server's database lives in its --cache-dir (or "
+                              "--db URL); pass the same --cache-dir/--db as `fa4-aot serve`, or create the store "
+                              "first (`fa4-aot build` or `fa4-aot pull`)")
+    return url
+
+
+def _where(db_url: str | None) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(token_db(db_url, create=True)).render_as_string(hide_password=True)
 
 
 @token.command("create")
@@ -85,8 +127,10 @@ def token_create(scope: str, name: str, skus: tuple[str, ...], db_url: str | Non
     """Print a new token once; the database keeps only its hash."""
     from service import crud
 
-    with _session(db_url) as session:
+    with _session(db_url, create=True) as session:
         click.echo(crud.create_token(session, name=name, scope=scope, skus=list(skus) or None))
+    click.echo(f"{scope} token {name or '(unnamed)'} stored in {_where(db_url)}: servers using this database "
+               "(`fa4-aot serve` with the same --cache-dir or --db) accept it", err=True)
 
 
 @token.command("rotate")
@@ -96,8 +140,9 @@ def token_rotate(name: str, db_url: str | None) -> None:
     """Print a new token for NAME (same scope and SKUs) and revoke the old one."""
     from service import crud
 
-    with _session(db_url) as session:
+    with _session(db_url, create=True) as session:
         click.echo(crud.rotate_token(session, name=name))
+    click.echo(f"rotated {name!r} in {_where(db_url)}", err=True)
 
 
 @token.command("revoke")
@@ -107,8 +152,8 @@ def token_revoke(name: str, db_url: str | None) -> None:
     """Revoke every active token called NAME."""
     from service import crud
 
-    with _session(db_url) as session:
-        click.echo(f"revoked {crud.revoke_token(session, name=name)} token(s) named {name!r}")
+    with _session(db_url, create=True) as session:
+        click.echo(f"revoked {crud.revoke_token(session, name=name)} token(s) named {name!r} in {_where(db_url)}")
 
 
 @token.command("list")
@@ -122,7 +167,7 @@ def token_list(db_url: str | None, as_json: bool) -> None:
         rows = crud.list_tokens(session)
     lines = [f"{r['name']:<24} {r['scope']:<8} {','.join(r['skus'] or ['*']):<20} "
              f"{'revoked' if r['revoked'] else 'active':<8} {r['created']}" for r in rows]
-    emit(as_json, rows, "\n".join(lines) or "no tokens")
+    emit(as_json, rows, "\n".join([*lines, f"{len(rows)} token(s) in {_where(db_url)}"]))
 
 
 @click.command()
@@ -130,13 +175,16 @@ def token_list(db_url: str | None, as_json: bool) -> None:
 @_token
 @click.option("--sku", help="Only this SKU's kernels (default: all).")
 @_jobs
-@json_option()
+@json_option("Print the summary as JSON on stdout; one JSON line per kernel on stderr.")
+@quiet_option
 @pass_store
-def push(store: Store, server: str, token: str | None, sku: str | None, jobs: int, as_json: bool) -> None:
+def push(store: Store, server: str, token: str | None, sku: str | None, jobs: int, as_json: bool, quiet: bool) -> None:
     """Publish local kernels to a server, uploading only the objects it lacks (HEAD first)."""
     from ..transfer import push as run
 
-    result = run(store, _remote(server, token), sku, jobs, _progress(as_json, "push"))
+    remote = _remote(server, token)
+    with Progress("push", quiet=quiet, as_json=as_json) as bar:
+        result = run(store, remote, sku, jobs, _progress(bar))
     emit(as_json, result.to_dict(), f"pushed {result.kernels} kernel(s) to {server}: {result.objects_sent} "
          f"object(s) uploaded ({result.bytes} bytes), {result.manifests} signed manifest(s), "
          f"{len(result.failures)} failed")
@@ -149,13 +197,16 @@ def push(store: Store, server: str, token: str | None, sku: str | None, jobs: in
 @_token
 @click.option("--sku", required=True, help="SKU to mirror.")
 @_jobs
-@json_option()
+@json_option("Print the summary as JSON on stdout; one JSON line per kernel on stderr.")
+@quiet_option
 @pass_store
-def pull(store: Store, server: str, token: str | None, sku: str, jobs: int, as_json: bool) -> None:
+def pull(store: Store, server: str, token: str | None, sku: str, jobs: int, as_json: bool, quiet: bool) -> None:
     """Mirror a SKU's kernels from a server into the local store (verified), e.g. for an air-gapped copy."""
     from ..transfer import pull as run
 
-    result = run(store, _remote(server, token), sku, jobs, _progress(as_json, "pull"))
+    remote = _remote(server, token)
+    with Progress("pull", quiet=quiet, as_json=as_json) as bar:
+        result = run(store, remote, sku, jobs, _progress(bar))
     emit(as_json, result.to_dict(), f"pulled {result.fetched} of {result.kernels} missing kernel(s) of {sku} "
          f"({result.bytes} bytes) into {Path(store.root)}, {len(result.failures)} failed")
     if result.failures:

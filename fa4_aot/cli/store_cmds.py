@@ -5,36 +5,87 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 
 from .. import maintenance
+from ..errors import Fa4AotError
 from ..maintenance import VerifyReport
-from ..store import Store
-from .common import emit, json_option, pass_store
+from ..skus import unknown
+from ..store import Entry, Store
+from .common import emit, existing, json_option, load_matrix, pass_store
+from .progress import Progress, quiet_option
 
 
 @click.command(name="list")
-@click.option("--sku", help="Only this SKU.")
-@json_option("Print one JSON document with every entry.")
+@click.option("--sku", help="Only this SKU (an unknown name is an error, with a suggestion).")
+@click.option("--variant", help="Only kernels built for this [[variants]] entry.")
+@click.option("--family", help="Only this FA4 kernel family (a substring, e.g. Forward or Sm90).")
+@click.option("--summary", is_flag=True, help="One line per SKU: kernels, bytes, variants, toolchain.")
+@json_option("Print one JSON document with every entry (with --summary: the per-SKU rows).")
 @pass_store
-def list_(store: Store, sku: str | None, as_json: bool) -> None:
-    """List the kernels in the store."""
-    entries = list(store.entries(sku))
+def list_(store: Store, sku: str | None, variant: str | None, family: str | None, summary: bool,
+          as_json: bool) -> None:
+    """List the kernels in the store, then a per-SKU count."""
+    everything = list(store.entries())
+    if sku is not None and sku not in {e.sku for e in everything}:
+        _check_sku_name(sku, {e.sku for e in everything})
+    entries = [e for e in everything if (sku is None or e.sku == sku) and (variant is None or e.variant == variant)
+               and (family is None or family in e.family)]
+    per_sku = _per_sku(entries)
+    if summary:
+        emit(as_json, per_sku, "\n".join(_summary_lines(per_sku)))
+        return
     rows = [f"{e.kernel_key[:16]}  {e.sku:<10} {e.family:<26} {e.size:>9} B  {e.call}" for e in entries]
+    rows += _summary_lines(per_sku) if len(per_sku) > 1 else []
     rows.append(f"{len(entries)} kernel(s), {sum(e.size for e in entries)} bytes")
     emit(as_json, [asdict(e) for e in entries], "\n".join(rows))
+
+
+def _check_sku_name(sku: str, in_store: set[str]) -> None:
+    """An unknown SKU is an error with a suggestion; a known one the store lacks is just empty."""
+    try:
+        known = set(load_matrix(None).skus)
+    except Fa4AotError:
+        known = set()
+    if sku not in known:
+        raise unknown(sku, known | in_store)
+
+
+def _per_sku(entries: list[Entry]) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        row = rows.setdefault(e.sku, {"sku": e.sku, "kernels": 0, "bytes": 0, "variants": set(), "toolchains": set()})
+        row["kernels"] += 1
+        row["bytes"] += e.size
+        row["variants"].add(e.variant)
+        row["toolchains"].add(e.toolchain.get("flash-attn-4", "?"))
+    return [{**r, "variants": sorted(r["variants"]), "toolchains": sorted(r["toolchains"])}
+            for _, r in sorted(rows.items())]
+
+
+def _summary_lines(per_sku: list[dict[str, Any]]) -> list[str]:
+    return [f"{r['sku']:<14} {r['kernels']:>5} kernel(s) {r['bytes'] / 2**20:>9.1f} MiB  "
+            f"{len(r['variants'])} variant(s)  flash-attn-4 {', '.join(r['toolchains'])}" for r in per_sku] \
+        or ["no kernels"]
 
 
 @click.command()
 @click.option("--quarantine/--no-quarantine", default=True, show_default=True,
               help="Move every bad object, bad or dangling entry and symlink to <cache>/quarantine/<time>/ so no "
                    "load sees it (--no-quarantine: only report).")
-@json_option()
+@json_option("Print the report as JSON on stdout; one JSON line per object on stderr.")
+@quiet_option
 @pass_store
-def verify(store: Store, quarantine: bool, as_json: bool) -> None:
+def verify(store: Store, quarantine: bool, as_json: bool, quiet: bool) -> None:
     """Re-hash every object and check every index entry; quarantine what fails. Exits 1 on any problem."""
-    report = maintenance.verify(store, quarantine=quarantine)
+    with Progress("verify", quiet=quiet, as_json=as_json) as bar:
+        def step(done: int, total: int, status: str) -> None:
+            if bar.mode != "lines" or status != "ok" or done == total or done % 100 == 0:
+                bar.update(done, total, status)
+
+        report = maintenance.verify(existing(store), quarantine=quarantine, progress=step)
     doc = {"objects": report.objects_checked, "entries": report.entries_checked, "ok": report.ok,
            "bad_objects": [{"expected": e, "actual": a} for e, a in report.bad_objects],
            "dangling_entries": report.dangling_entries,
@@ -85,7 +136,7 @@ def _verdict(report: VerifyReport, problems: int) -> str:
 @pass_store
 def gc(store: Store, dry_run: bool, min_age: float, as_json: bool) -> None:
     """Remove objects no index entry references, and temp files of dead writers (quarantine/ is left alone)."""
-    report = maintenance.gc(store, dry_run=dry_run, min_age=min_age)
+    report = maintenance.gc(existing(store), dry_run=dry_run, min_age=min_age)
     verb = "would remove" if dry_run else "removed"
     doc = {"dry_run": dry_run, "objects": report.removed_objects, "temp_files": report.removed_temp_files,
            "bytes": report.bytes_freed}
@@ -102,6 +153,41 @@ def misses(store: Store, as_json: bool) -> None:
     rows = [f"{m.when}  {m.sku:<10} {m.family:<26} {m.kernel_key[:16]}" for m in found]
     rows.append(f"{len(found)} miss(es)")
     emit(as_json, [asdict(m) for m in found], "\n".join(rows))
+
+
+@click.command()
+@click.option("--sku", help="Drop this SKU's kernels.")
+@click.option("--toolchain", metavar="old|VERSION",
+              help="'old': drop kernels built by any toolchain but the installed one; VERSION: those built with "
+                   "this flash-attn-4 version.")
+@click.option("--older-than", metavar="AGE", help="Drop kernels built more than AGE ago (30d, 12h, 2w).")
+@click.option("--max-size", metavar="SIZE", help="Then drop the oldest kernels until the rest fit in SIZE (20G, 500M).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@json_option()
+@pass_store
+def prune(store: Store, sku: str | None, toolchain: str | None, older_than: str | None, max_size: str | None,
+          dry_run: bool, as_json: bool) -> None:
+    """Remove kernels by SKU, toolchain, age or a size budget (filters combine), then their unreferenced
+    objects. Each entry goes before its object, so a reader never meets a half-removed kernel."""
+    from .. import prune as mod
+
+    rules = mod.Rules(
+        sku=sku, older_than=mod.parse_age(older_than) if older_than else None,
+        max_size=mod.parse_size(max_size) if max_size else None,
+        toolchain=_installed_toolchain() if toolchain == "old" else None,
+        flash_attn=toolchain if toolchain not in (None, "old") else None)
+    report = mod.prune(existing(store), rules, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    doc = {"dry_run": dry_run, "entries": report.entries, "objects": report.objects, "bytes": report.bytes_freed,
+           "kept": report.kept}
+    emit(as_json, doc, f"{verb} {len(report.entries)} kernel(s) and {len(report.objects)} object(s) "
+                       f"({report.bytes_freed} bytes); {report.kept} kernel(s) kept")
+
+
+def _installed_toolchain() -> dict[str, str]:
+    from ..fa4 import toolchain
+
+    return toolchain()
 
 
 @click.command()

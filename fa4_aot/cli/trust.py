@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..store import Store
-from .common import emit, json_option, load_matrix, pass_store, variants_option
+from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
 
 
 @click.group()
@@ -61,10 +61,8 @@ def sign(store: Store, sku: str, key_path: Path, expires_days: float, variants_f
 @click.option("--reason", default="", help="Why, for the audit log.")
 def revoke(server: str, token: str | None, key_id: str | None, manifest_id: str | None, reason: str) -> None:
     """Publish a revocation: clients stop trusting the key or manifest at their next start."""
-    from ..remote import Remote
-
     if bool(key_id) == bool(manifest_id):
         raise click.UsageError("give exactly one of --key-id and --manifest")
     kind, ident = ("key", key_id) if key_id else ("manifest", manifest_id)
-    Remote(server, token=token).revoke(kind, ident or "", reason)
+    remote_for(server, token).revoke(kind, ident or "", reason)
     click.echo(f"revoked {kind} {ident} on {server}")

@@ -25,6 +25,10 @@ Serving from the store (caches.py, tracking.py, dispatch.py):
     current()                      the Call FA4 runs on this thread, or None (imports no FA4)
     running(call)                  a block in which current() is `call` (imports no FA4)
     attend(call, q, k, v, **kw)    flash_attn_func / flash_attn_varlen_func with the call's flags
+Lean runtime, at build time (record.py, linking.py):
+    record_recipe(sig, sizes, sku) the launch recipe of a signature for the region of sizes holding `sizes`
+    link(object_bytes) -> bytes    an exported object linked into a library that loads with tvm_ffi alone
+    runtime_libraries()            {SONAME: path} of the runtime libraries such a library needs
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["configure", "hardware_calls", "toolchain", "plan", "plan_signature", "plan_each", "compile_call",
            "export", "load_object", "install_store_caches", "store_cache", "lookup", "capture", "current", "running",
-           "attend"]
+           "attend", "record_recipe", "link", "runtime_libraries"]
 
 
 def configure(sku: Sku) -> None:
@@ -141,3 +145,21 @@ def attend(call: Call, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     return dispatch.attend(call, q, k, v, **kwargs)
 
 
+
+
+def record_recipe(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True) -> dict[str, Any]:
+    from . import record
+
+    return record.record(sig, sizes, sku, symbolic)
+
+
+def link(object_bytes: bytes) -> bytes:
+    from . import linking
+
+    return linking.link(object_bytes)
+
+
+def runtime_libraries() -> dict[str, Path]:
+    from . import linking
+
+    return linking.runtime_libraries()

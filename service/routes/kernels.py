@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response, status
@@ -51,7 +51,10 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
     limited to other SKUs."""
     check_sku_allowed(token, kernel.sku)
     if not kernel_keys.has_valid_key(kernel):  # type: ignore[arg-type]
-        recomputed = " or ".join(kernel_keys.entry_keys(kernel))  # type: ignore[arg-type]  # a validation error of the field, shaped like FastAPI's own 422s
+        try:
+            recomputed = " or ".join(kernel_keys.entry_keys(kernel))  # type: ignore[arg-type]
+        except ValueError as e:
+            recomputed = f"nothing ({e})"  # a validation error of the field, shaped like FastAPI's own 422s
         raise RequestValidationError([{
             "type": "value_error", "loc": ("body", "kernel_key"), "input": kernel.kernel_key,
             "msg": f"kernel_key {kernel.kernel_key} is not the key of this entry's fields (they hash to "
@@ -64,12 +67,12 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
                            f"store (or not {entry.size} bytes); upload it again with "
                            f"PUT /v1/objects/{entry.object_digest}, then publish the kernel again")
         if is_new or not store.has_entry(entry.kernel_key):
-            store.put_entry(entry)
+            store.put_entry(_keep_local_libraries(store, entry))
 
     with store.lock(kernel.kernel_key):
         entry, is_new = crud.publish_kernel(session, kernel=kernel, actor=crud.token_label(token), write=write)
     response.status_code = status.HTTP_201_CREATED if is_new else status.HTTP_200_OK
-    return KernelOut(**asdict(entry))
+    return KernelOut(**entry.published())
 
 
 def _adopt_unrecorded_object(session: Session, store: Store, digest: str, *, actor: str) -> None:
@@ -83,3 +86,11 @@ def _adopt_unrecorded_object(session: Session, store: Store, digest: str, *, act
         return
     size = hashed[1]
     crud.record_object(session, digest=digest, size=size, actor=actor)
+
+
+def _keep_local_libraries(store: Store, entry: Entry) -> Entry:
+    """A store the server shares with a build host keeps the lean libraries that host linked for this object."""
+    existing = store.get_entry(entry.kernel_key)
+    if existing is not None and existing.object_digest == entry.object_digest and existing.shared_libs:
+        return dataclasses.replace(entry, shared_libs=existing.shared_libs)
+    return entry

@@ -60,8 +60,7 @@ with torch.no_grad():
     flash_attn_func(t(8, 1, 32, 128), t(8, 3000, 8, 128), t(8, 3000, 8, 128), causal=True)
     pages = torch.arange(4 * 32, dtype=torch.int32, device="cuda").reshape(4, 32)
     flash_attn_varlen_func(t(4, 1, 32, 128), t(128, 128, 8, 128), t(128, 128, 8, 128), page_table=pages,
-                           seqused_k=torch.full((4,), 4000, dtype=torch.int32, device="cuda"), causal=True,
-                           num_splits=0)
+                           seqused_k=torch.full((4,), 4000, dtype=torch.int32, device="cuda"), causal=True)
     flash_attn_func(t(2, 300, 16, 64), t(2, 100, 16, 64), t(2, 100, 16, 64), causal=True)
 torch.cuda.synchronize()
 print(json.dumps({"misses": inst.stats.misses, "compiles": compiles["n"], "loaded": inst.stats.loaded}))

@@ -246,7 +246,14 @@ def strict() -> Any:
     cute.compile = real
 
 
-@pytest.mark.parametrize("name,tp", SUITE, ids=[f"{n}-tp{t}" for n, t in SUITE])
+# FA4 4.0.0b36's own sm_90 backward returns a wrong dq for head dims 72 and 80 (rel. error 1.3 with FA4's JIT and
+# no fa4-aot; bench/RESULTS.md, session 6): these models fail for FA4's reason, strictly, until FA4 fixes it.
+UPSTREAM_DQ_BUG = {"vit-h-14", "dit-xl-2"}
+PARAMS = [pytest.param(n, t, marks=pytest.mark.xfail(strict=True, reason="FA4 sm_90 dq bug at head dim 72/80"))
+          if n in UPSTREAM_DQ_BUG else (n, t) for n, t in SUITE]
+
+
+@pytest.mark.parametrize("name,tp", PARAMS, ids=[f"{n}-tp{t}" for n, t in SUITE])
 def test_model_calls_strict_zero_compiles_and_correct(strict: Any, name: str, tp: int) -> None:
     import torch
 

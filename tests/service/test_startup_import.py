@@ -5,7 +5,6 @@ rest still load."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 from service_helpers import Launch, kernel_doc
@@ -51,7 +50,7 @@ def test_build_then_serve(launch: Launch, tmp_path: Path) -> None:
         keys = [k["kernel_key"] for k in manifest.json()["kernels"]]
         assert keys == sorted(e.kernel_key for e in good)
         for entry in good:
-            assert c.get(f"/v1/kernels/{entry.kernel_key}").json() == asdict(entry)
+            assert c.get(f"/v1/kernels/{entry.kernel_key}").json() == entry.published()
             assert c.get(f"/v1/objects/{entry.object_digest}").content == Store(cache).read_object(
                 entry.object_digest)
         for key in bad:

@@ -329,7 +329,7 @@ def test_non_utf8_name_inside_objects_is_reported_cleanly(tmp_path: Path) -> Non
     for args in (["verify"], ["verify", "--json"], ["gc", "--min-age", "0"], ["list"]):
         result = cli(tmp_path, *args)
         assert result.exit_code == 0 and result.exception is None, result.output
-    doc = json.loads(cli(tmp_path, "verify", "--json").output)
+    doc = json.loads(cli(tmp_path, "verify", "--json").stdout)
     assert doc["ok"] is True and len(doc["unexpected"]) == 2
     assert "UNEXPECTED objects/\\xc3(: not a store name" in cli(tmp_path, "verify").output
     assert store.read_object(entry.object_digest) == b"kernel" and [e.kernel_key for e in store.entries()] == [

@@ -35,6 +35,7 @@ def seam(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
         running=tracking.running,
     )
     monkeypatch.setattr(attention, "fa4", fake)
+    monkeypatch.setattr(attention, "has_cuda", lambda: True)  # the GPU path; a CPU host: tests/unit/test_cpu_host.py
     return fake
 
 

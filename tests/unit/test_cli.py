@@ -54,7 +54,7 @@ def assert_one_line_error(result: Result) -> str:
 def test_skus_table(tmp_path: Path) -> None:
     result = cli(tmp_path, "skus")
     assert result.exit_code == 0, result.output
-    lines = result.output.strip().splitlines()
+    lines = [line for line in result.output.strip().splitlines() if not line.lstrip().startswith("source:")]
     assert lines[0].split()[:5] == ["sku", "arch", "SMs", "L2", "MiB"]
     assert [line.split()[0] for line in lines[1:]] == list(KNOWN)
     h200 = {line.split()[0]: line.split() for line in lines[1:]}["h200"]
@@ -68,6 +68,7 @@ def test_skus_json(tmp_path: Path) -> None:
     doc = json.loads(result.output)
     assert [s["name"] for s in doc] == list(KNOWN)
     (h200,) = [s for s in doc if s["name"] == "h200"]
+    assert "measured on our H200" in h200.pop("source")
     assert h200 == {"name": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13,
                     "description": "H200 SXM 141GB"}
 
@@ -109,7 +110,7 @@ def test_verify_names_a_corrupt_object_and_exits_1(tmp_path: Path) -> None:
     assert f"CORRUPT object {entry.object_digest}: bytes hash to {actual}\n" in result.output
     assert f"BAD entry index/{entry.kernel_key[:2]}/{entry.kernel_key}.json: its object" in result.output
     assert "2 problem(s)" in result.output and path.exists()
-    doc = json.loads(cli(tmp_path, "verify", "--no-quarantine", "--json").output)
+    doc = json.loads(cli(tmp_path, "verify", "--no-quarantine", "--json").stdout)  # per-object events go to stderr
     assert doc["ok"] is False and doc["bad_objects"] == [{"expected": entry.object_digest, "actual": actual}]
     assert doc["dangling_entries"] == [] and doc["quarantined"] == [] and doc["quarantine_dir"] is None
     assert [e["path"] for e in doc["bad_entries"]] == [f"index/{entry.kernel_key[:2]}/{entry.kernel_key}.json"]
@@ -119,7 +120,7 @@ def test_verify_quarantines_by_default_and_says_where(tmp_path: Path) -> None:
     store = Store(tmp_path)
     entry = put_entry(store, b"kernel bytes")
     store.object_path(entry.object_digest).write_bytes(b"kernel bytez")
-    doc = json.loads(cli(tmp_path, "verify", "--json").output)
+    doc = json.loads(cli(tmp_path, "verify", "--json").stdout)
     qdir = Path(doc["quarantine_dir"])
     obj, idx = (f"objects/{entry.object_digest[:2]}/{entry.object_digest[2:]}",
                 f"index/{entry.kernel_key[:2]}/{entry.kernel_key}.json")

@@ -177,3 +177,16 @@ def test_kernel_key_ignores_sku_name_and_description() -> None:
 def test_kernel_key_refuses_uncanonical_compile_key() -> None:
     with pytest.raises(TypeError):
         _key(compile_key=("fwd", {"not": "canonical"}))
+
+
+def test_malformed_hardware_queries_make_no_valid_key() -> None:
+    """Found by the OpenAPI fuzz: POST /v1/kernels with hardware_queries [{}] was a 500 (unpacking a dict)."""
+    from types import SimpleNamespace
+
+    from fa4_aot import kernel_keys
+
+    entry = SimpleNamespace(kernel_key="0" * 64, family="f", compile_key=[1], arch="sm_90a", cuda_major=13,
+                            toolchain={}, hardware_queries=[{}])
+    assert kernel_keys.has_valid_key(entry) is False  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="hardware_queries"):
+        kernel_keys.entry_keys(entry)  # type: ignore[arg-type]

@@ -223,7 +223,7 @@ def test_select_and_sku(tmp_path: Path) -> None:
         matrix.select(["v", "nope", "other"])
     assert "nope, other" in str(e.value) and str(matrix.path) in str(e.value) and "known: ok, v" in str(e.value)
     assert matrix.sku("h200").sm_count == 132
-    with pytest.raises(UnknownSku, match="unknown SKU 'b200'; known: h200"):
+    with pytest.raises(UnknownSku, match="unknown SKU 'b200'; .*known: h200"):
         matrix.sku("b200")
 
 

@@ -1,0 +1,35 @@
+"""`fa4-aot login` and `logout`: a server's token kept in a 0600 file (see fa4_aot/credentials.py)."""
+
+from __future__ import annotations
+
+import click
+
+from .. import credentials
+from ..errors import Fa4AotError
+
+
+@click.command()
+@click.option("--server", required=True, envvar="FA4_AOT_SERVER", help="Server URL ($FA4_AOT_SERVER).")
+@click.option("--token", help="The token (default: prompted for, hidden); from `fa4-aot token create`.")
+def login(server: str, token: str | None) -> None:
+    """Store a token for SERVER; push, pull, revoke and build --from-misses use it when no --token is given."""
+    from ..remote import Remote
+
+    Remote(server)  # a malformed URL is refused before anything is stored
+    token = token or click.prompt("token", hide_input=True)
+    if not token.strip():
+        raise Fa4AotError("empty token: make one with `fa4-aot token create --scope read|publish|admin`")
+    where = credentials.save(server, token.strip())
+    click.echo(f"token for {server.rstrip('/')} stored in {where} (mode 0600); `fa4-aot doctor --server "
+               f"{server.rstrip('/')}` checks it")
+
+
+@click.command()
+@click.option("--server", envvar="FA4_AOT_SERVER", help="Forget this server's token ($FA4_AOT_SERVER).")
+@click.option("--all", "everything", is_flag=True, help="Forget every stored token.")
+def logout(server: str | None, everything: bool) -> None:
+    """Forget a stored token."""
+    if bool(server) == everything:
+        raise click.UsageError("give --server URL or --all")
+    gone = credentials.forget(None if everything else server)
+    click.echo(f"removed {gone} stored token(s) from {credentials.path()}")

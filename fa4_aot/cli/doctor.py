@@ -1,0 +1,109 @@
+"""`fa4-aot doctor`: what this host is, which SKU it matches and why, the toolchain, the store's health, the
+server and the token, each with what to do next."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import Fa4AotError
+from .common import emit, load_matrix, state
+
+Check = dict[str, str]  # {"check", "status": ok|warn|fail, "detail", "next"}
+
+
+def _check(name: str, status: str, detail: str, next_step: str = "") -> Check:
+    return {"check": name, "status": status, "detail": detail, "next": next_step}
+
+
+def _device() -> tuple[list[Check], str | None]:
+    from ..installation import has_cuda
+    from ..skus import detect_device, select
+
+    forced = os.environ.get("FA4_AOT_SKU")
+    skus = load_matrix(None).skus
+    try:
+        if not has_cuda():
+            sku, _, _ = select(skus, None, forced=forced)
+            return [_check("device", "ok", f"no CUDA device; FA4_AOT_SKU={sku.name} ({sku.arch})",
+                           "this host can build and check kernels for it; load them on a GPU host")], sku.name
+        device = detect_device()
+        sku, _, trace = select(skus, device, forced=forced)
+        return [_check("device", "ok", f"{device.name} matches SKU {sku.name} ({'; '.join(trace)})")], sku.name
+    except Fa4AotError as e:
+        step = "a build host needs no GPU: `fa4-aot build --sku NAME`" if not has_cuda() else ""
+        return [_check("device", "warn" if not has_cuda() else "fail", str(e), step)], None
+
+
+def _toolchain() -> Check:
+    from ..fa4 import toolchain
+
+    tools = toolchain()
+    absent = [k for k, v in tools.items() if v == "absent"]
+    detail = ", ".join(f"{k} {v}" for k, v in tools.items())
+    return _check("toolchain", "warn" if absent else "ok", detail,
+                  "install the build extra: pip install 'fa4-aot[build]'" if absent else "")
+
+
+def _store(sku: str | None) -> Check:
+    store = state().store
+    if not store.root.is_dir():
+        return _check("store", "warn", f"{store.root} does not exist",
+                      f"build into it: `fa4-aot build --sku {sku or 'NAME'}`, or `fa4-aot pull --server URL`")
+    store.check_root()
+    counts: dict[str, int] = {}
+    for e in store.entries():
+        counts[e.sku] = counts.get(e.sku, 0) + 1
+    detail = f"{store.root}: " + (", ".join(f"{n} {k} kernel(s)" for k, n in sorted(counts.items())) or "empty")
+    if not counts or (sku and not counts.get(sku)):
+        return _check("store", "warn", detail,
+                      f"`fa4-aot build --sku {sku or 'NAME'}` (or pull it) before running jobs")
+    return _check("store", "ok", detail, "`fa4-aot verify` re-hashes every object")
+
+
+def _server(url: str | None, token: str | None) -> list[Check]:
+    from ..credentials import token_for
+    from ..remote import Remote
+
+    if not url:
+        return [_check("server", "ok", "none configured (local store only)",
+                       "to serve this store: `fa4-aot serve`; clients then set FA4_AOT_SERVER")]
+    token = token or token_for(url)
+    try:
+        remote = Remote(url, token=token, retries=0, advice="check --server and that `fa4-aot serve` runs there")
+        skus = remote.skus()
+    except Fa4AotError as e:
+        return [_check("server", "fail", str(e), "")]
+    names = ", ".join(s.get("sku", s.get("name", "?")) for s in skus) or "no SKUs yet"
+    found = [_check("server", "ok", f"{url} answers; it serves {names}")]
+    scope = remote.token_scope()
+    if scope in ("admin", "publish", "read"):
+        found.append(_check("token", "ok", f"accepted, scope {scope}",
+                            "" if scope != "read" else "publishing needs `fa4-aot token create --scope publish`"))
+    else:
+        found.append(_check("token", "warn" if scope == "none" else "fail",
+                            "no token: reads only, if the server allows them" if scope == "none" else scope,
+                            f"`fa4-aot login --server {url}` with a token from `fa4-aot token create` run where "
+                            "the server's database is"))
+    return found
+
+
+@click.command()
+@click.option("--server", envvar="FA4_AOT_SERVER", help="Server to check ($FA4_AOT_SERVER).")
+@click.option("--token", envvar="FA4_AOT_TOKEN", help="Token to check (default: the one `fa4-aot login` stored).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def doctor(server: str | None, token: str | None, as_json: bool) -> None:
+    """Check this host: device and the SKU it matches (or why not), toolchain, store, server and token;
+    each line says what to do next. Exits 1 when a check fails."""
+    device, sku = _device()
+    checks = [_check("fa4-aot", "ok", f"{__version__} on Python {sys.version.split()[0]}"), *device,
+              _toolchain(), _store(sku), *_server(server, token)]
+    lines = [f"{c['status'].upper():<5}{c['check']:<10} {c['detail']}" + (f"\n{'':15}next: {c['next']}"
+             if c["next"] else "") for c in checks]
+    emit(as_json, checks, "\n".join(lines))
+    if any(c["status"] == "fail" for c in checks):
+        sys.exit(1)
+

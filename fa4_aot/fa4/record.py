@@ -1,0 +1,257 @@
+"""Record FA4's launch recipe for one signature: what FA4's Python does per call, as data.
+
+FA4's FlashAttnFunc / FlashAttnVarlenFunc forward (and backward, for training) run on fake tensors whose
+batch and sequence lengths are torch symbols (a ShapeEnv). Every torch op FA4 issues (allocations, zero
+fills, views) is traced by a dispatch mode, and every compiled-kernel call it makes is captured by the
+compile-cache recorder with its full argument list; sizes in both stay symbolic. Every branch FA4 takes on
+a size (tile choice, q_stage, 2-CTA, split heuristics, the compile key itself) becomes a ShapeEnv guard: the
+recipe holds exactly where those guards hold, so replaying it (fa4_aot/recipe.py) is FA4's own decision.
+
+Run only in a process configured for the target SKU (target.configure), as the build workers are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..kernel_keys import canonical, dumps, kernel_key
+from ..recipe import RECIPE_FORMAT, SIZE_NAMES
+from ..signature import Signature
+from ..skus import Sku
+from . import caches, sympy_json
+from .dispatch import _Ctx
+from .versions import toolchain
+
+
+class _Session:
+    """The tensors seen so far (by identity), the size symbols, and the kernels launched."""
+
+    def __init__(self, env: Any, scale: float, symbolic: bool = True) -> None:
+        self.env = env
+        self.symbolic = symbolic
+        self.scale = scale
+        self.names: dict[Any, str] = {}
+        self.index: dict[int, int] = {}
+        self.keep: list[Any] = []  # keeps every traced tensor alive, so ids are never reused
+        self.meta: list[Any] = []  # per slot: [shape, stride, dtype] as FA4 made it
+        self.kernels: list[tuple[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+
+    def size(self, name: str, hint: int) -> Any:
+        """A symbolic size (sizes 0 and 1 too: the ShapeEnv does not specialise them), or the literal."""
+        if not self.symbolic:
+            return hint
+        from torch._dynamo.source import ConstantSource
+
+        sym = self.env.create_symbol(hint, ConstantSource(name))
+        self.names[sym] = name
+        return self.env.create_symintnode(sym, hint=hint)
+
+    def ref(self, t: Any, new: bool = False) -> int:
+        if new or id(t) not in self.index:
+            if not new:
+                raise RuntimeError(f"FA4 used a tensor the recorder did not see created: {tuple(t.shape)}")
+            self.index[id(t)] = len(self.keep)
+            self.keep.append(t)
+            self.meta.append([self.encode(list(t.shape)), self.encode(list(t.stride())), self.encode(t.dtype)])
+        return self.index[id(t)]
+
+    def encode(self, x: Any) -> Any:
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            return {"t": self.ref(x)}
+        if isinstance(x, torch.SymInt):
+            return {"e": sympy_json.encode(x.node.expr, self.names)}
+        if isinstance(x, torch.SymBool | torch.SymFloat):
+            raise TypeError(f"FA4 passed a symbolic {type(x).__name__} ({x}) on; cannot record it")
+        if isinstance(x, float):
+            return {"in": "softmax_scale"} if x is self.scale else {"f": x}
+        if x is None or isinstance(x, bool | int | str):
+            return x
+        if isinstance(x, torch.dtype):
+            return {"dtype": str(x).removeprefix("torch.")}
+        if isinstance(x, torch.device):
+            return {"device": True}
+        if isinstance(x, torch.memory_format | torch.layout):
+            return {"torch": str(x).removeprefix("torch.")}
+        if isinstance(x, tuple | list):
+            return [self.encode(y) for y in x]
+        if isinstance(x, dict):
+            return {"kw": {k: self.encode(v) for k, v in x.items()}}
+        raise TypeError(f"cannot record argument {x!r} of type {type(x).__name__}")
+
+    def guards(self) -> list[Any]:
+        found = [sympy_json.encode(g.expr, self.names) for g in self.env.guards]
+        for sym, expr in self.env.replacements.items():
+            if sym in self.names:
+                found.append(["eq", ["sym", self.names[sym]], sympy_json.encode(expr, self.names)])
+        for sym, name in self.names.items():  # what the ShapeEnv assumed without a guard (sizes are >= 0)
+            low = self.env.var_to_range[sym].lower
+            found.append(["ge", ["sym", name], int(low)])
+        unique: dict[str, Any] = {dumps(g): g for g in found if g is not True}
+        return list(unique.values())
+
+
+def _concrete(x: Any) -> Any:
+    """A compile key with every symbolic value decided (bool()/int() guard the choice in the ShapeEnv)."""
+    import torch
+
+    if isinstance(x, torch.SymBool):
+        return bool(x)
+    if isinstance(x, torch.SymInt):
+        return int(x)
+    if isinstance(x, torch.SymFloat):
+        return float(x)
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_concrete(y) for y in x)
+    if isinstance(x, list):
+        return [_concrete(y) for y in x]
+    return x
+
+
+class _LaunchRecorder(caches.Recorder):
+    """Compile cache whose every kernel 'launch' appends a step with the symbolic argument list."""
+
+    def __init__(self, family: str, session: _Session, seen: dict[tuple[str, str], Any]) -> None:
+        super().__init__(family, seen)
+        self.session = session
+
+    def __contains__(self, key: Any) -> bool:
+        return super().__contains__(_concrete(key))
+
+    def __getitem__(self, key: Any) -> Any:
+        s, family, key = self.session, self.family, _concrete(key)
+
+        def launch(*args: Any) -> None:
+            ident = (family, dumps(canonical(key)))
+            if ident not in [(f, dumps(canonical(k))) for f, k in s.kernels]:
+                s.kernels.append((family, key))
+            number = [(f, dumps(canonical(k))) for f, k in s.kernels].index(ident)
+            s.steps.append({"launch": number, "args": s.encode(list(args))})
+
+        return launch
+
+
+def _tracer(session: _Session) -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Tracer(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            import torch
+
+            kwargs = kwargs or {}
+            step = {"op": str(func), "args": session.encode(list(args)), "kwargs": session.encode(kwargs)}
+            out = func(*args, **kwargs)
+            outs = out if isinstance(out, tuple | list) else (out,)
+            if any(isinstance(o, torch.Tensor) for o in outs):
+                step["out"] = [session.ref(o, new=True) if isinstance(o, torch.Tensor) else None for o in outs]
+                step["tuple"] = isinstance(out, tuple | list)
+                session.steps.append(step)
+            return out
+
+    return Tracer()
+
+
+@contextmanager
+def _launching(interface: Any) -> Iterator[None]:
+    """Let FA4 reach its kernel calls on fake tensors, and let cute.ceil_div take symbolic sizes."""
+    import torch
+
+    cute = interface.cute
+    fake, ceil_div = interface.is_fake_mode, cute.ceil_div
+
+    def sym_ceil_div(a: Any, b: Any) -> Any:
+        if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+            return (a + b - 1) // b
+        return ceil_div(a, b)
+
+    interface.is_fake_mode, cute.ceil_div = (lambda: False), sym_ceil_div
+    try:
+        yield
+    finally:
+        interface.is_fake_mode, cute.ceil_div = fake, ceil_div
+
+
+def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True) -> dict[str, Any]:
+    """The recipe of `sig` for the region of sizes containing `sizes` (names: recipe.SIZE_NAMES[layout]).
+    With symbolic=False, FA4 runs at exactly `sizes`: what it does there, for comparing with a replay."""
+    import torch
+    from flash_attn.cute import interface
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    if sig.layout not in SIZE_NAMES:
+        raise ValueError(f"layout {sig.layout!r} has no lean recipe yet (dense and varlen have)")
+    session = _Session(ShapeEnv(duck_shape=False, specialize_zero_one=False), 1.0 / math.sqrt(sig.head_dim), symbolic)
+    seen: dict[tuple[str, str], Any] = {}
+    with FakeTensorMode(shape_env=session.env), _launching(interface), \
+            caches.swapped(lambda family, _old: _LaunchRecorder(family, session, seen)):
+        dims = {name: session.size(name, sizes[name]) for name in SIZE_NAMES[sig.layout]}
+        inputs, fn, kwargs = _inputs(sig, dims, session, torch)
+        ctx = _Ctx()
+        with torch.no_grad():
+            with _tracer(session):
+                out, lse = fn.forward(ctx, inputs["q"], inputs["k"], inputs["v"], **kwargs)
+            fwd, session.steps = session.steps, []
+            outputs = {"out": session.ref(out), "lse": None if lse is None else session.ref(lse)}
+            bwd: list[Any] = []
+            if sig.pass_ in ("bwd", "bwd_det"):
+                dout = torch.empty_like(out)
+                inputs["dout"] = dout
+                session.ref(dout, new=True)
+                with _tracer(session):
+                    grads = fn.backward(ctx, dout, None)
+                bwd = session.steps
+                for name, g in zip(("dq", "dk", "dv"), grads[:3], strict=True):
+                    outputs[name] = session.ref(g)
+                if sig.sink:
+                    outputs["dsink"] = session.ref(grads[8] if sig.layout == "dense" else grads[17])
+    return {
+        "format": RECIPE_FORMAT, "signature": sig.to_dict(), "guards": session.guards(),
+        "inputs": {name: session.ref(t) for name, t in inputs.items() if isinstance(t, torch.Tensor)},
+        "tensors": len(session.keep), "meta": session.meta, "fwd": fwd, "bwd": bwd, "outputs": outputs,
+        "softmax_scale": session.scale,
+        "kernels": [{"family": f, "compile_key": canonical(k), "kernel_key": kernel_key(f, k, sku, toolchain())}
+                    for f, k in session.kernels],
+        "recorded_at": dict(sizes), "toolchain": toolchain(),
+    }
+
+
+def _inputs(sig: Signature, dims: dict[str, Any], session: _Session, torch: Any) -> tuple[dict[str, Any], Any, Any]:
+    from flash_attn.cute.interface import FlashAttnFunc, FlashAttnVarlenFunc
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[sig.dtype]
+    grad = sig.pass_ in ("bwd", "bwd_det")
+
+    def tensor(*shape: Any, dt: Any = dtype) -> Any:
+        t = torch.empty(*shape, dtype=dt, device="cuda")
+        t = t.requires_grad_(grad) if dt is dtype else t
+        session.ref(t, new=True)
+        return t
+
+    hq, hkv, d, dv = sig.heads_q, sig.heads_kv, sig.head_dim, sig.head_dim_v
+    kwargs: dict[str, Any] = {
+        "softmax_scale": session.scale, "causal": sig.mask == "causal",
+        "window_size": tuple(sig.window) if sig.mask == "local" else (None, None), "softcap": sig.softcap,
+        "num_splits": sig.num_splits, "deterministic": sig.pass_ == "bwd_det", "return_lse": sig.pass_ == "fwd_lse",
+    }
+    inputs: dict[str, Any] = {}
+    if sig.layout == "dense":
+        b, sq, sk = dims["batch"], dims["seqlen_q"], dims["seqlen_k"]
+        inputs.update(q=tensor(b, sq, hq, d), k=tensor(b, sk, hkv, d), v=tensor(b, sk, hkv, dv))
+        fn = FlashAttnFunc
+    else:
+        b = dims["batch"]
+        inputs.update(q=tensor(dims["total_q"], hq, d), k=tensor(dims["total_k"], hkv, d),
+                      v=tensor(dims["total_k"], hkv, dv))
+        kwargs.update(cu_seqlens_q=tensor(b + 1, dt=torch.int32), cu_seqlens_k=tensor(b + 1, dt=torch.int32),
+                      max_seqlen_q=dims["max_seqlen_q"], max_seqlen_k=dims["max_seqlen_k"])
+        inputs.update(cu_seqlens_q=kwargs["cu_seqlens_q"], cu_seqlens_k=kwargs["cu_seqlens_k"])
+        fn = FlashAttnVarlenFunc
+    if sig.sink:
+        kwargs["learnable_sink"] = inputs["learnable_sink"] = tensor(hq)
+    return inputs, fn, kwargs

@@ -1,0 +1,146 @@
+"""The lean runtime: FA4's forward and backward from the store, importing only torch, tvm_ffi and fa4_aot.
+
+A call's signature (flags, heads, head dims, dtype) names its recipe file (recipe_store); the call's sizes pick
+the region whose guards hold, i.e. the choices FA4 itself makes at these sizes; the region's steps (FA4's
+allocations, zero fills, views and kernel launches, recorded by the planner) are replayed with the linked
+kernels (lean_libs). Autograd: forward and backward are one torch.autograd.Function, as in FA4.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from . import config, recipe, recipe_store
+from .errors import Fa4AotError, KernelMissing
+from .lean_libs import Libraries
+from .signature import Signature
+from .skus import Constants, Sku, detect_device, select
+from .store import Store
+
+
+class Runtime:
+    """One store and the detected SKU: recipe files and kernels, loaded on first use, kept for the process."""
+
+    def __init__(self, store: Store, sku: Sku, constants: Constants | None = None) -> None:
+        self.store, self.sku = store, sku
+        # the device's constants pick, for a kernel that consumed some, the build with the device's values
+        self.libraries = Libraries(store, sku.name, constants or sku.constants())
+        self._attention: dict[Signature, Attention] = {}
+
+    def attention(self, sig: Signature) -> Attention:
+        found = self._attention.get(sig)
+        if found is None:
+            found = self._attention[sig] = Attention(self, sig)
+        return found
+
+
+_runtimes: dict[Path, Runtime] = {}
+
+
+def runtime(cache_dir: Path | None = None) -> Runtime:
+    """The process's Runtime for `cache_dir` (default: config.default_cache_dir()) and this GPU's SKU."""
+    store = Store(cache_dir or config.default_cache_dir())
+    found = _runtimes.get(store.root)
+    if found is None:
+        if os.environ.get("FA4_AOT_TRUSTED_KEYS"):
+            raise Fa4AotError("FA4_AOT_TRUSTED_KEYS is set, but signed manifests do not list the lean runtime's "
+                              "libraries yet, so they cannot be checked against them; run FA4 through "
+                              "fa4_aot.install() on this host, or unset FA4_AOT_TRUSTED_KEYS for a store you trust")
+        from . import variants
+
+        matrix = variants.load(config.default_variants_file())
+        sku, constants, _trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
+        found = _runtimes[store.root] = Runtime(store, sku, constants)
+    return found
+
+
+class Attention:
+    """One signature: its recorded regions and, per concrete sizes, the bound steps."""
+
+    def __init__(self, rt: Runtime, sig: Signature) -> None:
+        self.rt, self.sig = rt, sig
+        self.regions = recipe_store.load(rt.store, recipe_store.recipe_key(sig, rt.sku))
+        self._bound: dict[tuple[Any, ...], recipe.Bound] = {}
+
+    def region(self, sizes: dict[str, int]) -> dict[str, Any]:
+        found = recipe_store.find(self.regions, sizes)
+        if found is None:
+            fields = ", ".join(f"{k}={v}" for k, v in sizes.items())
+            raise KernelMissing(
+                f"no recorded recipe of {self.sig} for {fields} on SKU {self.rt.sku.name} in {self.rt.store.root} "
+                f"({len(self.regions)} region(s) recorded); add these sizes to a [shapes] grid of a [[variants]] "
+                f"entry and run `fa4-aot build --sku {self.rt.sku.name}`, or use fa4_aot.install() with FA4",
+                sku=self.rt.sku.name, family="recipe", kernel_key="", compile_key="")
+        return found
+
+    def bound(self, sizes: dict[str, int], device: Any, scale: float | None) -> recipe.Bound:
+        key = (*sizes.values(), device, scale)
+        found = self._bound.get(key)
+        if found is None:
+            region = self.region(sizes)
+            functions = [self.rt.libraries.function(k["kernel_key"], k["family"]) for k in region["kernels"]]
+            chosen = region["softmax_scale"] if scale is None else scale
+            found = self._bound[key] = recipe.bind(region, sizes, functions, device, chosen)
+        return found
+
+    def preload(self, sizes: dict[str, int]) -> None:
+        """Load every kernel of the region at `sizes` (KernelMissing when one is absent)."""
+        for k in self.region(sizes)["kernels"]:
+            self.rt.libraries.function(k["kernel_key"], k["family"])
+
+
+def _function() -> Any:
+    import torch
+
+    class LeanAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, bound: recipe.Bound, names: tuple[str, ...], *tensors: Any) -> Any:
+            doc = bound.doc
+            slots: list[Any] = [None] * doc["tensors"]
+            for name, t in zip(names, tensors, strict=True):
+                slots[doc["inputs"][name]] = t
+            bound.run(bound.fwd, slots)
+            out, lse_slot = slots[doc["outputs"]["out"]], doc["outputs"]["lse"]
+            lse = None if lse_slot is None else slots[lse_slot]
+            if bound.bwd:
+                kept = bound.saved
+                ctx.save_for_backward(*(slots[i] for i in kept))
+                ctx.kept, ctx.bound, ctx.names = kept, bound, names
+            if lse is not None:
+                ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any, _dlse: Any) -> Any:
+            bound, doc = ctx.bound, ctx.bound.doc
+            slots: list[Any] = [None] * doc["tensors"]
+            for i, t in zip(ctx.kept, ctx.saved_tensors, strict=True):
+                slots[i] = t
+            slots[doc["inputs"]["dout"]] = dout.contiguous()
+            bound.run(bound.bwd, slots)
+            grads = {"q": "dq", "k": "dk", "v": "dv", "learnable_sink": "dsink"}
+            return (None, None, *(slots[doc["outputs"][grads[n]]] if n in grads else None for n in ctx.names))
+
+    return LeanAttention
+
+
+_autograd: list[Any] = []
+
+
+def run(attn: Attention, sizes: dict[str, int], tensors: dict[str, Any], scale: float | None) -> tuple[Any, Any]:
+    """Forward (with autograd when the signature trains) of `attn` on named input tensors."""
+    if not _autograd:
+        _autograd.append(_function())
+    for name in ("q", "k", "v"):  # FA4's maybe_contiguous: a copy only when the last dimension is strided
+        if tensors[name].stride(-1) != 1:
+            tensors[name] = tensors[name].contiguous()
+    bound = attn.bound(sizes, tensors["q"].device, scale)
+    bound.check(tensors)
+    names = tuple(tensors)
+    return _autograd[0].apply(bound, names, *tensors.values())
+
+
+class Unsupported(Fa4AotError, NotImplementedError):
+    """An FA4 argument the lean runtime has no recipe for (use fa4_aot.install() and FA4 itself)."""

@@ -1,0 +1,146 @@
+"""FA4's entry points on the lean runtime: `flash_attn_func`, `flash_attn_varlen_func` and `load()`.
+
+Same arguments and results as flash_attn.cute's functions for what the planner records (dense and varlen;
+causal, local, softcap, learnable sink, GQA, deterministic backward, return_lse); anything else raises
+lean.Unsupported naming the argument, and runs with FA4 itself through fa4_aot.install().
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import lean, recipe
+from .signature import Signature
+
+_UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors", "aux_scalars",
+                "block_sparse_tensors", "block_sparse_tensors_bwd", "pack_gqa", "seqused_q", "seqused_k",
+                "page_table", "min_seqlen_k", "scheduler_metadata", "seqlen_k_per_split")
+_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
+_cache: dict[tuple[Any, ...], lean.Attention] = {}
+
+
+def _refuse(extra: dict[str, Any]) -> None:
+    given = [k for k, v in extra.items() if v not in (None, False, 0, ())]
+    unknown = [k for k in given if k not in _UNSUPPORTED and k not in ("disable_scheduler_metadata",
+                                                                          "gather_bwd_recompute_p",
+                                                                          "gather_bwd_token_chunk")]
+    if unknown:
+        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}")
+    if given:
+        raise lean.Unsupported(f"the lean runtime has no recipe for {', '.join(given)}; call FA4 itself after "
+                               "fa4_aot.install() for these")
+
+
+def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: Any, softcap: float,
+               learnable_sink: Any, num_splits: int, deterministic: bool, return_lse: bool) -> lean.Attention:
+    import torch
+
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+        learnable_sink is not None and learnable_sink.requires_grad))
+    if training and return_lse:
+        raise lean.Unsupported("return_lse=True with a backward pass: FA4 then back-propagates through lse, which "
+                               "no recipe records; call FA4 after fa4_aot.install() for this")
+    window = tuple(window_size) if window_size is not None else (None, None)
+    cache_key = (layout, q.dtype, q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], bool(causal), window,
+                 float(softcap or 0.0), learnable_sink is None, num_splits, bool(deterministic), bool(return_lse),
+                 training)
+    found = _cache.get(cache_key)
+    if found is None:
+        sig = signature(layout, str(q.dtype), q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], causal=causal,
+                        window_size=window, softcap=softcap, sink=learnable_sink is not None,
+                        num_splits=num_splits, training=training, deterministic=deterministic,
+                        return_lse=return_lse)
+        found = _cache[cache_key] = lean.runtime().attention(sig)
+    return found
+
+
+def signature(layout: str, dtype: str, heads_q: int, head_dim: int, heads_kv: int, head_dim_v: int, *,
+              causal: bool = False, window_size: Any = (None, None), softcap: float = 0.0, sink: bool = False,
+              num_splits: int = 1, training: bool = False, deterministic: bool = False,
+              return_lse: bool = False) -> Signature:
+    """The Signature (as the planner records it) of a call with these arguments. Raises ValueError for
+    arguments FA4 takes but no recipe can describe (a half-open window, a dtype other than bf16/fp16)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype} is not supported: FA4 kernels here are bf16 or fp16")
+    local = tuple(window_size) != (None, None)
+    if local and None in tuple(window_size):
+        raise ValueError(f"window_size={tuple(window_size)}: give both sides as integers for a local window")
+    return Signature(
+        layout=layout,
+        pass_=("bwd_det" if deterministic else "bwd") if training else ("fwd_lse" if return_lse else "fwd"),
+        dtype=_DTYPES[dtype], head_dim=head_dim, head_dim_v=head_dim_v,
+        mask="causal" if causal else "local" if local else "full",
+        window=(int(window_size[0]), int(window_size[1])) if local and not causal else (0, 0),
+        softcap=float(softcap or 0.0), sink=sink, num_splits=num_splits, heads_q=heads_q, heads_kv=heads_kv)
+
+
+def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, causal: bool = False,
+                    window_size: Any = (None, None), learnable_sink: Any = None, softcap: float = 0.0,
+                    num_splits: int = 1, deterministic: bool = False, return_lse: bool = False,
+                    **extra: Any) -> tuple[Any, Any]:
+    """flash_attn.cute.flash_attn_func on the lean runtime: returns (out, lse); lse is None unless the call
+    trains or return_lse."""
+    _refuse(extra)
+    attn = _attention("dense", q, k, v, causal, window_size, softcap, learnable_sink, num_splits, deterministic,
+                      return_lse)
+    sizes = {"batch": q.shape[0], "seqlen_q": q.shape[1], "seqlen_k": k.shape[1]}
+    tensors = {"q": q, "k": k, "v": v}
+    if learnable_sink is not None:
+        tensors["learnable_sink"] = learnable_sink
+    return lean.run(attn, sizes, tensors, softmax_scale)
+
+
+def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
+                           max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                           softmax_scale: float | None = None, causal: bool = False,
+                           window_size: Any = (None, None), learnable_sink: Any = None, softcap: float = 0.0,
+                           num_splits: int = 1, deterministic: bool = False, return_lse: bool = False,
+                           **extra: Any) -> tuple[Any, Any]:
+    """flash_attn.cute.flash_attn_varlen_func on the lean runtime, with cu_seqlens_q/k and integer
+    max_seqlen_q/k (the sizes FA4's dispatch reads)."""
+    _refuse(extra)
+    if cu_seqlens_q is None or cu_seqlens_k is None or not isinstance(max_seqlen_q, int) \
+            or not isinstance(max_seqlen_k, int):
+        raise lean.Unsupported("the lean varlen path needs cu_seqlens_q, cu_seqlens_k and integer max_seqlen_q/k; "
+                               "seqused/paged calls run with FA4 after fa4_aot.install()")
+    attn = _attention("varlen", q, k, v, causal, window_size, softcap, learnable_sink, num_splits, deterministic,
+                      return_lse)
+    sizes = {"batch": cu_seqlens_q.shape[0] - 1, "total_q": q.shape[0], "total_k": k.shape[0],
+             "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k}
+    tensors = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+    if learnable_sink is not None:
+        tensors["learnable_sink"] = learnable_sink
+    return lean.run(attn, sizes, tensors, softmax_scale)
+
+
+class Loaded:
+    """A signature loaded up front by load(): calling it runs flash_attn_func / flash_attn_varlen_func."""
+
+    def __init__(self, layout: str, flags: dict[str, Any], attention: lean.Attention) -> None:
+        self.layout, self.flags, self.attention = layout, flags, attention
+
+    def __call__(self, q: Any, k: Any, v: Any, **kwargs: Any) -> tuple[Any, Any]:
+        fn = flash_attn_func if self.layout == "dense" else flash_attn_varlen_func
+        return fn(q, k, v, **{**self.flags, **kwargs})
+
+
+def load(q_shape: tuple[int, int, int, int], k_shape: tuple[int, int, int, int] | None = None, *,
+         causal: bool = False, dtype: Any = None, window_size: Any = (None, None), softcap: float = 0.0,
+         learnable_sink: bool = False, num_splits: int = 1, layout: str = "dense", training: bool = False,
+         deterministic: bool = False, return_lse: bool = False, cache_dir: Path | None = None) -> Loaded:
+    """Load the recipe and every kernel of this signature at these sizes (q_shape = (batch, seqlen_q, heads,
+    head_dim), k_shape likewise; for varlen, batch and the max lengths), then return a callable with FA4's
+    semantics. Raises KernelMissing before returning when the store lacks a recipe region or kernel."""
+    import torch
+
+    k_shape = k_shape or q_shape
+    sig = signature(layout, str(dtype or torch.bfloat16), q_shape[2], q_shape[3], k_shape[2], k_shape[3],
+                    causal=causal, window_size=window_size, softcap=softcap, sink=learnable_sink,
+                    num_splits=num_splits, training=training, deterministic=deterministic, return_lse=return_lse)
+    attn = lean.runtime(cache_dir).attention(sig)
+    attn.preload(recipe.sizes_of_call(layout, q_shape[0], q_shape[1], k_shape[1]))
+    flags = {"causal": causal, "window_size": window_size, "softcap": softcap, "num_splits": num_splits,
+             "deterministic": deterministic, "return_lse": return_lse}
+    return Loaded(layout, flags, attn)
+

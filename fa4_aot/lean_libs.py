@@ -1,0 +1,107 @@
+"""Load linked kernels (Entry.shared_libs) and their runtime libraries with tvm_ffi alone: no cutlass, no FA4.
+
+Each library is hashed through an open descriptor (Store.verified_file) and then loaded through that very
+descriptor (/proc/self/fd/N, behind a uniquely named link, since tvm_ffi picks its loader by file suffix):
+what runs is what was verified. The CuTe runtime (libcute_dsl_runtime.so, stored as an object by the build)
+is loaded first with RTLD_GLOBAL; a kernel's DT_NEEDED entries then resolve to it and to the libtvm_ffi.so
+that `import tvm_ffi` loaded, by SONAME.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from . import kernel_keys
+from .config import host_arch
+from .errors import KernelMissing
+from .skus import Constants
+from .store import Entry, Store
+
+EXPORT_FUNCTION = "func"  # build.EXPORT_FUNCTION (not imported: build pulls in the build machinery)
+
+
+class Libraries:
+    """Kernel functions by kernel key, loaded once per process from one store."""
+
+    def __init__(self, store: Store, sku_name: str, constants: Constants | None = None) -> None:
+        self.store = store
+        self.sku_name = sku_name
+        self.constants = constants
+        self.arch = host_arch()
+        self._functions: dict[str, Any] = {}
+        self._runtimes: dict[str, Any] = {}
+        self._modules: list[Any] = []  # a tvm_ffi module unloads when collected; kernels live for the process
+        self._lock = threading.Lock()
+        self._dir: str | None = None
+
+    def function(self, kernel_key: str, family: str = "") -> Any:
+        fn = self._functions.get(kernel_key)
+        if fn is None:
+            with self._lock:
+                fn = self._functions.get(kernel_key) or self._load(kernel_key, family)
+                self._functions[kernel_key] = fn
+        return fn
+
+    def _load(self, kernel_key: str, family: str) -> Any:
+        import tvm_ffi
+
+        entry, why = self._entry(kernel_key)
+        lib = entry.shared_libs.get(self.arch) if entry is not None else None
+        if lib is None:
+            why = (why or "is not in") if entry is None else (f"has no {self.arch} library (built before linking, or "
+                                                      "pulled from a server, which does not carry them yet) in")
+            raise KernelMissing(
+                f"kernel {kernel_key[:16]}… ({family}) for SKU {self.sku_name} {why} {self.store.root}; run "
+                f"`fa4-aot build --sku {self.sku_name}` on an {self.arch} build host (it links stored kernels "
+                "without recompiling them)",
+                sku=self.sku_name, family=family, kernel_key=kernel_key, compile_key="")
+        for soname, digest in sorted(lib["needs"].items()):
+            if digest:
+                self._runtime(soname, digest)
+        module = self._open(lib["digest"], ".so", tvm_ffi.load_module)
+        self._modules.append(module)
+        return module[EXPORT_FUNCTION]
+
+    def _entry(self, base_key: str) -> tuple[Entry | None, str]:
+        """(the entry of the kernel with base key `base_key` for this device, or None; why not): the base entry
+        when its kernel consumed no SKU constant (or no constants were given), else the build with the device's
+        values (Installation.find's rule, on the local store only)."""
+        base = self.store.get_entry(base_key)
+        if base is None or not base.hardware_queries or self.constants is None:
+            return base, ""
+        try:
+            full = self.store.get_entry(kernel_keys.variant_key(base, self.constants))
+        except ValueError as e:  # a constant this version cannot compute
+            return None, f"cannot be chosen ({e}); it is not in"
+        if full is None:
+            diff = ", ".join(f"{n} = {mine} (built: {theirs})"
+                             for n, (theirs, mine) in kernel_keys.differing(base, self.constants).items())
+            return None, f"consumed SKU constants and no build has this device's values ({diff}) in"
+        return full, ""
+
+    def _runtime(self, soname: str, digest: str) -> None:
+        if soname not in self._runtimes:
+            self._runtimes[soname] = self._open(digest, f"-{soname}",
+                                                lambda p: ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL))
+
+    def _open(self, digest: str, suffix: str, loader: Any) -> Any:
+        """loader(path) where path reaches the verified bytes of object `digest` through their descriptor."""
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="fa4-aot-lean-")
+        link = Path(self._dir) / f"{digest}{suffix}"
+        with self.store.verified_file(digest) as f:
+            os.symlink(f"/proc/self/fd/{f.fileno()}", link)
+            try:
+                return loader(str(link))
+            finally:
+                link.unlink()
+
+    def close(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)

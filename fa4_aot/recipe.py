@@ -1,0 +1,213 @@
+"""Launch recipes: FA4's per-call host work, recorded by the planner (fa4/record.py), replayed without FA4.
+
+A recipe document holds, for one signature and one region of sizes:
+  guards   symexpr conditions on the sizes under which FA4 makes exactly these choices
+  inputs   {name: tensor slot}; fwd / bwd: steps; outputs {out, lse, dq, dk, dv, dsink: slot}
+  kernels  [{family, compile_key, kernel_key}] in first-launch order
+A step is a torch op ({"op": "aten.empty.memory_format", "args", "kwargs", "out": [slots]}) or a kernel launch
+({"launch": i, "args"}); arguments are JSON with {"t": slot}, {"e": size expression}, {"dtype": name},
+{"device": true}, {"in": "softmax_scale"}. `bind()` evaluates every size once per concrete sizes; `Bound.run`
+then only allocates and launches, as FA4 would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import symexpr
+
+RECIPE_FORMAT = 1
+SIZE_NAMES = {
+    "dense": ("batch", "seqlen_q", "seqlen_k"),
+    "varlen": ("batch", "total_q", "total_k", "max_seqlen_q", "max_seqlen_k"),
+}
+
+
+def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int) -> dict[str, int]:
+    """The recipe sizes of a Call (varlen: every sequence at the max length, as the planner's calls are)."""
+    if layout == "dense":
+        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    return {"batch": batch, "total_q": batch * seqlen_q, "total_k": batch * seqlen_k,
+            "max_seqlen_q": seqlen_q, "max_seqlen_k": seqlen_k}
+
+
+def covers(doc: Mapping[str, Any], sizes: Mapping[str, int]) -> bool:
+    return symexpr.holds(doc["guards"], sizes)
+
+
+@dataclass
+class Bound:
+    """A recipe at concrete sizes: step closures that read and write a slot list."""
+
+    fwd: list[Callable[[list[Any]], None]]
+    bwd: list[Callable[[list[Any]], None]]
+    doc: Mapping[str, Any]
+    saved: list[int]  # forward slots the backward reads (what autograd saves)
+    expected: dict[str, tuple[tuple[int, ...], Any]]  # input name -> (shape, torch dtype) FA4 expects at these sizes
+
+    def check(self, tensors: Mapping[str, Any]) -> None:
+        """Raise ValueError unless every input has the shape and dtype FA4 asserts, on a CUDA device."""
+        for name, t in tensors.items():
+            shape, dtype = self.expected[name]
+            if t.shape != shape or t.dtype != dtype:
+                raise ValueError(f"{name}: got {tuple(t.shape)} {t.dtype}, expected {shape} {dtype} for these sizes "
+                                 "(as FA4 asserts)")
+        for name, t in tensors.items():
+            if not t.is_cuda:
+                raise ValueError(f"{name} is on {t.device}: the kernels need every input on a CUDA device")
+
+    def run(self, steps: list[Callable[[list[Any]], None]], slots: list[Any]) -> None:
+        for step in steps:
+            step(slots)
+
+
+def bind(doc: Mapping[str, Any], sizes: Mapping[str, int], functions: list[Any], device: Any,
+         softmax_scale: float) -> Bound:
+    """Closures for `doc`'s steps at `sizes`; `functions[i]` runs kernel i of doc["kernels"]."""
+    import torch
+
+    def value(x: Any) -> Any:
+        if isinstance(x, list):
+            return [value(y) for y in x]
+        if not isinstance(x, dict):
+            return x
+        if "e" in x:
+            return symexpr.evaluate(x["e"], sizes)
+        if "f" in x:
+            return x["f"]
+        if "in" in x:
+            return softmax_scale
+        if "dtype" in x:
+            return getattr(torch, x["dtype"])
+        if "torch" in x:
+            return getattr(torch, x["torch"])
+        if "device" in x:
+            return device
+        if "kw" in x:
+            return {k: value(v) for k, v in x["kw"].items()}
+        return x  # {"t": slot}: resolved per call
+
+    def compile_step(step: Mapping[str, Any]) -> Callable[[list[Any]], None]:
+        args = value(step["args"])
+        if "launch" in step:
+            return _launch(functions[step["launch"]], args)
+        return _op(_aten(step["op"]), args, value(step["kwargs"]), step["out"], step["tuple"])
+
+    expected = {}
+    for name, slot in doc["inputs"].items():
+        shape, _stride, dtype = value(doc["meta"][slot])
+        expected[name] = (tuple(shape), dtype)
+    return Bound([compile_step(s) for s in doc["fwd"]], [compile_step(s) for s in doc["bwd"]], doc, saved_slots(doc),
+                 expected)
+
+
+def saved_slots(doc: Mapping[str, Any]) -> list[int]:
+    """The forward's slots that the backward's steps read: inputs, out, lse and whatever else FA4 kept."""
+    if not doc["bwd"]:
+        return []
+    made = {s for step in doc["bwd"] for s in step.get("out", []) if s is not None} | {doc["inputs"]["dout"]}
+    return sorted({s for step in doc["bwd"] for s in _slots([step["args"], step.get("kwargs", {})])} - made)
+
+
+def _slots(args: Any) -> set[int]:
+    if isinstance(args, dict) and set(args) == {"t"}:
+        return {args["t"]}
+    if isinstance(args, list | dict):
+        found: set[int] = set()
+        for a in args.values() if isinstance(args, dict) else args:
+            found |= _slots(a)
+        return found
+    return set()
+
+
+def _aten(name: str) -> Any:
+    import torch
+
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
+def _resolver(args: Any) -> Callable[[list[Any]], Any]:
+    """A function of the slots that rebuilds `args` with {"t": slot} replaced by the slot's tensor. Constant parts
+    are built once; per call only the tensor positions are filled in (this is the whole per-call host work)."""
+    if isinstance(args, dict) and set(args) == {"t"}:
+        slot = args["t"]
+
+        def ref(slots: list[Any]) -> Any:
+            return slots[slot]
+
+        ref.slot = slot  # type: ignore[attr-defined]
+        return ref
+    if isinstance(args, list | dict):
+        keys = list(args) if isinstance(args, dict) else list(range(len(args)))
+        parts = {k: _resolver(args[k]) for k in keys}
+        fixed = {k: p([]) for k, p in parts.items() if getattr(p, "constant", False)}
+        if len(fixed) == len(parts):
+            return _constant(tuple(fixed[k] for k in keys) if isinstance(args, list) else fixed)
+        refs = [(k, p.slot) for k, p in parts.items() if hasattr(p, "slot")]
+        nested = [(k, p) for k, p in parts.items() if k not in fixed and not hasattr(p, "slot")]
+        if isinstance(args, dict):
+            def fill_dict(slots: list[Any]) -> Any:
+                out = dict(fixed)
+                for k, slot in refs:
+                    out[k] = slots[slot]
+                for k, p in nested:
+                    out[k] = p(slots)
+                return out
+
+            return fill_dict
+        template = [fixed.get(k) for k in keys]
+
+        def fill(slots: list[Any]) -> Any:
+            out = template.copy()
+            for i, slot in refs:
+                out[i] = slots[slot]
+            for i, p in nested:
+                out[i] = p(slots)
+            return tuple(out)
+
+        return fill
+    return _constant(args)
+
+
+def _constant(value: Any) -> Callable[[list[Any]], Any]:
+    def get(slots: list[Any]) -> Any:
+        return value
+
+    get.constant = True  # type: ignore[attr-defined]
+    return get
+
+
+def _launch(fn: Any, args: list[Any]) -> Callable[[list[Any]], None]:
+    get = _resolver(args)
+
+    def launch(slots: list[Any]) -> None:
+        fn(*get(slots))
+
+    return launch
+
+
+def _op(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[int | None], is_tuple: bool
+        ) -> Callable[[list[Any]], None]:
+    get_args, get_kwargs = _resolver(args), _resolver(kwargs)
+
+    def op(slots: list[Any]) -> None:
+        result = fn(*get_args(slots), **get_kwargs(slots))
+        for slot, r in zip(outs, result if is_tuple else (result,), strict=True):
+            if slot is not None:
+                slots[slot] = r
+
+    return op
+
+
+def concretize(value: Any, sizes: Mapping[str, int]) -> Any:
+    """`value` (steps, arguments) with every size expression evaluated: what FA4 does at exactly `sizes`."""
+    if isinstance(value, list):
+        return [concretize(v, sizes) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"e"}:
+            return symexpr.evaluate(value["e"], sizes)
+        return {k: concretize(v, sizes) for k, v in value.items()}
+    return value

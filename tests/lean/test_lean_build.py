@@ -1,0 +1,105 @@
+"""A real build (FA4 cross-compiling on this CPU host) produces, per kernel, a linked library for the lean runtime
+that needs only libtvm_ffi.so and libcute_dsl_runtime.so, opens with tvm_ffi alone (no cutlass, FA4 or quack in
+the process; no GPU needed to open it), is kept by gc, and a recipe region that covers the call. Entries written
+before linking existed still parse, and a rebuild links them without compiling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa4_aot import maintenance, recipe, recipe_store
+from fa4_aot.config import host_arch
+from fa4_aot.signature import Signature
+from fa4_aot.store import Entry, Store
+from tests.conftest import ROOT, TINY_VARIANTS, run_cli
+
+pytestmark = pytest.mark.slow
+
+OPEN_LEAN = r"""
+import json, sys
+from pathlib import Path
+from fa4_aot.lean_libs import Libraries
+from fa4_aot.store import Store
+store = Store(Path(sys.argv[1]))
+libs = Libraries(store, "h200")
+names = [type(libs.function(e.kernel_key, e.family)).__name__ for e in store.entries()]
+print(json.dumps({"functions": names, "imported": sorted({m.split(".")[0] for m in sys.modules}
+                                                         & {"cutlass", "flash_attn", "quack"})}))
+"""
+
+
+def _build(store: Path) -> dict:
+    done = run_cli("build", "--sku", "h200", "--variants", str(TINY_VARIANTS), "--only", "full-fwd", "--json",
+                   cache=store)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    store = tmp_path_factory.mktemp("lean-store")
+    return store, _build(store)
+
+
+def test_each_kernel_gets_a_library_linking_only_the_runtime_libraries(built: tuple[Path, dict]) -> None:
+    root, doc = built
+    assert doc["failed"] == 0 and doc["built"] >= 1 and doc["lean_failures"] == []
+    store = Store(root)
+    for entry in store.entries():
+        lib = entry.shared_libs[host_arch()]
+        assert set(lib["needs"]) == {"libtvm_ffi.so", "libcute_dsl_runtime.so"}
+        assert lib["needs"]["libtvm_ffi.so"] == ""
+        assert store.object_state(lib["needs"]["libcute_dsl_runtime.so"]) == "ok"
+        dynamic = subprocess.run(["readelf", "-d", str(store.verified_object_path(lib["digest"]))],
+                                 capture_output=True, text=True, check=True).stdout
+        needed = {line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line}
+        assert needed == {"libtvm_ffi.so", "libcute_dsl_runtime.so"}, needed
+        assert "RPATH" not in dynamic and "RUNPATH" not in dynamic
+
+
+def test_library_opens_with_tvm_ffi_alone(built: tuple[Path, dict]) -> None:
+    root, _ = built
+    done = subprocess.run([sys.executable, "-c", OPEN_LEAN, str(root)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["imported"] == [] and report["functions"] and set(report["functions"]) == {"Function"}
+
+
+def test_recipe_region_covers_the_built_call_and_names_its_kernels(built: tuple[Path, dict]) -> None:
+    root, doc = built
+    store = Store(root)
+    from fa4_aot import variants
+
+    matrix = variants.load(TINY_VARIANTS)
+    [call] = matrix.variants[[v.name for v in matrix.variants].index("full-fwd")].calls(matrix.shapes["one"])
+    regions = recipe_store.load(store, recipe_store.recipe_key(Signature.of(call), matrix.skus["h200"]))
+    region = recipe_store.find(regions, recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
+    assert region is not None and doc["recipes"] >= 1
+    assert {k["kernel_key"] for k in region["kernels"]} <= set(doc["kernel_keys"])
+
+
+def test_gc_keeps_libraries_and_runtime(built: tuple[Path, dict]) -> None:
+    root, _ = built
+    store = Store(root)
+    assert maintenance.gc(store, min_age=0).removed_objects == []
+    assert maintenance.verify(store).ok
+
+
+def test_entries_from_before_linking_parse_and_a_rebuild_links_them(tmp_path: Path) -> None:
+    _build(tmp_path)
+    store = Store(tmp_path)
+    for entry in list(store.entries()):
+        old = json.loads(entry.to_json())
+        del old["shared_libs"]  # what fa4-aot wrote before the lean runtime
+        store._write(store.entry_path(entry.kernel_key), json.dumps(old).encode())
+        assert Entry.from_json(json.dumps(old)).shared_libs == {}
+    doc = _build(tmp_path)
+    assert doc["built"] == 0 and doc["present"] >= 1 and doc["lean_failures"] == []
+    assert all(host_arch() in e.shared_libs for e in store.entries())

@@ -1,0 +1,106 @@
+"""Replaying a recorded recipe on CPU tensors (kernels stubbed): every buffer FA4 would allocate comes out with
+FA4's shape, stride and dtype, kernels are called in FA4's order with FA4's argument structure, and the
+autograd Function hands back gradients shaped like the inputs. No FA4 import in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa4_aot import recipe
+from fa4_aot.lean import _function
+
+ROOT = Path(__file__).resolve().parents[2]
+SIG = {"layout": "dense", "pass_": "bwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
+       "window": [0, 0], "softcap": 0.0, "sink": False, "num_splits": 1, "heads_q": 8, "heads_kv": 2}
+VARLEN = {**SIG, "layout": "varlen", "heads_kv": 8, "mask": "full"}
+PAIRS = [(SIG, {"batch": 2, "seqlen_q": 1000, "seqlen_k": 1000}),
+         (VARLEN, {"batch": 3, "total_q": 1500, "total_k": 2000, "max_seqlen_q": 700, "max_seqlen_k": 900})]
+
+
+@pytest.fixture(scope="module")
+def regions() -> list[dict]:
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "lean" / "record_probe.py"), "h200",
+                           json.dumps(PAIRS)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _inputs(region: dict, sizes: dict, torch) -> dict:
+    out = {}
+    for name, slot in region["inputs"].items():
+        shape, _stride, dtype = recipe.concretize(region["meta"][slot], sizes)
+        out[name] = torch.zeros(shape, dtype=getattr(torch, dtype["dtype"]))
+    return out
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["dense-gqa-causal-bwd", "varlen-mha-full-bwd"])
+def test_replay_allocates_what_fa4_allocates(regions, case):
+    import torch
+
+    region, sizes = regions[case], PAIRS[case][1]
+    calls: list[tuple[int, int]] = []
+    fakes = [lambda *a, i=i: calls.append((i, len(a))) for i in range(len(region["kernels"]))]
+    bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), None)
+    slots: list = [None] * region["tensors"]
+    for name, t in _inputs(region, sizes, torch).items():
+        slots[region["inputs"][name]] = t
+    bound.run(bound.fwd, slots)
+    bound.run(bound.bwd, slots)
+    for slot, t in enumerate(slots):
+        shape, stride, dtype = recipe.concretize(region["meta"][slot], sizes)
+        assert list(t.shape) == shape and list(t.stride()) == stride, (slot, t.shape, shape, t.stride(), stride)
+        assert str(t.dtype) == f"torch.{dtype['dtype']}", (slot, t.dtype, dtype)
+    launched = [s for s in region["fwd"] + region["bwd"] if "launch" in s]
+    assert calls == [(s["launch"], len(s["args"])) for s in launched]
+    assert [k["family"] for k in region["kernels"]][:3] == ["_flash_attn_fwd", "_bwd_preprocess", "_flash_attn_bwd"]
+
+
+def test_autograd_function_returns_input_shaped_gradients(regions):
+    import torch
+
+    region, sizes = regions[0], PAIRS[0][1]
+    fakes = [lambda *a: None for _ in region["kernels"]]
+    bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), 0.125)
+    inputs = {n: t.requires_grad_() for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
+    out, lse = _function().apply(bound, tuple(inputs), *inputs.values())
+    assert out.shape == inputs["q"].shape and not lse.requires_grad
+    out.backward(torch.ones_like(out))
+    for t in inputs.values():
+        assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+def test_softmax_scale_reaches_every_kernel_that_takes_it(regions):
+    import torch
+
+    region, sizes = regions[0], PAIRS[0][1]
+    seen: list = []
+    fakes = [lambda *a: seen.append([x for x in a if isinstance(x, float)]) for _ in region["kernels"]]
+    bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), 0.3)
+    slots: list = [None] * region["tensors"]
+    for name, t in _inputs(region, sizes, torch).items():
+        slots[region["inputs"][name]] = t
+    bound.run(bound.fwd, slots)
+    bound.run(bound.bwd, slots)
+    assert seen[0] == [0.3] and seen[2] == [0.3], seen  # forward and main backward kernels take the scale
+    assert {x for floats in seen for x in floats} <= {0.3, 1.0}
+
+
+def test_inputs_are_checked_as_fa4_asserts(regions):
+    import torch
+
+    region, sizes = regions[0], PAIRS[0][1]
+    bound = recipe.bind(region, sizes, [lambda *a: None for _ in region["kernels"]], torch.device("cpu"), None)
+    inputs = {n: t for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
+    with pytest.raises(ValueError, match="CUDA"):
+        bound.check(inputs)
+    with pytest.raises(ValueError, match="k: got"):
+        bound.check({**inputs, "k": inputs["k"][:1]})
+    with pytest.raises(ValueError, match="float16"):
+        bound.check({**inputs, "q": inputs["q"].half()})

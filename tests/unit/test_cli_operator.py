@@ -1,0 +1,191 @@
+"""Issue 10 through click's runner: mistakes that used to look healthy are errors, token commands name their
+database and never create one by listing, prune and the list filters work on a real store in tmp_path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from fa4_aot.cli import main
+from fa4_aot.store import Entry, Store
+
+
+@pytest.fixture(autouse=True)
+def _defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FA4_AOT_CACHE", "FA4_AOT_VARIANTS", "FA4_AOT_SKU", "FA4_AOT_SERVER", "FA4_AOT_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def cli(cache: Path, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--cache-dir", str(cache), *args])
+
+
+def put(store: Store, tag: str, *, sku: str = "h200", variant: str = "train", fa: str = "4.0.0b36",
+        created: str = "2026-11-30T00:00:00Z", family: str = "FlashAttentionForwardSm90") -> Entry:
+    data = f"{tag}-{sku}-{variant}-{fa}".encode() * 10
+    entry = Entry(
+        kernel_key=hashlib.sha256(b"key:" + data).hexdigest(), object_digest=store.put_object(data), size=len(data),
+        family=family, compile_key=[tag], sku=sku, arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13,
+        toolchain={"flash-attn-4": fa}, variant=variant, call=f"fwd {tag}", compile_seconds=0.1, created=created)
+    store.put_entry(entry)
+    return entry
+
+
+def test_verify_on_a_missing_cache_dir_is_an_error(tmp_path: Path) -> None:
+    result = cli(tmp_path / "mistyped", "verify")
+    assert result.exit_code == 1 and "no store at" in result.output and "--cache-dir" in result.output
+    assert not (tmp_path / "mistyped").exists()
+
+
+@pytest.mark.parametrize("name, suggestion", [("B200", "'b200'"), ("H200", "'h200'"), ("h20", "'h200'"),
+                                              ("h100", "'h100-pcie' or 'h100-sxm'")])
+def test_list_unknown_sku_is_an_error_with_did_you_mean(tmp_path: Path, name: str, suggestion: str) -> None:
+    put(Store(tmp_path), "a")
+    result = cli(tmp_path, "list", "--sku", name)
+    assert result.exit_code == 1, result.output
+    assert f"unknown SKU {name!r}; did you mean {suggestion}?" in result.output
+
+
+def test_list_known_sku_without_kernels_is_empty_not_an_error(tmp_path: Path) -> None:
+    put(Store(tmp_path), "a")
+    result = cli(tmp_path, "list", "--sku", "b200")
+    assert result.exit_code == 0 and "0 kernel(s)" in result.output
+
+
+def test_list_filters_and_per_sku_summary(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    put(store, "a"), put(store, "b", variant="serve", family="FlashAttentionBackwardSm90"), put(store, "c", sku="b200")
+    assert len(json.loads(cli(tmp_path, "list", "--variant", "serve", "--json").output)) == 1
+    assert len(json.loads(cli(tmp_path, "list", "--family", "Forward", "--json").output)) == 2
+    rows = json.loads(cli(tmp_path, "list", "--summary", "--json").output)
+    assert [(r["sku"], r["kernels"], r["variants"]) for r in rows] == [("b200", 1, ["train"]),
+                                                                      ("h200", 2, ["serve", "train"])]
+    text = cli(tmp_path, "list").output
+    assert "b200" in text.splitlines()[-3] and "h200" in text.splitlines()[-2] and "3 kernel(s)" in text
+
+
+def test_token_list_on_a_missing_directory_creates_nothing(tmp_path: Path) -> None:
+    result = cli(tmp_path / "nowhere", "token", "list")
+    assert result.exit_code == 1 and "no token database at" in result.output
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_token_create_says_which_database(tmp_path: Path) -> None:
+    made = cli(tmp_path, "token", "create", "--scope", "read", "--name", "ci")
+    assert made.exit_code == 0, made.output
+    assert len(made.stdout.strip().splitlines()) == 1  # stdout is the token alone, for $(...)
+    assert f"stored in sqlite:///{tmp_path}/fa4-aot.db" in made.stderr
+    listed = cli(tmp_path, "token", "list")
+    assert "ci" in listed.output and f"1 token(s) in sqlite:///{tmp_path}/fa4-aot.db" in listed.output
+
+
+def test_prune_by_sku_toolchain_age_and_size(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    old = put(store, "old", fa="4.0.0b30", created="2026-01-01T00:00:00Z")
+    b200 = put(store, "b", sku="b200")
+    keep = put(store, "k")
+    dry = json.loads(cli(tmp_path, "prune", "--toolchain", "4.0.0b30", "--dry-run", "--json").output)
+    assert dry["entries"] == [old.kernel_key] and store.has_entry(old.kernel_key)
+    assert json.loads(cli(tmp_path, "prune", "--older-than", "30d", "--json").output)["entries"] == [old.kernel_key]
+    assert not store.has_entry(old.kernel_key) and not store.has_object(old.object_digest)
+    assert json.loads(cli(tmp_path, "prune", "--sku", "b200", "--json").output)["objects"] == [b200.object_digest]
+    assert cli(tmp_path, "prune", "--max-size", "1G").exit_code == 0 and store.has_entry(keep.kernel_key)
+    assert json.loads(cli(tmp_path, "prune", "--max-size", "0", "--json").output)["entries"] == [keep.kernel_key]
+    assert cli(tmp_path, "prune").exit_code == 1  # no rule: refuses rather than removing everything
+    assert "invalid age" in cli(tmp_path, "prune", "--older-than", "soon").output
+
+
+def test_doctor_says_what_this_host_is_and_what_to_do_next(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FA4_AOT_SKU", "h200")
+    result = cli(tmp_path / "store", "doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(result.output)}
+    assert set(checks) == {"fa4-aot", "device", "toolchain", "store", "server"}
+    assert "h200" in checks["device"]["detail"]
+    assert "flash-attn-4" in checks["toolchain"]["detail"]
+    assert checks["store"]["status"] == "warn" and "fa4-aot build --sku h200" in checks["store"]["next"]
+    down = cli(tmp_path / "store", "doctor", "--server", "http://127.0.0.1:9")
+    assert down.exit_code == 1 and "FAIL server" in down.output and "cannot reach" in down.output
+
+
+def test_login_stores_a_0600_token_that_push_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FA4_AOT_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert cli(tmp_path, "login", "--server", "http://h:1/", "--token", "secret").exit_code == 0
+    stored = tmp_path / "cfg" / "credentials.json"
+    assert stored.stat().st_mode & 0o777 == 0o600 and json.loads(stored.read_text()) == {"http://h:1": "secret"}
+    from fa4_aot import credentials
+
+    assert credentials.token_for("http://h:1") == "secret"
+    assert "needs a scheme" in cli(tmp_path, "login", "--server", "h:1", "--token", "x").output
+    assert "removed 1" in cli(tmp_path, "logout", "--server", "http://h:1").output
+    assert credentials.token_for("http://h:1") is None
+
+
+def test_busy_port_names_it_and_how_to_pick_another(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = cli(tmp_path, "serve", "--port", str(port))
+    assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is already in use" in result.output
+    assert f"--port {port + 1}" in result.output
+
+
+def test_readme_command_table_matches_the_cli() -> None:
+    from fa4_aot.cli import main as group
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("## Command line", 1)[1].split("\n\n", 2)[1]
+    listed = {" ".join(cell.split("`")[1].split()[1:3]).split(" [")[0].split(" -")[0]
+              for row in table.splitlines()[2:] for cell in [row.split("|")[1]]}
+    expected = set()
+    for name, command in group.commands.items():
+        subs = getattr(command, "commands", None)
+        expected |= {f"{name} {sub}" for sub in subs} if subs else {name}
+    listed = {e if e.split()[0] in ("token", "keys") else e.split()[0] for e in listed}
+    assert listed == expected
+
+
+def test_progress_bar_on_a_terminal_shows_count_elapsed_and_eta(capsys: pytest.CaptureFixture[str]) -> None:
+    from fa4_aot.cli.progress import Progress
+
+    with Progress("build", quiet=False, as_json=False, tty=True) as bar:
+        for i in range(1, 4):
+            bar.update(i, 3, "built" if i < 3 else "failed", "FAIL some kernel")
+    err = capsys.readouterr().err
+    assert "3/3" in err and "ETA" in err and "0:00:0" in err and "build failed: FAIL some kernel" in err
+
+
+def test_skus_show_where_each_figure_comes_from(tmp_path: Path) -> None:
+    doc = json.loads(cli(tmp_path, "skus", "--json").output)
+    assert all(s["source"] for s in doc), [s["name"] for s in doc if not s["source"]]
+    text = cli(tmp_path, "skus").output
+    assert text.count("source: ") == len(doc) and "pytorch/ao/pull/4002" in text
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (["# above", "[skus.a]", "# below", "arch = 1"], {"a": "above below"}),
+    (["# --- SKUs.", "[skus.a]", "arch = 1", "[skus.b] # inline", "x = 1"], {"a": "", "b": ""}),
+])
+def test_sku_sources_table(lines: list[str], expected: dict[str, str]) -> None:
+    from fa4_aot.skus import sources
+
+    assert sources(lines) == expected
+
+
+def test_verify_streams_json_events_and_is_silent_with_quiet(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    put(store, "a"), put(store, "b")
+    result = cli(tmp_path, "verify", "--json")
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [(e["event"], e["done"], e["total"], e["status"]) for e in events] == [("verify", 1, 2, "ok"),
+                                                                                 ("verify", 2, 2, "ok")]
+    assert json.loads(result.stdout)["ok"] is True
+    quiet = cli(tmp_path, "verify", "--quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout.strip().endswith("ok")
