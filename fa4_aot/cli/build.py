@@ -36,7 +36,9 @@ def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
     if detect:
         _detect(matrix, as_json)
         return
-    source = sources(TomlSource(matrix.path).lines)
+    found = sources(TomlSource(matrix.path).lines)  # by table: NAME-cu12 comes from [skus.NAME]
+    source = {s.name: found.get(s.name) or found.get(s.name.removesuffix(f"-cu{s.cuda_major}"), "")
+              for s in matrix.skus.values()}
     rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  description"]
     for s in matrix.skus.values():
         rows.append(f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  "
