@@ -3,7 +3,6 @@ runs FA4 with those flags. FA4 is reached only through the seam (fa4_aot.fa4).""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +66,7 @@ def load(
     needed = fa4.plan(call)
     kernel_keys = [inst.kernel_key(family, key) for (family, _), key in needed.items()]
     absent = [kk for kk in kernel_keys if not inst.store.has_entry(kk)]
-    if absent and inst.remote is not None:
-        with ThreadPoolExecutor(min(FETCH_THREADS, len(absent))) as pool:
-            list(pool.map(inst.fetch, absent))
+    inst.fetch_many(absent, threads=FETCH_THREADS)
     with fa4.running(call):
         for (family, _), key in needed.items():
             if has_cuda():

@@ -1,36 +1,34 @@
-"""`fa4-aot build`: plan every call of the selected variants for one SKU, then compile what the store lacks.
+"""`fa4-aot build`: plan every work item (call or signature) of the selected variants for each SKU, then compile
+what the store lacks.
 
-Work happens in spawned worker processes configured for the target SKU (fa4.configure); this
-process never imports FA4, so one process can build several SKUs in turn. Each kernel is compiled
-by exactly one worker (the first call that needs it), exported (fa4.export), and stored object
-first, index entry last. Failures are reported per call and per kernel while the rest goes on.
-FA4 is reached only through the seam, fa4_aot.fa4.
+Work runs in an executor's worker processes configured for the target SKU (executors.py: a local process pool,
+or Ray in farm.py); this process never imports FA4, so one process can build several SKUs in turn. Each kernel
+is one compile task, attributed to the first work item that needs it, exported (fa4.export, in the worker), and
+stored object first, index entry last, under its full key (the SKU constants it consumed), with its base key as
+the signpost. Failures are reported per call and per kernel while the rest goes on.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import time
-import traceback
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import build_lean, fa4, kernel_keys
+from . import build_lean, kernel_keys
 from .calls import Call
-from .errors import DiskFull
+from .executors import CompileTask, Executor, LocalExecutor, Outcome
 from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
 from .variants import Matrix, ModelVariant, Variant
 
+Progress = Callable[[int, int, "Result"], None]
+
 
 @dataclass
 class Result:
-    status: str  # "built", "present" or "failed"
+    status: str  # "built", "present", "planned" or "failed"
     family: str
     kernel_key: str
     variant: str
@@ -38,6 +36,7 @@ class Result:
     seconds: float = 0.0
     size: int = 0
     error: str = ""
+    sku: str = ""
 
 
 @dataclass
@@ -55,11 +54,11 @@ class Report:
     to_build: int = 0  # kernels the store lacked after planning
     finished: int = 0  # of those, how many workers finished (built, failed, or found present under the lock)
     interrupted: bool = False  # Ctrl-C (SIGINT) stopped the build: the kernels in flight were dropped
+    by_variant: dict[str, set[str]] = field(default_factory=dict)  # label -> every kernel key it needs
 
     @property
     def not_built(self) -> int:
         return self.to_build - self.finished
-    by_variant: dict[str, set[str]] = field(default_factory=dict)  # label -> every kernel key it needs
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -91,6 +90,7 @@ class Planned:
 
 
 Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
+Present = Callable[[str], str | None]  # base key -> the key it is held under, or None
 
 
 def stored_key(store: Store, base_key: str, sku: Sku) -> str | None:
@@ -103,22 +103,17 @@ def stored_key(store: Store, base_key: str, sku: Sku) -> str | None:
     return full if store.has_entry(full) else None
 
 
-def build(
-    matrix: Matrix,
-    sku: Sku,
-    store: Store,
-    variants: list[Variant | ModelVariant] | None = None,
-    jobs: int = 1,
-    progress: Callable[[int, int, Result], None] | None = None,
-    dry_run: bool = False,
-) -> Report:
+def build(matrix: Matrix, sku: Sku, store: Store, variants: list[Variant | ModelVariant] | None = None,
+          jobs: int = 1, progress: Progress | None = None, dry_run: bool = False,
+          executor: Executor | None = None) -> Report:
     """Build every kernel of `variants` (default: all) for `sku` into `store`. Never raises for a kernel
     that fails to compile: it is in the report, which the caller turns into an exit status. With
     `dry_run`, plan only: kernels the store lacks are reported as "planned"."""
-    return build_calls(sku, store, work_of(matrix, sku, variants), jobs=jobs, progress=progress, dry_run=dry_run)
+    return build_calls(sku, store, work_of(matrix, sku, variants), jobs=jobs, progress=progress,
+                       dry_run=dry_run, executor=executor)
 
 
-def work_of(matrix: Matrix, sku: Sku, variants: list[Variant | ModelVariant] | None = None) -> Work:
+def work_of(matrix: Matrix, sku: Sku, variants: Sequence[Variant | ModelVariant] | None = None) -> Work:
     """The work items of `variants` (default: all) that apply to `sku`: a shape-complete variant gives its
     signatures, a grid variant its calls."""
     chosen = [v for v in (variants or list(matrix.variants)) if v.applies_to(sku)]
@@ -130,239 +125,127 @@ def work_of(matrix: Matrix, sku: Sku, variants: list[Variant | ModelVariant] | N
     return work
 
 
-def build_calls(
-    sku: Sku,
-    store: Store,
-    work: Work,
-    jobs: int = 1,
-    progress: Callable[[int, int, Result], None] | None = None,
-    dry_run: bool = False,
-) -> Report:
+def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Progress | None = None,
+                dry_run: bool = False, executor: Executor | None = None, present: Present | None = None) -> Report:
     """Build the kernels of explicit (label, Call or Signature) pairs: a Call's kernels at its shapes, a
     Signature's at every shape (complete.py), e.g. model signatures or the calls clients reported missing.
+    `present(base key)` says under which key a kernel is already held (default: stored_key in `store`).
 
     Ctrl-C (KeyboardInterrupt) stops it within seconds: queued kernels are cancelled, workers are told to
     stop and the kernels they were compiling are dropped (entries are written last, so none is partial);
     the report comes back with `interrupted` set and `not_built` counting what was left."""
     started = time.perf_counter()
     report = Report(sku=sku.name, calls=len(work), dispatch_sm_count=sku.sm_count)
-    jobs = max(1, jobs)
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(sku, str(store.root)))
-    todo: dict[Call, list[Planned]] = {}
+    ex = executor or LocalExecutor(jobs)
+    tasks: list[CompileTask] = []
     try:
-        planned = _plan(pool, work, jobs, report, store, dry_run)
-        todo = _triage(planned, work, store, sku, report, dry_run)
-        if not dry_run:
+        planned = _plan(ex, sku, store, work, report, dry_run)
+        tasks = _triage(planned, work, present or (lambda kk: stored_key(store, kk, sku)), report, dry_run)
+        _compile(ex, sku, store, tasks, report, progress)
+        if not dry_run and present is None:  # libraries for kernels built here, by Ray, or before linking existed
             unlinked = build_lean.unlinked(store, [p.kernel_key for p in planned], sku)
-            report.lean_failures += pool.submit(_relink_task, unlinked).result() if unlinked else []
-        _compile(pool, todo, work, report, progress)
+            report.lean_failures += ex.relink(sku, store, unlinked) if unlinked else []
     except KeyboardInterrupt:
         report.interrupted = True
     finally:
-        _shutdown(pool, stop=report.interrupted)
+        if executor is None or report.interrupted:  # a given executor is closed by its owner, unless stopping
+            ex.close(stop=report.interrupted)
     if report.interrupted:
-        _count_stored(todo, work, store, report)
+        _count_stored(tasks, store, report)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _count_stored(todo: dict[Call, list[Planned]], work: Work, store: Store, report: Report) -> None:
-    """After an interrupt: a worker stores each kernel as it finishes but reports a call's kernels together, so
-    the store, not the reports, says which kernels of the unfinished calls were built."""
+def _count_stored(tasks: list[CompileTask], store: Store, report: Report) -> None:
+    """After an interrupt: a local worker stores each kernel as it finishes, before its outcome comes back, so
+    the store, not the outcomes, says which kernels of the unfinished tasks were built."""
     reported = {r.kernel_key for r in report.results}
-    for call, kernels in todo.items():
-        name = work[kernels[0].work_index][0]
-        for p in kernels:
-            if p.kernel_key not in reported and store.has_entry(p.kernel_key):
-                report.results.append(Result("built", p.family, p.kernel_key, name, call.describe()))
+    for task in tasks:
+        for family, _ident, kk in task.wanted:
+            if kk not in reported and store.has_entry(kk):
+                report.results.append(Result("built", family, kk, task.variant, task.call.describe(), sku=report.sku))
                 report.finished += 1
 
 
-def _shutdown(pool: ProcessPoolExecutor, stop: bool, grace: float = 5.0) -> None:
-    """Close the pool; with `stop`, cancel what is queued and end the workers: SIGTERM first (a worker exits
-    through its finally blocks, removing its temp files and releasing its locks), SIGKILL after `grace`."""
-    if not stop:
-        pool.shutdown()
-        return
-    workers = list(getattr(pool, "_processes", {}).values())  # the stdlib keeps no public handle on them
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in workers:
-        proc.terminate()
-    deadline = time.monotonic() + grace
-    for proc in workers:
-        proc.join(max(0.0, deadline - time.monotonic()))
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-
-
-def _plan(pool: ProcessPoolExecutor, work: Work, jobs: int, report: Report, store: Store,
-          dry_run: bool) -> list[Planned]:
+def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_run: bool) -> list[Planned]:
     """Every distinct kernel of `work`, each attributed to the first work item that needs it; the recipe regions
     the workers recorded are saved to the store (counted only, in a dry run)."""
-    offsets = [list(range(i, len(work), jobs)) for i in range(jobs)]
-    futures = [pool.submit(_plan_record_task, [work[i] for i in chunk]) for chunk in offsets]
+    n = max(1, min(ex.plan_chunks(len(work)), len(work)))
+    offsets = [list(range(i, len(work), n)) for i in range(n)]
     planned: dict[str, Planned] = {}
     recorded: dict[str, list[dict[str, Any]]] = {}
-    for chunk, future in zip(offsets, futures, strict=True):
-        kernels, failures, regions, lean_failures = future.result()
+    for c, (kernels, failures, regions, lean_failures) in ex.plan(
+            sku, store, [[work[i] for i in chunk] for chunk in offsets]):
         for key, found in regions.items():
             recorded.setdefault(key, []).extend(found)
         report.lean_failures += lean_failures
         for family, ident, kernel_key, local, call in kernels:
-            index = chunk[local]
+            index = offsets[c][local]
             report.by_variant.setdefault(work[index][0], set()).add(kernel_key)
             if kernel_key not in planned or index < planned[kernel_key].work_index:
                 planned[kernel_key] = Planned(family, ident, kernel_key, index, call)
         for local, error in failures:
-            name, item = work[chunk[local]]
-            report.call_failures.append(Result("failed", "", "", name, _describe(item), error=error))
+            name, item = work[offsets[c][local]]
+            report.call_failures.append(Result("failed", "", "", name, describe(item), error=error, sku=sku.name))
+    report.call_failures.sort(key=lambda r: (r.variant, r.call))
     report.recipes = sum(len(r) for r in recorded.values()) if dry_run else build_lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
-def _describe(item: Call | Signature) -> str:
+def describe(item: Call | Signature) -> str:
     if isinstance(item, Call):
         return item.describe()
     return item.call(0, 0, 0).describe().replace(" b=0 sq=0 sk=0", " all shapes")
 
 
-def _triage(planned: list[Planned], work: Work, store: Store, sku: Sku, report: Report,
-            dry_run: bool) -> dict[Call, list[Planned]]:
-    """Record kernels already stored (or, in a dry run, all of them); group the rest by the call that builds them."""
-    todo: dict[Call, list[Planned]] = {}
+def _triage(planned: list[Planned], work: Work, present: Present, report: Report,
+            dry_run: bool) -> list[CompileTask]:
+    """Record kernels already held (or, in a dry run, all of them); one compile task for each of the rest."""
+    todo = []
     for p in planned:
         name = work[p.work_index][0]
-        held = stored_key(store, p.kernel_key, sku)
+        held = present(p.kernel_key)
         if held or dry_run:
-            report.results.append(Result("present" if held else "planned", p.family, held or p.kernel_key,
-                                         name, p.call.describe()))
+            report.results.append(Result("present" if held else "planned", p.family, held or p.kernel_key, name,
+                                         p.call.describe(), sku=report.sku))
         else:
-            todo.setdefault(p.call, []).append(p)
+            todo.append(CompileTask(name, p.call, ((p.family, p.ident, p.kernel_key),)))
     return todo
 
 
-def _compile(pool: ProcessPoolExecutor, todo: dict[Call, list[Planned]], work: Work,
-             report: Report, progress: Callable[[int, int, Result], None] | None) -> None:
-    total, done = sum(len(v) for v in todo.values()), 0
-    report.to_build = total
-    futures = [pool.submit(_compile_task, work[ps[0].work_index][0], call,
-                           [(p.family, p.ident, p.kernel_key) for p in ps])
-               for call, ps in todo.items()]
-    for future in as_completed(futures):
-        try:
-            results = future.result()
-        except DiskFull:
-            for other in futures:
-                other.cancel()
-            raise
-        for result in results:
+def _compile(ex: Executor, sku: Sku, store: Store, tasks: list[CompileTask], report: Report,
+             progress: Progress | None) -> None:
+    done = 0
+    report.to_build = sum(len(t.wanted) for t in tasks)
+    for i, outcomes in ex.compile(sku, store, tasks):
+        for outcome in outcomes:
+            result = _result(store, tasks[i], outcome, sku)
             report.results.append(result)
             done += 1
             report.finished = done
             if progress:
-                progress(done, total, result)
+                progress(done, report.to_build, result)
 
 
-# -- worker side: everything below runs in spawned processes configured for one SKU ----------------
-_worker: dict[str, Any] = {}
+def _result(store: Store, task: CompileTask, outcome: Outcome, sku: Sku) -> Result:
+    """The outcome as a report line; bytes that came back are committed here, object first, entries last."""
+    if outcome.data is not None and outcome.entries and not commit(store, outcome.entries, outcome.data):
+        outcome.status, outcome.error = "failed", "the bytes that came back do not hash to the worker's digest"
+    return Result(outcome.status, outcome.family, outcome.kernel_key, task.variant, task.call.describe(),
+                  seconds=outcome.seconds, size=outcome.size, error=outcome.error, sku=sku.name)
 
 
-def _init_worker(sku: Sku, store_root: str) -> None:
-    import os
-    import signal
-    import sys
-    import warnings
-
-    # Ctrl-C reaches the whole process group: the parent decides (see _shutdown), workers do not die mid-write.
-    # Its SIGTERM then unwinds the worker through its finally blocks (temp files removed, locks released).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: silences FakeTensor data_ptr notices
-    warnings.filterwarnings("ignore")  # CuTe's per-argument notices and torch's FakeTensor data_ptr notice
-    fa4.configure(sku)
-    _worker.update(sku=sku, store=Store(Path(store_root)), tools=fa4.toolchain())
-
-
-def _plan_task(work: Work) -> tuple[list[tuple[str, str, str, int, Call]], list[tuple[int, str]]]:
-    sku: Sku = _worker["sku"]
-    kernels, failures = [], []
-    for i, (_name, item) in enumerate(work):
-        try:
-            if isinstance(item, Call):
-                found = {ident: (key, item) for ident, key in fa4.plan(item).items()}
-            else:
-                found = fa4.plan_signature(item, sku)
-        except Exception as e:  # FA4 rejects the call for this SKU: report it, go on
-            failures.append((i, _one_line(e)))
-            continue
-        for (family, ident), (key, call) in found.items():
-            kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, _worker["tools"]), i, call))
-    return kernels, failures
-
-
-def _plan_record_task(work: Work) -> tuple[list[tuple[str, str, str, int, Call]], list[tuple[int, str]],
-                                           dict[str, list[dict[str, Any]]], list[str]]:
-    """_plan_task, then the lean runtime's recipe regions (build_lean.record_work); coverage plans without them."""
-    kernels, failures = _plan_task(work)
-    return (kernels, failures, *build_lean.record_work(_worker, work, kernels, failures, _one_line))
-
-
-def _relink_task(kernel_keys: list[str]) -> list[str]:
-    return build_lean.relink(_worker, kernel_keys, _one_line)
-
-
-def _compile_task(variant: str, call: Call, wanted: list[tuple[str, str, str]]) -> list[Result]:
-    store: Store = _worker["store"]
-    sku: Sku = _worker["sku"]
-    by_ident = {(f, ident): kk for f, ident, kk in wanted}
-    results: dict[str, Result] = {}
-    # kernels compile one after another, so the HardwareInfo queries since the last one belong to this one
-    asked = [len(fa4.hardware_calls())]
-
-    def done(family: str, key: Any, fn: Any, seconds: float) -> None:
-        base = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
-        queries = fa4.hardware_calls()[asked[0]:]
-        asked[0] += len(queries)
-        data = fa4.export(fn)
-        entry = Entry(
-            kernel_key=base, object_digest=store.put_object(data), size=len(data), family=family,
-            compile_key=kernel_keys.canonical(key), sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
-            l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain=_worker["tools"], variant=variant,
-            call=call.describe(), compile_seconds=round(seconds, 3), hardware_queries=[list(q) for q in queries],
-            shared_libs=build_lean.shared_libs(_worker, data))  # on the base entry and the full one alike
-        full = kernel_keys.entry_keys(entry)[1]
-        store.put_entry(replace(entry, kernel_key=full))
-        if full != base and not store.has_entry(base):  # the signpost: which constants this kernel consumed
-            store.put_entry(entry)
-        results[base] = Result("built", family, full, variant, call.describe(), seconds=seconds, size=len(data))
-
-    with ExitStack() as stack:
-        for kk in sorted(by_ident.values()):
-            stack.enter_context(store.lock(kk))
-        # Re-check under the locks: another builder on this cache may have finished meanwhile.
-        held = {ident: stored_key(store, kk, sku) for ident, kk in by_ident.items()}
-        pending = {ident for ident, key in held.items() if key is None}
-        for ident, kk in by_ident.items():
-            if ident not in pending:
-                results[kk] = Result("present", ident[0], held[ident] or kk, variant, call.describe())
-        try:
-            if pending:
-                fa4.compile_call(call, pending, done)
-            error = "FA4 did not ask for this kernel when the call was re-run"
-        except DiskFull:  # not this kernel's fault: every later write fails too, so the build stops
-            raise
-        except Exception as e:
-            error = _one_line(e)
-    for (family, _ident), kk in by_ident.items():
-        results.setdefault(kk, Result("failed", family, kk, variant, call.describe(), error=error))
-    return list(results.values())
-
-
-def _one_line(e: BaseException) -> str:
-    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    at = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
-    text = " ".join(str(e).split())[:300] or "no message"
-    return f"{type(e).__name__}: {text}{at}"
+def commit(store: Store, entries: Sequence[Entry], data: bytes) -> bool:
+    """Store one kernel that a remote worker built: its object first, then its entries (the full key's first,
+    then the base key's signpost if the store has none). Returns False (and stores no entry) when the bytes do
+    not hash to the entries' digest."""
+    full = entries[0]
+    with store.lock(entries[-1].kernel_key):  # the base key, as the local workers lock it
+        if store.has_entry(full.kernel_key):
+            return True
+        if store.put_object(data) != full.object_digest:
+            return False
+        for entry in entries:
+            if entry is full or not store.has_entry(entry.kernel_key):
+                store.put_entry(entry)
+        return True

@@ -1,6 +1,6 @@
 """What a build adds for the lean runtime: a linked library per kernel and a recipe region per planned call.
 
-Worker side (in build.py's spawned workers, through the FA4 seam): `shared_libs` links an exported object
+Worker side (in worker.py's processes, through the FA4 seam): `shared_libs` links an exported object
 (fa4.link) and stores it with, once, the CuTe runtime it needs; `record_recipe` records the region of a call
 (fa4.record_recipe) unless one already covers it; `relink` adds libraries to entries built before linking.
 `record_work` records the regions of a planning worker's work items. Parent side: `unlinked` lists the entries
@@ -45,7 +45,8 @@ def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[d
     key = recipe_store.recipe_key(sig, sku)
     known = worker.setdefault("regions", {})
     if key not in known:
-        known[key] = [r for r in recipe_store.load(store, key) if r.get("toolchain") == worker["tools"]]
+        stored = recipe_store.load(store, key) if store is not None else []  # Ray workers have no store
+        known[key] = [r for r in stored if r.get("toolchain") == worker["tools"]]
     sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size)
     if recipe_store.find(known[key], sizes) is None:
         region = fa4.record_recipe(sig, sizes, sku)
@@ -55,7 +56,7 @@ def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[d
 
 def record_work(worker: dict[str, Any], work: list[tuple[str, Call | Signature]], kernels: list[tuple[Any, ...]],
                 failures: list[tuple[int, str]], one_line: Any) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
-    """(regions recorded, errors) for the work items FA4 accepted (build._plan_task's `kernels`, `failures`): a
+    """(regions recorded, errors) for the work items FA4 accepted (worker.plan_calls's `kernels`, `failures`): a
     Call's region at its own sizes; a Signature's at the calls its shape-complete plan chose (one per kernel),
     not at every shape, so sizes between them may fall outside every region (KernelMissing names them)."""
     rejected = {i for i, _error in failures}

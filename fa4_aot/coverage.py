@@ -110,25 +110,24 @@ def read_calls(path: Path) -> list[Call]:
 def plan(sku: Any, store_root: Path, items: list[Any], jobs: int = 1) -> list[tuple[list[Kernel], str]]:
     """Per item (a Call: its kernels at its shapes; a Signature: at every shape), (its kernels, FA4's one-line
     error or ''). Planned on fake tensors for `sku`; nothing is compiled."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from . import build
+    from .executors import LocalExecutor
+    from .store import Store
 
     out: list[tuple[list[Kernel], str]] = [([], "") for _ in items]
     if not items:
         return out
     jobs = max(1, min(jobs, len(items)))
     chunks = [list(range(i, len(items), jobs)) for i in range(jobs)]
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=build._init_worker,
-                             initargs=(sku, str(store_root))) as pool:
-        futures = [pool.submit(build._plan_task, [("coverage", items[i]) for i in chunk]) for chunk in chunks]
-        for chunk, future in zip(chunks, futures, strict=True):
-            kernels, failures = future.result()
+    ex = LocalExecutor(jobs)
+    try:
+        chunked = [[("coverage", items[i]) for i in chunk] for chunk in chunks]
+        for c, (kernels, failures, _regions, _errors) in ex.plan(sku, Store(store_root), chunked, record=False):
             for family, _ident, kernel_key, local, _call in kernels:
-                out[chunk[local]][0].append((family, kernel_key))
+                out[chunks[c][local]][0].append((family, kernel_key))
             for local, error in failures:
-                out[chunk[local]] = (out[chunk[local]][0], error)
+                out[chunks[c][local]] = (out[chunks[c][local]][0], error)
+    finally:
+        ex.close()
     return out
 
 

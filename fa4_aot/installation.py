@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import config, fa4, kernel_keys
-from .errors import KernelMissing, TrustError
+from .errors import Fa4AotError, KernelMissing, TrustError
 from .kernel_keys import canonical, dumps, kernel_key
 from .skus import Constants, Sku, detect_device, select
 from .store import Entry, Miss, Store
@@ -88,8 +88,6 @@ class Installation:
         the reason is kept for error messages."""
         if self.remote is None:
             return False
-        from .errors import Fa4AotError
-
         self.remote_error = self.trust.refuse_remote()
         if self.remote_error:
             return False
@@ -102,6 +100,31 @@ class Installation:
             return False
         self.stats.fetched += 1
         return True
+
+    def fetch_many(self, kernel_keys: list[str], threads: int = 8) -> int:
+        """fetch() for several kernels: one request (a bundle) when the server offers it, else one by one on
+        `threads` threads. Returns how many were downloaded; never raises (reasons kept as in fetch())."""
+        if self.remote is None or not kernel_keys:
+            return 0
+        from .errors import RemoteError
+
+        self.remote_error = self.trust.refuse_remote()
+        if self.remote_error:
+            return 0
+        try:
+            stored, skipped = self.remote.fetch_bundle(kernel_keys, self.store, accept=self.trust.check)
+        except RemoteError:  # an older server without bundles, or a broken one: the per-kernel path retries
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(threads, len(kernel_keys))) as pool:
+                return sum(pool.map(self.fetch, kernel_keys))
+        except Fa4AotError as e:  # bytes that do not match their digest: nothing of them was stored
+            self.remote_error = str(e)
+            return 0
+        if skipped:
+            self.remote_error = next(iter(skipped.values()))
+        self.stats.fetched += len(stored)
+        return len(stored)
 
     # -- the KernelSource the seam's StoreCache asks (fa4_aot.fa4.caches) --------------------------------
     def object_for(self, family: str, key: Any) -> Path | None:

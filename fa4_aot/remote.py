@@ -9,6 +9,7 @@ object once. Configuration is read at call time: FA4_AOT_SERVER, FA4_AOT_TOKEN, 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 
 from . import config
-from .errors import RemoteAuthError, RemoteError, StoreError, Unreachable
+from .errors import Fa4AotError, RemoteAuthError, RemoteError, StoreError, Unreachable
 from .store import Entry, Store, check_hex
 
 RETRIES = 4
@@ -106,6 +107,11 @@ class Remote:
 
     def manifest(self, sku: str) -> dict[str, Any]:
         return _shaped(self._json("GET", f"/v1/skus/{sku}/manifest"), dict, self.url)
+
+    def kernel_keys(self, sku: str) -> set[str]:
+        """Every kernel key the server holds for `sku` (none when it does not know the SKU yet)."""
+        response = self._request("GET", f"/v1/skus/{sku}/manifest", ok=(200, 404))
+        return set() if response.status_code == 404 else {k["kernel_key"] for k in response.json()["kernels"]}
 
     def kernel(self, kernel_key: str) -> Entry | None:
         """The server's entry for `kernel_key`, or None when it has none."""
@@ -220,14 +226,42 @@ class Remote:
                     raise
         raise AssertionError("unreachable")
 
+    def fetch_bundle(self, kernel_keys: list[str], store: Store,
+                     accept: Callable[[Entry], None] | None = None) -> tuple[list[Entry], dict[str, str]]:
+        """Fetch many kernels in one request (POST /v1/bundles): every object is hashed while it streams and
+        stored only if it matches (IntegrityError otherwise), then its entries. `accept(entry)` refuses a kernel
+        by raising an Fa4AotError before its object is stored (its bytes are read past). Returns (entries
+        stored, {kernel key: why not} for those the server lacks or `accept` refused); raises RemoteError when
+        the server has no bundle route (older servers: fetch_kernel per key). Shares the fetch deadline as
+        fetch_object does: a bundle that misses it marks the server down."""
+        self._check_up()
+        end = self._end()
+        what = f"bundle of {len(kernel_keys)} kernels"
+        for attempt in range(self.retries + 1):
+            try:
+                with self._client.stream("POST", "/v1/bundles", json={"kernel_keys": kernel_keys},
+                                         timeout=_timeout(end)) as response:
+                    _check(response, (200,), self.url)
+                    chunks = self._within(response.iter_bytes(1 << 20), end, what)
+                    return _unbundle(BundleReader(chunks), store, accept, self.url, set(kernel_keys))
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+                    raise self._give_up(f"{what} from {self.url} failed: {e}", e) from e
+            _backoff(attempt, end)
+        raise AssertionError("unreachable")
+
     # -- writes -------------------------------------------------------------------------------
     def push_entry(self, entry: Entry, store: Store) -> bool:
         """Publish one local kernel: upload its object unless the server has it (HEAD first), then its entry.
         Returns True if the object was uploaded."""
+        return self.publish(entry, lambda: store.read_object(entry.object_digest))
+
+    def publish(self, entry: Entry, data: Callable[[], bytes]) -> bool:
+        """Upload the object `data()` returns unless the server has it (HEAD first), then the entry that makes it
+        visible. Returns True if the object was uploaded. The server re-hashes the upload (422 on a mismatch)."""
         uploaded = False
         if not self.has_object(entry.object_digest):
-            data = store.read_object(entry.object_digest)
-            self._request("PUT", f"/v1/objects/{entry.object_digest}", ok=(200, 201), content=data,
+            self._request("PUT", f"/v1/objects/{entry.object_digest}", ok=(200, 201), content=data(),
                           headers={"Content-Type": "application/octet-stream"})
             uploaded = True
         self._request("POST", "/v1/kernels", ok=(200, 201), json=entry.published())
@@ -311,3 +345,63 @@ def _check(response: httpx.Response, ok: tuple[int, ...], url: str) -> httpx.Res
         raise RemoteAuthError(f"{url} refused {method} {path} ({response.status_code}: {_detail(response)}); "
                               f"this needs a {scope} token: {fix}")
     raise RemoteError(f"{method} {response.request.url} -> {response.status_code}: {_detail(response)}")
+
+
+class BundleReader:
+    """Reads a bundle body: its first line, then exact byte counts, from a stream of chunks."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = b""
+
+    def line(self, limit: int = 64 << 20) -> bytes:
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > limit:
+                raise RemoteError(f"bundle header longer than {limit} bytes")
+            self._buffer += self._next()
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def take(self, size: int) -> Iterator[bytes]:
+        """The next `size` bytes, in chunks; raises RemoteError if the body ends first."""
+        while size:
+            if not self._buffer:
+                self._buffer = self._next()
+            chunk, self._buffer = self._buffer[:size], self._buffer[size:]
+            size -= len(chunk)
+            yield chunk
+
+    def _next(self) -> bytes:
+        for chunk in self._chunks:
+            if chunk:
+                return chunk
+        raise RemoteError("bundle body ended early")
+
+
+def _unbundle(reader: BundleReader, store: Store, accept: Callable[[Entry], None] | None,
+              url: str, asked: set[str]) -> tuple[list[Entry], dict[str, str]]:
+    head = json.loads(reader.line())
+    entries = [Entry(**{k: v for k, v in e.items() if k in Entry.__dataclass_fields__}) for e in head["entries"]]
+    skipped = {k: f"{url} has no kernel {k}" for k in head["missing"] if k in asked}
+    for entry in entries:  # a server answers for the keys asked, never plants others
+        if entry.kernel_key not in asked:
+            skipped[entry.kernel_key] = f"{url} sent kernel {entry.kernel_key}, which was not asked for"
+    for entry in entries:
+        try:
+            if accept is not None:
+                accept(entry)
+        except Fa4AotError as e:  # refused by the trust policy: its object is read past, never stored
+            skipped[entry.kernel_key] = str(e)
+    stored = [e for e in entries if e.kernel_key not in skipped]
+    wanted = {e.object_digest for e in stored}
+    for digest, size in head["objects"]:
+        chunks = reader.take(int(size))
+        if digest not in wanted or store.object_state(check_hex(digest), size) == "ok":
+            for _ in chunks:
+                pass
+            continue
+        with store.lock(digest):
+            store.put_stream(digest, chunks, size=size, source=f"{url}/v1/bundles")
+    for entry in stored:
+        store.put_entry(entry)
+    return stored, skipped

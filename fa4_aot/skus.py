@@ -25,6 +25,7 @@ MIB = 1 << 20
 SKU_FIELDS = {"arch": str, "sm_count": int, "l2_bytes": int, "cuda_major": int, "description": str,
               "l2_budget": bool}
 _OPTIONAL = {"description": "", "l2_budget": False}
+CUDA_MAJORS = (12, 13)
 # FA4's hard-coded L2 budgets (flash_attn/cute/tile_scheduler.py head swizzle, prepare_scheduler.py): what a
 # kernel consumes as l2_budget / prepare_l2_budget unless its SKU turns `l2_budget` on.
 FA4_L2_BUDGET = 50 * MIB
@@ -105,42 +106,53 @@ class DeviceInfo:
 
 
 def parse_skus(src: TomlSource) -> dict[str, Sku]:
-    """The `[skus.NAME]` tables of a variants file. Raises ConfigError naming file, line and field."""
-    tables = src.data.get("skus", {})
-    skus = {}
-    for name, table in tables.items():
-        header = f"[skus.{name}]"
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
-            raise src.fail(header, None, "SKU names are lowercase letters, digits and '-'")
-        for key in table:
-            if key not in SKU_FIELDS:
-                raise src.fail(header, key, f"unknown field; allowed: {', '.join(SKU_FIELDS)}")
-        for key, typ in SKU_FIELDS.items():
-            if key not in table:
-                if key in _OPTIONAL:
-                    continue
-                raise src.fail(header, None, f"missing field {key!r}")
-            if not isinstance(table[key], typ) or (typ is not bool and isinstance(table[key], bool)):
-                raise src.fail(header, key, f"expected {typ.__name__}, got {table[key]!r}")
-        if not _ARCH.fullmatch(table["arch"]):
-            raise src.fail(header, "arch", f"{table['arch']!r} is not an arch target like 'sm_90a' or 'sm_100a'")
-        if table["arch"] not in ARCHS:
-            raise src.fail(header, "arch", f"{table['arch']!r}: FA4 targets {', '.join(ARCHS)}")
-        for key in ("sm_count", "l2_bytes"):
-            if table[key] <= 0:
-                raise src.fail(header, key, "must be positive")
-        if table["cuda_major"] not in (12, 13):
-            raise src.fail(header, "cuda_major", "allowed values: 12, 13")
-        skus[name] = Sku(
-            name=name,
-            arch=table["arch"],
-            sm_count=table["sm_count"],
-            l2_bytes=table["l2_bytes"],
-            cuda_major=table["cuda_major"],
-            description=table.get("description", ""),
-            l2_budget=table.get("l2_budget", False),
-        )
+    """The `[skus.NAME]` tables of a variants file. Raises ConfigError naming file, line and field.
+
+    `cuda_major = [13, 12]` makes one table several SKUs: the first CUDA major keeps NAME, each further one is
+    NAME-cu<major> (h200 and h200-cu12), since FA4 and the CuTe compiler differ per CUDA major."""
+    skus: dict[str, Sku] = {}
+    for name, table in src.data.get("skus", {}).items():
+        majors = _check_table(src, name, table)
+        for i, major in enumerate(majors):
+            full = name if i == 0 else f"{name}-cu{major}"
+            if full in skus or (i and full in src.data.get("skus", {})):
+                raise src.fail(f"[skus.{name}]", "cuda_major", f"SKU {full!r} is defined twice")
+            skus[full] = Sku(name=full, arch=table["arch"], sm_count=table["sm_count"], l2_bytes=table["l2_bytes"],
+                             cuda_major=major, description=table.get("description", ""),
+                             l2_budget=table.get("l2_budget", False))
     return skus
+
+
+def _check_table(src: TomlSource, name: str, table: dict[str, Any]) -> list[int]:
+    """Validate one [skus.NAME] table; return its CUDA majors, first one first."""
+    header = f"[skus.{name}]"
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+        raise src.fail(header, None, "SKU names are lowercase letters, digits and '-'")
+    for key in table:
+        if key not in SKU_FIELDS:
+            raise src.fail(header, key, f"unknown field; allowed: {', '.join(SKU_FIELDS)}")
+    for key, typ in SKU_FIELDS.items():
+        if key not in table:
+            if key in _OPTIONAL:
+                continue
+            raise src.fail(header, None, f"missing field {key!r}")
+        wrong = not isinstance(table[key], typ) or (typ is not bool and isinstance(table[key], bool))
+        if key != "cuda_major" and wrong:
+            raise src.fail(header, key, f"expected {typ.__name__}, got {table[key]!r}")
+    if not _ARCH.fullmatch(table["arch"]):
+        raise src.fail(header, "arch", f"{table['arch']!r} is not an arch target like 'sm_90a' or 'sm_100a'")
+    if table["arch"] not in ARCHS:
+        raise src.fail(header, "arch", f"{table['arch']!r}: FA4 targets {', '.join(ARCHS)}")
+    for key in ("sm_count", "l2_bytes"):
+        if table[key] <= 0:
+            raise src.fail(header, key, "must be positive")
+    majors = table["cuda_major"] if isinstance(table["cuda_major"], list) else [table["cuda_major"]]
+    if any(not isinstance(m, int) or isinstance(m, bool) for m in majors):
+        raise src.fail(header, "cuda_major", f"expected int or a list of ints, got {table['cuda_major']!r}")
+    if not majors or any(m not in CUDA_MAJORS for m in majors) or len(set(majors)) < len(majors):
+        raise src.fail(header, "cuda_major", f"got {table['cuda_major']!r}; allowed values: 12, 13, or a list of "
+                       "them such as [13, 12] (the first keeps the name, the others are NAME-cu12...)")
+    return majors
 
 
 def sources(lines: list[str]) -> dict[str, str]:
@@ -196,6 +208,7 @@ def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None =
     trace = [f"{sku.name}: {_mismatch(sku, device) or 'match'}" for sku in skus.values()]
     same = sorted((s for s in skus.values() if _mismatch(s, device, figures=False) == ""), key=lambda s: s.name)
     if not same:
+        _raise_cuda_mismatch(skus, device)
         raise UnknownSku(
             f"no SKU has this device's arch and CUDA major ({_described(device)}); known: "
             f"{', '.join(sorted(skus))}. Add a [skus.NAME] table to variants.toml with these figures and run "
@@ -209,6 +222,21 @@ def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None =
         trace.append(f"{row.name}: serves this device by arch and CUDA major ({_described(device)}); kernels "
                      "that consumed a constant load only where the device's value equals it")
     return row, Constants(device.sm_count, device.l2_bytes, row.l2_budget), trace
+
+
+def _raise_cuda_mismatch(skus: dict[str, Sku], device: DeviceInfo) -> None:
+    """Raise UnknownSku naming the SKUs that match this device in everything but the CUDA major of torch."""
+    near = [s for s in skus.values() if _mismatch(s, device).startswith("CUDA ")]
+    if not near:
+        return
+    names = ", ".join(f"{s.name} (CUDA {s.cuda_major})" for s in near)
+    base = near[0].name.removesuffix(f"-cu{near[0].cuda_major}")
+    raise UnknownSku(
+        f"this device ({device.name}) matches {names}, but this torch is built for CUDA {device.cuda_major} "
+        f"(torch.version.cuda) and kernels are built per CUDA major; add {device.cuda_major} to cuda_major of "
+        f"[skus.{base}] in variants.toml and run `fa4-aot build --sku {base}-cu{device.cuda_major}`, or install "
+        f"a torch built for CUDA {near[0].cuda_major}"
+    )
 
 
 def _described(device: DeviceInfo) -> str:

@@ -216,15 +216,23 @@ def manifest(session: Session, *, sku: models.Sku) -> schemas.Manifest:
 
 def get_kernel(session: Session, *, kernel_key: str) -> schemas.KernelOut | None:
     """The kernel's metadata with its SKU's facts and object size (all Entry fields), or None."""
-    row = session.execute(
+    found = get_kernels(session, kernel_keys=[kernel_key])
+    return found[0] if found else None
+
+
+def get_kernels(session: Session, *, kernel_keys: list[str]) -> list[schemas.KernelOut]:
+    """get_kernel() for many keys in one query, in the order of `kernel_keys`; keys it lacks are left out."""
+    rows = session.execute(
         select(models.Kernel, models.Sku, models.Object.size)
         .join(models.Sku, models.Sku.name == models.Kernel.sku)
         .join(models.Object, models.Object.digest == models.Kernel.object_digest)
-        .where(models.Kernel.kernel_key == kernel_key)
-    ).first()
-    if row is None:
-        return None
-    kernel, sku, size = row
+        .where(models.Kernel.kernel_key.in_(set(kernel_keys)))
+    ).all()
+    by_key = {kernel.kernel_key: _kernel_out(kernel, sku, size) for kernel, sku, size in rows}
+    return [by_key[k] for k in dict.fromkeys(kernel_keys) if k in by_key]
+
+
+def _kernel_out(kernel: models.Kernel, sku: models.Sku, size: int) -> schemas.KernelOut:
     return schemas.KernelOut(
         kernel_key=kernel.kernel_key, object_digest=kernel.object_digest, size=size, family=kernel.family,
         compile_key=json.loads(kernel.compile_key), sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,

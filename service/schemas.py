@@ -128,6 +128,14 @@ class KernelOut(KernelIn):
     created: str
 
 
+class BundleIn(BaseModel):
+    """Kernels to send in one response (POST /v1/bundles): what one node needs for a model, or a whole SKU."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kernel_keys: list[Hex64] = Field(min_length=1, max_length=4096)
+
+
 class ObjectOut(BaseModel):
     digest: Hex64
     size: int

@@ -16,7 +16,8 @@ from fa4_aot.cli import main
 from fa4_aot.store import Entry, Miss, Store
 
 ROOT = Path(__file__).resolve().parents[2]
-KNOWN = ("h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "rtx-pro-6000")
+KNOWN = ("h100-sxm", "h100-sxm-cu12", "h100-pcie", "h200", "h200-cu12", "b200", "b200-cu12", "gb200", "b300",
+         "rtx-pro-6000")
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +57,9 @@ def test_skus_table(tmp_path: Path) -> None:
     lines = [line for line in result.output.strip().splitlines() if not line.lstrip().startswith("source:")]
     assert lines[0].split()[:5] == ["sku", "arch", "SMs", "L2", "MiB"]
     assert [line.split()[0] for line in lines[1:]] == list(KNOWN)
-    assert "h200" in lines[3] and "132" in lines[3] and "60.0" in lines[3]
+    h200 = {line.split()[0]: line.split() for line in lines[1:]}["h200"]
+    assert h200[1:5] == ["sm_90a", "132", "60.0", "13"]
+    assert {line.split()[0]: line.split() for line in lines[1:]}["h200-cu12"][1:5] == ["sm_90a", "132", "60.0", "12"]
 
 
 def test_skus_json(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ def test_verify_on_a_missing_cache_dir_is_an_error(tmp_path: Path) -> None:
     assert not (tmp_path / "mistyped").exists()
 
 
-@pytest.mark.parametrize("name, suggestion", [("B200", "'b200'"), ("H200", "'h200'"), ("h20", "'h200'"),
+@pytest.mark.parametrize("name, suggestion", [("B200", "'b200'"), ("H200", "'h200'"), ("h20", "'h200' or 'h200-cu12'"),
                                               ("h100", "'h100-pcie' or 'h100-sxm'")])
 def test_list_unknown_sku_is_an_error_with_did_you_mean(tmp_path: Path, name: str, suggestion: str) -> None:
     put(Store(tmp_path), "a")

@@ -16,7 +16,8 @@ from tests.conftest import assert_located
 
 ROOT = Path(__file__).resolve().parents[2]
 SKUS = variants.load(ROOT / "variants.toml").skus
-KNOWN = ("h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "rtx-pro-6000")
+KNOWN = ("h100-sxm", "h100-pcie", "h200", "b200", "gb200", "b300", "rtx-pro-6000",
+         "h100-sxm-cu12", "h200-cu12", "b200-cu12")
 
 
 def device_like(name: str, **change: object) -> DeviceInfo:
@@ -67,12 +68,10 @@ def test_select_tells_neighbours_apart(device: DeviceInfo, expected: str, neighb
 @pytest.mark.parametrize(
     ("device", "in_message"),
     [
-        (device_like("h200", cuda_major=12), "CUDA 12"),
-        (device_like("b200", cuda_major=12), "CUDA 12"),
         (DeviceInfo("NVIDIA A100-SXM4-80GB", (8, 0), 108, 41943040, 12), "sm_80"),
         (DeviceInfo("NVIDIA GH100-next", (9, 1), 132, 62914560, 13), "sm_91"),
     ],
-    ids=["h200-cuda12", "b200-cuda12", "a100", "unknown-arch"],
+    ids=["a100", "unknown-arch"],
 )
 def test_device_of_no_known_arch_says_what_it_saw_and_how_to_add_it(device: DeviceInfo, in_message: str) -> None:
     with pytest.raises(UnknownSku) as e:
@@ -84,6 +83,24 @@ def test_device_of_no_known_arch_says_what_it_saw_and_how_to_add_it(device: Devi
     assert "fa4-aot build --sku NAME" in message and "FA4_AOT_SKU" in message
 
 
+@pytest.mark.parametrize(("cuda_major", "expected"), [(13, "h200"), (12, "h200-cu12")])
+def test_torch_cuda_major_picks_the_flavour(cuda_major: int, expected: str) -> None:
+    sku, _constants, trace = select(SKUS, device_like("h200", cuda_major=cuda_major))
+    assert sku.name == expected and sku.cuda_major == cuda_major
+    other = "h200" if expected == "h200-cu12" else "h200-cu12"
+    assert f"{other}: CUDA {SKUS[other].cuda_major} != {cuda_major}" in trace
+
+
+@pytest.mark.bad_input("SKU detection")
+@pytest.mark.parametrize("name", ["b300", "rtx-pro-6000"])  # no CUDA 12 row of their arch
+def test_cuda12_torch_on_a_cuda13_only_sku_says_which_flavour_to_add(name: str) -> None:
+    with pytest.raises(UnknownSku) as e:
+        select(SKUS, device_like(name, cuda_major=12))
+    message = str(e.value)
+    assert f"matches {name} (CUDA 13)" in message and "built for CUDA 12 (torch.version.cuda)" in message
+    assert f"[skus.{name}]" in message and f"fa4-aot build --sku {name}-cu12" in message
+
+
 @pytest.mark.parametrize(
     ("device", "row"),
     [
@@ -93,8 +110,9 @@ def test_device_of_no_known_arch_says_what_it_saw_and_how_to_add_it(device: Devi
         (device_like("b200", l2_bytes=126 * MIB), "b200"),  # a driver reporting another L2 figure
         (DeviceInfo("NVIDIA H200 MIG 3g.71gb", (9, 0), 60, 31457280, 13), "h100-pcie"),
         (DeviceInfo("RTX 5090", (12, 0), 170, 100663296, 13), "rtx-pro-6000"),
+        (device_like("gb200", cuda_major=12), "b200-cu12"),  # the CUDA 12 row of its arch serves it
     ],
-    ids=["odd-sm-count", "odd-l2", "b200-other-l2", "mig-slice", "rtx-5090"],
+    ids=["odd-sm-count", "odd-l2", "b200-other-l2", "mig-slice", "rtx-5090", "gb200-cuda12"],
 )
 def test_device_of_known_arch_is_matched_by_need(device: DeviceInfo, row: str) -> None:
     """Issue 13: such a device gets every kernel that consumed no constant, and those whose constants equal its
@@ -189,6 +207,14 @@ PARSE_ERRORS = [
      ["'arch'", "'sm_80a'", "sm_90a, sm_100a, sm_103a, sm_110a, sm_120a"]),
     _case("cuda-major-11", GOOD.replace("cuda_major = 13", "cuda_major = 11  # HERE"),
      ["'cuda_major'", "allowed values: 12, 13"]),
+    _case("cuda-major-list-11", GOOD.replace("cuda_major = 13", "cuda_major = [13, 11]  # HERE"),
+     ["'cuda_major'", "allowed values: 12, 13", "[13, 12]"]),
+    _case("cuda-major-twice", GOOD.replace("cuda_major = 13", "cuda_major = [12, 12]  # HERE"),
+     ["'cuda_major'", "allowed values"]),
+    _case("cuda-major-empty", GOOD.replace("cuda_major = 13", "cuda_major = []  # HERE"),
+     ["'cuda_major'", "allowed values"]),
+    _case("cuda-major-str", GOOD.replace("cuda_major = 13", 'cuda_major = ["12"]  # HERE'),
+     ["'cuda_major'", "expected int or a list of ints"]),
     _case("zero-sms", GOOD.replace("sm_count = 132", "sm_count = 0  # HERE"), ["'sm_count'", "must be positive"]),
     _case("description-type", GOOD + "description = 141  # HERE\n", ["'description'", "expected str"]),
 ]
@@ -230,3 +256,21 @@ def test_good_sku_file_loads(tmp_path: Path) -> None:
     loaded = variants.load(path).skus
     assert list(loaded) == ["good", "bad"]
     assert loaded["good"] == Sku("good", "sm_90a", 132, 62914560, 13, "fine")
+
+
+def test_cuda_major_list_makes_one_sku_per_flavour(tmp_path: Path) -> None:
+    path = tmp_path / "skus.toml"
+    path.write_text(f"[skus.h200]\n{GOOD.replace('cuda_major = 13', 'cuda_major = [13, 12]')}")
+    loaded = variants.load(path).skus
+    assert list(loaded) == ["h200", "h200-cu12"]
+    assert (loaded["h200"].cuda_major, loaded["h200-cu12"].cuda_major) == (13, 12)
+    assert dataclasses.replace(loaded["h200-cu12"], name="h200", cuda_major=13) == loaded["h200"]
+
+
+def test_derived_flavour_name_may_not_shadow_a_table(tmp_path: Path) -> None:
+    path = tmp_path / "skus.toml"
+    path.write_text(f"[skus.h200]\n{GOOD.replace('cuda_major = 13', 'cuda_major = [13, 12]  # HERE')}\n"
+                    f"[skus.h200-cu12]\n{GOOD.replace('cuda_major = 13', 'cuda_major = 12')}")
+    with pytest.raises(ConfigError) as e:
+        variants.load(path)
+    assert_located(e.value, path, 5, ["'cuda_major'", "'h200-cu12' is defined twice"])

@@ -1,0 +1,276 @@
+"""A cluster coming up: N client processes (nodes, each with its own cache) fetch one model's kernel set at once
+from `fa4-aot serve --workers W` on PostgreSQL, side by side with nginx serving the same store files.
+
+Each client is a light process (no GPU, no FA4) running the client library's fetch path for a list of kernel keys:
+  per-kernel   what install()/fetch() does for one kernel: GET /v1/kernels/<key>, then GET /v1/objects/<digest>,
+               on 8 threads (client.FETCH_THREADS); against nginx the same URLs map to the store's files;
+  bundle       what load() now does first: one POST /v1/bundles for all the keys (fa4-aot server only).
+All N processes start first and wait; then they are released together and timed until every one holds every
+kernel ("all ready"). Runs alternate between servers, so load from other work on the machine hits them alike.
+The store is synthetic (random bytes, sizes around the real h200 objects' mean): serving never looks inside.
+
+    python bench/cluster_start.py [--clients 256] [--kernels 40] [--workers 2] [--rounds 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "service")]
+
+NGINX = """
+daemon off; worker_processes %(workers)d; pid %(tmp)s/nginx.pid; error_log %(tmp)s/error.log; user root;
+events { worker_connections 4096; }
+http {
+  access_log off; sendfile on; tcp_nopush on; keepalive_requests 100000;
+  client_body_temp_path %(tmp)s; proxy_temp_path %(tmp)s; fastcgi_temp_path %(tmp)s;
+  uwsgi_temp_path %(tmp)s; scgi_temp_path %(tmp)s;
+  server {
+    listen 127.0.0.1:%(port)d backlog=4096;
+    location ~ "^/v1/objects/([0-9a-f]{2})([0-9a-f]{62})$" {
+      alias %(root)s/objects/$1/$2; default_type application/octet-stream;
+      add_header Cache-Control "public, max-age=31536000, immutable";
+    }
+    location ~ "^/v1/kernels/(([0-9a-f]{2})[0-9a-f]{62})$" {
+      alias %(root)s/index/$2/$1.json; default_type application/json;
+    }
+    location = /healthz { return 200 "ok"; }
+  }
+}
+"""
+
+
+# -- client side: one process per node, kept across runs ----------------------------------------------
+def client_loop() -> None:
+    """Read one JSON job per line on stdin, fetch, answer one JSON line on stdout; exit on EOF."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fa4_aot.remote import Remote
+    from fa4_aot.store import Store
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        remote, store = Remote(job["url"]), Store(Path(job["cache"]))
+        started, latencies, error = time.perf_counter(), [], ""
+        try:
+            if job["mode"] == "bundle":
+                stored, skipped = remote.fetch_bundle(job["keys"], store)
+                assert not skipped and len(stored) == len(job["keys"]), skipped
+                latencies = [time.perf_counter() - started] * len(job["keys"])
+            else:
+                with ThreadPoolExecutor(8) as pool:
+                    latencies = list(pool.map(lambda k, r=remote, s=store: _timed(r, k, s), job["keys"]))
+            assert all(store.has_entry(k) for k in job["keys"])
+        except Exception as e:  # a node that gave up (the library's retries exhausted): counted, not fatal
+            error = f"{type(e).__name__}: {e}"[:300]
+        remote.close()
+        print(json.dumps({"ready": time.perf_counter() - started, "latencies": latencies, "error": error}),
+              flush=True)
+
+
+def _timed(remote: Any, key: str, store: Any) -> float:
+    t = time.perf_counter()
+    remote.fetch_kernel(key, store)
+    return time.perf_counter() - t
+
+
+# -- driver -------------------------------------------------------------------------------------------
+def make_store(root: Path, kernels: int, seed: int = 11) -> list[str]:
+    """`kernels` synthetic h200 kernels (sizes 30-110 KB, mean about the real h200 objects' 66 KB)."""
+    from fa4_aot.store import Entry, Store
+
+    rng, store, keys = random.Random(seed), Store(root), []
+    for i in range(kernels):
+        data = rng.randbytes(rng.randint(30_000, 110_000))
+        digest = store.put_object(data)
+        key = f"{rng.getrandbits(256):064x}"
+        store.put_entry(Entry(kernel_key=key, object_digest=digest, size=len(data), family="_flash_attn_fwd",
+                              compile_key=[i], sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560,
+                              cuda_major=13, toolchain={"bench": "synthetic"}, variant="bench",
+                              call=f"synthetic {i}", compile_seconds=0.0))
+        keys.append(key)
+    return keys
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid` and all its descendants (Linux /proc), in seconds."""
+    tick, total, todo = os.sysconf("SC_CLK_TCK"), 0.0, [pid]
+    kids: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(entry))
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+        todo += kids.get(p, [])
+    return total
+
+
+def run(clients: list[subprocess.Popen[str]], url: str, mode: str, keys: list[str], tmp: Path,
+        server_pids: list[int], budget: float) -> dict[str, Any]:
+    caches = tmp / "nodes"
+    shutil.rmtree(caches, ignore_errors=True)
+    cpu0 = sum(cpu_seconds(p) for p in server_pids)
+    started = time.perf_counter()
+    for i, c in enumerate(clients):
+        assert c.stdin is not None
+        c.stdin.write(json.dumps({"url": url, "mode": mode, "keys": keys, "cache": str(caches / str(i))}) + "\n")
+        c.stdin.flush()
+    answers = collect(clients, started + budget)
+    wall = time.perf_counter() - started
+    cpu = sum(cpu_seconds(p) for p in server_pids) - cpu0
+    ok = [a for a in answers if a and not a["error"]]
+    lat = sorted(x for a in ok for x in a["latencies"]) or [float("nan")]
+    return {"mode": mode, "nodes_ready": len(ok), "nodes_failed": sum(1 for a in answers if a and a["error"]),
+            "nodes_unfinished": sum(1 for a in answers if a is None), "all_ready_s": round(wall, 3),
+            "slowest_node_s": round(max((a["ready"] for a in ok), default=float("nan")), 3),
+            "median_node_s": round(statistics.median(a["ready"] for a in ok), 3) if ok else None,
+            "object_p50_ms": round(1000 * lat[len(lat) // 2], 1),
+            "object_p99_ms": round(1000 * lat[int(len(lat) * .99)], 1), "server_cpu_s": round(cpu, 2),
+            "objects": len(lat), "first_error": next((a["error"] for a in answers if a and a["error"]), "")}
+
+
+def collect(clients: list[subprocess.Popen[str]], deadline: float) -> list[dict[str, Any] | None]:
+    """Each client's answer line, or None for one still busy at `deadline` (it is then killed: a stuck node)."""
+    import selectors
+
+    answers: list[dict[str, Any] | None] = [None] * len(clients)
+    sel = selectors.DefaultSelector()
+    for i, c in enumerate(clients):
+        sel.register(c.stdout, selectors.EVENT_READ, i)  # type: ignore[arg-type]
+    while sel.get_map() and time.perf_counter() < deadline:
+        for key, _ in sel.select(timeout=max(0.0, deadline - time.perf_counter())):
+            line = clients[key.data].stdout.readline()  # type: ignore[union-attr]
+            answers[key.data] = json.loads(line) if line else {"error": "client died", "ready": 0, "latencies": []}
+            sel.unregister(key.fileobj)
+    for key in list(sel.get_map().values()):
+        clients[key.data].kill()
+    return answers
+
+
+def start_servers(tmp: Path, store_root: Path, workers: int) -> tuple[list[subprocess.Popen[Any]], Any, str, str]:
+    from service_helpers import Postgres, free_port
+
+    pg = Postgres()
+    pg.start()
+    ours_port, nginx_port = free_port(), free_port()
+    ours = subprocess.Popen([sys.executable, "-m", "fa4_aot", "serve", "--port", str(ours_port), "--db",
+                             pg.new_database(), "--workers", str(workers)], cwd=ROOT,
+                            env={**os.environ, "FA4_AOT_CACHE": str(store_root)},
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "wb"))  # noqa: SIM115
+    (tmp / "nginx.conf").write_text(NGINX % {"tmp": tmp, "port": nginx_port, "root": store_root, "workers": workers})
+    nginx = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
+                             stderr=open(tmp / "nginx.log", "wb"))  # noqa: SIM115
+    urls = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{nginx_port}"
+    for url in urls:
+        wait_up(url)
+    return [ours, nginx], pg, *urls
+
+
+def wait_up(url: str) -> None:
+    import httpx
+
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    sys.exit(f"{url} did not come up")
+
+
+def start_clients(n: int) -> list[subprocess.Popen[str]]:
+    procs = [subprocess.Popen([sys.executable, __file__, "--client"], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+             for _ in range(n)]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return procs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=256)
+    parser.add_argument("--kernels", type=int, default=40, help="kernels in one model's set (each node fetches all)")
+    parser.add_argument("--workers", type=int, default=2, help="server processes (fa4-aot and nginx alike)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds a run may take; later nodes count as "
+                        "unfinished (and their processes are replaced)")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        return client_loop()
+    tmp = Path(tempfile.mkdtemp(prefix="fa4-aot-cluster-"))
+    keys = make_store(tmp / "store", args.kernels)
+    servers, pg, ours, nginx = start_servers(tmp, tmp / "store", args.workers)
+    clients: list[subprocess.Popen[str]] = []
+    rows = []
+    plan = [("nginx", nginx, "per-kernel", servers[1]), ("fa4-aot", ours, "bundle", servers[0])] * args.rounds
+    plan.append(("fa4-aot", ours, "per-kernel", servers[0]))  # last: it may exhaust the budget
+    try:
+        for r, (name, url, mode, proc) in enumerate(plan):
+            clients = [c for c in clients if c.poll() is None]
+            clients += start_clients(args.clients - len(clients))
+            row = {"run": r, "server": name, **run(clients, url, mode, keys, tmp, [proc.pid, *pg_pids(pg, name)],
+                                                    args.budget)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        for c in clients:
+            c.kill()
+        for s in servers:
+            for pid in _children(s.pid):
+                os.kill(pid, 9)
+            s.kill()
+        pg.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    doc = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {os.uname().machine}, no GPU",
+           "clients": args.clients, "kernels": args.kernels, "workers": args.workers, "runs": rows}
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=1))
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def pg_pids(pg: Any, server: str) -> list[int]:
+    """PostgreSQL's postmaster (its backends are children): the fa4-aot server's database work is its CPU too."""
+    if server != "fa4-aot":
+        return []
+    pid_file = pg.root / "data" / "postmaster.pid"
+    return [int(pid_file.read_text().split()[0])] if pid_file.exists() else []
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Where a build's work runs. The orchestrator (build.py) plans, triages, reports progress and writes the store;
+an executor only runs its tasks in worker processes configured for the task's SKU and says how each ended.
+
+- LocalExecutor (default): a process pool on this host, one SKU at a time; its workers write the store
+  themselves, each kernel under its lock, so several builders may share one store.
+- farm.RayExecutor (`--executor ray`, extra `fa4-aot[farm]`): Ray tasks on a cluster; objects travel back to
+  the driver, which writes them, or go straight to a server.
+
+A SKU whose CUDA major differs from this interpreter's compiler runs in workers of that flavour's interpreter
+(flavours.python_for): the local pool spawns them from it, Ray gives the tasks a runtime_env with it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.spawn
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import flavours
+from .calls import Call
+from .signature import Signature
+from .skus import Sku
+from .store import Entry, Store
+from .worker import PlanOut, Wanted
+
+Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
+
+
+@dataclass(frozen=True)
+class CompileTask:
+    variant: str
+    call: Call
+    wanted: tuple[Wanted, ...]
+
+
+@dataclass
+class Outcome:
+    """How one kernel of a task ended. `entries` (full key first, then the base key's signpost if any) and `data`
+    come back when the executor's workers do not write the store themselves; the orchestrator then commits them
+    (object first, entries last)."""
+
+    kernel_key: str
+    family: str
+    status: str  # "built", "present" or "failed"
+    error: str = ""
+    seconds: float = 0.0
+    size: int = 0
+    entries: tuple[Entry, ...] = ()
+    data: bytes | None = None
+
+
+class Executor(Protocol):
+    name: str
+
+    def plan_chunks(self, calls: int) -> int:
+        """How many tasks to cut the planning of `calls` calls into."""
+        ...
+
+    def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
+        """Plan each chunk in a worker for `sku`; yield (chunk index, its kernels, rejected calls and, with
+        `record`, the lean runtime's recipe regions)."""
+        ...
+
+    def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
+        """Compile each task's kernels for `sku`; yield (task index, outcomes) as tasks finish, in any order.
+        Raises DiskFull (and stops) when the store is full; any other failure is an outcome."""
+        ...
+
+    def relink(self, sku: Sku, store: Store, keys: list[str]) -> list[str]:
+        """Link this host's lean-runtime library for the stored entries `keys` (build_lean.relink); errors."""
+        ...
+
+    def close(self, stop: bool = False) -> None:
+        """Release the workers; with `stop` (Ctrl-C), drop queued and running work at once."""
+        ...
+
+
+class LocalExecutor:
+    """A spawn-started process pool on this host, kept for one SKU at a time."""
+
+    name = "local"
+
+    def __init__(self, jobs: int = 1) -> None:
+        self.jobs = max(1, jobs)
+        self._pool: ProcessPoolExecutor | None = None
+        self._key: tuple[Sku, str] | None = None
+        self._stack = ExitStack()
+
+    def plan_chunks(self, calls: int) -> int:
+        return self.jobs
+
+    def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
+        pool = self._pool_for(sku, store)
+        futures = [pool.submit(_plan_task, chunk, record) for chunk in chunks]
+        for i, future in enumerate(futures):
+            yield i, future.result()
+
+    def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
+        pool = self._pool_for(sku, store)
+        futures: dict[Future[list[Outcome]], int] = {pool.submit(_compile_task, t): i for i, t in enumerate(tasks)}
+        try:
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def relink(self, sku: Sku, store: Store, keys: list[str]) -> list[str]:
+        return self._pool_for(sku, store).submit(_relink_task, keys).result()
+
+    def close(self, stop: bool = False, grace: float = 5.0) -> None:
+        """Shut the pool down; with `stop`, cancel what is queued and end the workers: SIGTERM first (a worker
+        exits through its finally blocks, removing its temp files and releasing its locks), SIGKILL after `grace`."""
+        pool, self._pool, self._key = self._pool, None, None
+        if pool is not None and not stop:
+            pool.shutdown(cancel_futures=True)
+        elif pool is not None:
+            workers = list((getattr(pool, "_processes", None) or {}).values())  # the stdlib has no public handle
+            pool.shutdown(wait=False, cancel_futures=True)
+            for proc in workers:
+                proc.terminate()
+            deadline = time.monotonic() + grace
+            for proc in workers:
+                proc.join(max(0.0, deadline - time.monotonic()))
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        self._stack.close()
+
+    def _pool_for(self, sku: Sku, store: Store) -> ProcessPoolExecutor:
+        root = str(store.root)
+        if self._pool is not None and self._key == (sku, root):
+            return self._pool
+        self.close()
+        python = flavours.python_for(sku.cuda_major)
+        sys_path: tuple[str, ...] = ()
+        if not flavours.is_own(python):
+            sys_path = flavours.sys_path_of(python)
+            self._stack.enter_context(_spawning_with(python))
+        context = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(self.jobs, mp_context=context, initializer=_init,
+                                         initargs=(sku, root, sys_path))
+        self._key = (sku, root)
+        return self._pool
+
+
+class _spawning_with:
+    """Spawn new processes from another interpreter while the block runs (multiprocessing's setting is global;
+    workers of a ProcessPoolExecutor are spawned while tasks are submitted, so the pool's whole life)."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self.saved = ""
+
+    def __enter__(self) -> None:
+        self.saved = multiprocessing.spawn.get_executable() or sys.executable  # type: ignore[attr-defined]
+        multiprocessing.spawn.set_executable(self.python)
+
+    def __exit__(self, *exc: object) -> None:
+        multiprocessing.spawn.set_executable(self.saved)
+
+
+# -- in the pool's workers --------------------------------------------------------------------------
+_state: dict[str, Any] = {}
+
+
+def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
+    import signal
+
+    # Ctrl-C reaches the whole process group: the parent decides (LocalExecutor.close), workers do not die
+    # mid-write. Its SIGTERM then unwinds the worker through its finally blocks (temp files, locks).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # configure() runs in the first task, so that a wrong environment fails that task with a BuildError
+    if sys_path:  # a worker of another flavour's interpreter: multiprocessing gave it the driver's sys.path
+        sys.path[:] = sys_path
+    _state.update(sku=sku, store=Store(Path(store_root)))
+
+
+def _plan_task(work: Work, record: bool) -> PlanOut:
+    from . import worker
+
+    return worker.plan_calls(_state["sku"], work, _state["store"], record)
+
+
+def _relink_task(keys: list[str]) -> list[str]:
+    from . import worker
+
+    return worker.relink(_state["sku"], _state["store"], keys)
+
+
+def _compile_task(task: CompileTask) -> list[Outcome]:
+    """Compile under the kernels' locks, re-checking first: another builder on this store may have finished."""
+    from . import worker
+    from .build import stored_key
+
+    store: Store = _state["store"]
+    outcomes: list[Outcome] = []
+
+    def sink(entries: list[Entry], data: bytes) -> None:
+        store.put_object(data)
+        full = entries[0]
+        for entry in entries:
+            if entry is full or not store.has_entry(entry.kernel_key):  # a signpost already there stays
+                store.put_entry(entry)
+        outcomes.append(Outcome(full.kernel_key, full.family, "built", seconds=full.compile_seconds, size=full.size))
+
+    with ExitStack() as stack:
+        for _family, _ident, kk in sorted(task.wanted, key=lambda w: w[2]):
+            stack.enter_context(store.lock(kk))
+        held = {w: stored_key(store, w[2], _state["sku"]) for w in task.wanted}
+        pending = [w for w, key in held.items() if key is None]
+        outcomes += [Outcome(key, w[0], "present") for w, key in held.items() if key is not None]
+        errors = worker.compile_kernels(_state["sku"], task.variant, task.call, pending, sink,
+                                        store) if pending else {}
+    by_key = {w[2]: w[0] for w in task.wanted}
+    outcomes += [Outcome(kk, by_key[kk], "failed", error=error) for kk, error in errors.items()]
+    return outcomes
+

@@ -1,0 +1,136 @@
+"""The worker side of a build: runs in a process configured for one SKU (fa4.configure), never in the driver.
+
+Both executors (executors.py: a local process pool; farm.py: Ray) run these functions. `plan_calls` lists the
+kernels of some work items (calls, or signatures planned at every shape); `compile_kernels` compiles the wanted
+kernels of one call and hands each one, as its index entries (full key first, then the base key's signpost when
+the kernel consumed SKU constants) plus its object bytes, to a sink: the local pool's sink writes the shared
+store under a lock, Ray's returns the bytes to the driver or publishes them to a server. Given the store,
+planning also records the lean runtime's recipe regions and compiling links each kernel's library
+(build_lean.py); Ray's workers have no store, so their driver links afterwards (executors.relink). FA4 is reached
+only through the seam, fa4_aot.fa4.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from . import build_lean, fa4, kernel_keys
+from .calls import Call
+from .errors import DiskFull
+from .signature import Signature
+from .skus import Sku
+from .store import Entry, Store
+
+Wanted = tuple[str, str, str]  # (family, canonical compile-key JSON, kernel key)
+Kernels = list[tuple[str, str, str, int, Call]]  # (family, ident, base key, index into the work, a call choosing it)
+# kernels, rejected items (index, error), recorded recipe regions {recipe key: regions}, lean-runtime errors
+PlanOut = tuple[Kernels, list[tuple[int, str]], dict[str, list[dict[str, Any]]], list[str]]
+Sink = Callable[[list[Entry], bytes], None]
+
+_configured: list[Sku] = []
+_lean: dict[str, Any] = {}  # build_lean's per-process state: sku, store, tools, and what it has seen
+
+
+def configure(sku: Sku) -> None:
+    """Point this process at `sku` once, before FA4 is imported. Raises BuildError if it already serves another."""
+    if _configured:
+        if _configured[0] != sku:
+            from .errors import BuildError
+
+            raise BuildError(f"worker {os.getpid()} is configured for {_configured[0].name}, not {sku.name}")
+        return
+    import warnings
+
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: silences FakeTensor data_ptr notices
+    warnings.filterwarnings("ignore")  # CuTe's per-argument notices and torch's FakeTensor data_ptr notice
+    fa4.configure(sku)
+    _configured.append(sku)
+
+
+def plan_calls(sku: Sku, work: list[tuple[str, Call | Signature]], store: Store | None = None,
+               record: bool = True) -> PlanOut:
+    """Every kernel the work items need (a Call: at its shapes; a Signature: at every shape), the items FA4
+    rejects, and (with `record`) the recipe regions of the calls planned, skipping those `store` already has."""
+    configure(sku)  # first: planning imports FA4, which must see the SKU's arch
+    tools = fa4.toolchain()
+    kernels: Kernels = []
+    failures: list[tuple[int, str]] = []
+    for i, (_name, item) in enumerate(work):
+        try:
+            if isinstance(item, Call):
+                found = {ident: (key, item) for ident, key in fa4.plan(item).items()}
+            else:
+                found = fa4.plan_signature(item, sku)
+        except Exception as e:  # FA4 rejects the item for this SKU: report it, go on
+            failures.append((i, one_line(e)))
+            continue
+        for (family, ident), (key, call) in found.items():
+            kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, tools), i, call))
+    if not record:
+        return kernels, failures, {}, []
+    return (kernels, failures, *build_lean.record_work(_lean_state(sku, store), work, kernels, failures, one_line))
+
+
+def relink(sku: Sku, store: Store, keys: list[str]) -> list[str]:
+    """Add this host's library to the entries `keys` that lack it; no recompiling. Returns errors."""
+    configure(sku)
+    return build_lean.relink(_lean_state(sku, store), keys, one_line)
+
+
+def _lean_state(sku: Sku, store: Store | None) -> dict[str, Any]:
+    """build_lean's state for `store` (None: Ray workers, which record recipes without checking a store)."""
+    if _lean.get("store_root") != (store.root if store else None):
+        _lean.clear()
+        _lean.update(sku=sku, store=store, store_root=store.root if store else None, tools=fa4.toolchain())
+    return _lean
+
+
+def compile_kernels(sku: Sku, variant: str, call: Call, wanted: list[Wanted], sink: Sink,
+                    store: Store | None = None) -> dict[str, str]:
+    """Compile the `wanted` kernels of `call` and give each to `sink` (entries, object bytes); with `store`, each
+    entry names its linked library, stored there (build_lean.shared_libs).
+    Returns {kernel key: error} for the wanted kernels that did not reach the sink; raises DiskFull only."""
+    configure(sku)  # first: FA4 must see the SKU's arch when it is imported
+    by_ident = {(f, ident): kk for f, ident, kk in wanted}
+    sunk: set[str] = set()
+    asked = [len(fa4.hardware_calls())]  # kernels compile one after another: later queries are the next one's
+
+    def done(family: str, key: Any, fn: Any, seconds: float) -> None:
+        kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
+        queries = fa4.hardware_calls()[asked[0]:]
+        asked[0] += len(queries)
+        data = fa4.export(fn)
+        base = Entry(
+            kernel_key=kk, object_digest=hashlib.sha256(data).hexdigest(), size=len(data), family=family,
+            compile_key=kernel_keys.canonical(key),
+            sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
+            toolchain=fa4.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
+            hardware_queries=[list(q) for q in queries],
+            shared_libs=build_lean.shared_libs(_lean_state(sku, store), data) if store is not None else {},
+        )
+        full = kernel_keys.entry_keys(base)[1]
+        # stored under the full key (the constants it consumed); the base entry is the signpost saying which
+        sink([replace(base, kernel_key=full), base] if full != kk else [base], data)
+        sunk.add(kk)
+
+    try:
+        fa4.compile_call(call, set(by_ident), done)
+        error = "FA4 did not ask for this kernel when the call was re-run"
+    except DiskFull:  # not this kernel's fault: every later write fails too, so the build stops
+        raise
+    except Exception as e:
+        error = one_line(e)
+    return {kk: error for kk in by_ident.values() if kk not in sunk}
+
+
+def one_line(e: BaseException) -> str:
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    at = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
+    text = " ".join(str(e).split())[:300] or "no message"
+    return f"{type(e).__name__}: {text}{at}"
