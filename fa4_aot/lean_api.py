@@ -183,6 +183,8 @@ def load(q_shape: tuple[int, int, int, int], k_shape: tuple[int, int, int, int] 
     returning when the store lacks a recipe region or kernel."""
     import torch
 
+    if layout == "paged" and page_size <= 0:
+        raise ValueError("layout='paged' needs page_size (k's dimension 1 in the call: the pool's page size)")
     k_shape = k_shape or q_shape
     sig = signature(layout, str(dtype or torch.bfloat16), q_shape[2], q_shape[3], k_shape[2], k_shape[3],
                     causal=causal, window_size=window_size, softcap=softcap, sink=learnable_sink,

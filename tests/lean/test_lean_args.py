@@ -107,3 +107,8 @@ def test_trusted_keys_refuse_the_lean_runtime(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("FA4_AOT_TRUSTED_KEYS", "ssh-ed25519 AAAA test")
     with pytest.raises(Fa4AotError, match="install"):
         lean.runtime(tmp_path / "store")
+
+
+def test_load_paged_needs_the_page_size() -> None:
+    with pytest.raises(ValueError, match="page_size"):
+        fa4_aot.load((4, 1, 32, 128), (4, 2048, 8, 128), layout="paged")
