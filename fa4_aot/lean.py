@@ -4,6 +4,9 @@ A call's signature (flags, heads, head dims, dtype) names its recipe file (recip
 the region whose guards hold, i.e. the choices FA4 itself makes at these sizes; the region's steps (FA4's
 allocations, zero fills, views and kernel launches, recorded by the planner) are replayed with the linked
 kernels (lean_libs). Autograd: forward and backward are one torch.autograd.Function, as in FA4.
+
+runtime() applies the client's trust policy (trust.py, FA4_AOT_TRUSTED_KEYS) to every recipe file and library
+before use, and with FA4_AOT_SERVER set fetches what the store lacks (lean_fetch.py); it never compiles.
 """
 
 from __future__ import annotations
@@ -14,19 +17,22 @@ from typing import Any
 
 from . import config, recipe, recipe_store
 from .errors import Fa4AotError, KernelMissing
+from .lean_fetch import Fetcher
 from .lean_libs import Libraries
 from .signature import Signature
 from .skus import Constants, Sku, detect_device, select
 from .store import Store
+from .trust import Trust
 
 
 class Runtime:
     """One store and the detected SKU: recipe files and kernels, loaded on first use, kept for the process."""
 
-    def __init__(self, store: Store, sku: Sku, constants: Constants | None = None) -> None:
-        self.store, self.sku = store, sku
+    def __init__(self, store: Store, sku: Sku, constants: Constants | None = None, trust: Trust | None = None,
+                 fetcher: Fetcher | None = None) -> None:
+        self.store, self.sku, self.trust, self.fetcher = store, sku, trust, fetcher
         # the device's constants pick, for a kernel that consumed some, the build with the device's values
-        self.libraries = Libraries(store, sku.name, constants or sku.constants())
+        self.libraries = Libraries(store, sku.name, constants or sku.constants(), trust, fetcher)
         self._attention: dict[Signature, Attention] = {}
 
     def attention(self, sig: Signature) -> Attention:
@@ -44,15 +50,18 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
     store = Store(cache_dir or config.default_cache_dir())
     found = _runtimes.get(store.root)
     if found is None:
-        if os.environ.get("FA4_AOT_TRUSTED_KEYS"):
-            raise Fa4AotError("FA4_AOT_TRUSTED_KEYS is set, but signed manifests do not list the lean runtime's "
-                              "libraries yet, so they cannot be checked against them; run FA4 through "
-                              "fa4_aot.install() on this host, or unset FA4_AOT_TRUSTED_KEYS for a store you trust")
         from . import variants
 
         matrix = variants.load(config.default_variants_file())
         sku, constants, _trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
-        found = _runtimes[store.root] = Runtime(store, sku, constants)
+        remote = None
+        if config.server_url() is not None:
+            from .remote import server_from_env
+
+            remote = server_from_env()
+        trust = Trust.from_env(sku, store, remote)
+        fetcher = Fetcher(remote, trust, store) if remote is not None else None
+        found = _runtimes[store.root] = Runtime(store, sku, constants, trust, fetcher)
     return found
 
 
@@ -61,17 +70,38 @@ class Attention:
 
     def __init__(self, rt: Runtime, sig: Signature) -> None:
         self.rt, self.sig = rt, sig
-        self.regions = recipe_store.load(rt.store, recipe_store.recipe_key(sig, rt.sku))
+        self.key = recipe_store.recipe_key(sig, rt.sku)
+        self._refetched = False
+        self.regions = self._load()
         self._bound: dict[tuple[Any, ...], recipe.Bound] = {}
+
+    def _load(self) -> list[dict[str, Any]]:
+        check = self.rt.trust.check_recipe if self.rt.trust is not None else None
+        regions = recipe_store.load(self.rt.store, self.key, check)
+        if not regions and self._refetch():
+            regions = recipe_store.load(self.rt.store, self.key, check)
+        return regions
+
+    def _refetch(self) -> bool:
+        """Fetch the server's recipe file (once per signature and process): it may hold regions recorded since."""
+        if self.rt.fetcher is None or self._refetched:
+            return False
+        self._refetched = True
+        return self.rt.fetcher.recipe(self.rt.sku.name, self.key)
 
     def region(self, sizes: dict[str, int]) -> dict[str, Any]:
         found = recipe_store.find(self.regions, sizes)
+        if found is None and self._refetch():
+            self.regions = self._load()
+            found = recipe_store.find(self.regions, sizes)
         if found is None:
             fields = ", ".join(f"{k}={v}" for k, v in sizes.items())
+            fetcher = self.rt.fetcher
+            server = f" nor on the server ({fetcher.error})" if fetcher is not None and fetcher.error else ""
             raise KernelMissing(
-                f"no recorded recipe of {self.sig} for {fields} on SKU {self.rt.sku.name} in {self.rt.store.root} "
-                f"({len(self.regions)} region(s) recorded); add these sizes to a [shapes] grid of a [[variants]] "
-                f"entry and run `fa4-aot build --sku {self.rt.sku.name}`, or use fa4_aot.install() with FA4",
+                f"no recorded recipe of {self.sig} for {fields} on SKU {self.rt.sku.name} in {self.rt.store.root}"
+                f"{server} ({len(self.regions)} region(s) recorded); add these sizes to a [shapes] grid of a "
+                f"[[variants]] entry and run `fa4-aot build --sku {self.rt.sku.name}`, or use fa4_aot.install() with FA4",
                 sku=self.rt.sku.name, family="recipe", kernel_key="", compile_key="")
         return found
 
@@ -80,6 +110,7 @@ class Attention:
         found = self._bound.get(key)
         if found is None:
             region = self.region(sizes)
+            self.rt.libraries.prefetch([k["kernel_key"] for k in region["kernels"]])
             functions = [self.rt.libraries.function(k["kernel_key"], k["family"]) for k in region["kernels"]]
             chosen = region["softmax_scale"] if scale is None else scale
             found = self._bound[key] = recipe.bind(region, sizes, functions, device, chosen)
@@ -87,7 +118,9 @@ class Attention:
 
     def preload(self, sizes: dict[str, int]) -> None:
         """Load every kernel of the region at `sizes` (KernelMissing when one is absent)."""
-        for k in self.region(sizes)["kernels"]:
+        region = self.region(sizes)
+        self.rt.libraries.prefetch([k["kernel_key"] for k in region["kernels"]])
+        for k in region["kernels"]:
             self.rt.libraries.function(k["kernel_key"], k["family"])
 
 

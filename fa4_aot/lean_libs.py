@@ -5,6 +5,10 @@ descriptor (/proc/self/fd/N, behind a uniquely named link, since tvm_ffi picks i
 what runs is what was verified. The CuTe runtime (libcute_dsl_runtime.so, stored as an object by the build)
 is loaded first with RTLD_GLOBAL; a kernel's DT_NEEDED entries then resolve to it and to the libtvm_ffi.so
 that `import tvm_ffi` loaded, by SONAME.
+
+With a trust policy (trust.Trust), a library and its runtime libraries load only if valid signed manifests list
+them for the kernel and this host arch (check_library, before any byte is mapped). With a fetcher (lean_fetch,
+FA4_AOT_SERVER set), kernels missing locally, or stored without this host's library, are fetched first.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import kernel_keys
 from .config import host_arch
@@ -23,14 +27,19 @@ from .errors import KernelMissing
 from .skus import Constants
 from .store import Entry, Store
 
+if TYPE_CHECKING:
+    from .lean_fetch import Fetcher
+    from .trust import Trust
+
 EXPORT_FUNCTION = "func"  # build.EXPORT_FUNCTION (not imported: build pulls in the build machinery)
 
 
 class Libraries:
     """Kernel functions by kernel key, loaded once per process from one store."""
 
-    def __init__(self, store: Store, sku_name: str, constants: Constants | None = None) -> None:
-        self.store = store
+    def __init__(self, store: Store, sku_name: str, constants: Constants | None = None,
+                 trust: Trust | None = None, fetcher: Fetcher | None = None) -> None:
+        self.store, self.trust, self.fetcher = store, trust, fetcher
         self.sku_name = sku_name
         self.constants = constants
         self.arch = host_arch()
@@ -48,19 +57,45 @@ class Libraries:
                 self._functions[kernel_key] = fn
         return fn
 
+    def prefetch(self, base_keys: list[str]) -> None:
+        """Fetch, in one request per round, the kernels of `base_keys` this store cannot load yet (base entries
+        first; then the builds with this device's constants that they name). Nothing without a fetcher."""
+        for _round in range(2):
+            wanted = [k for k in base_keys if self._wanted(k)]
+            if self.fetcher is None or not wanted or not self.fetcher.kernels(wanted):
+                return
+
+    def _wanted(self, base_key: str) -> str:
+        """The key to fetch for `base_key` ('' when its kernel loads from the store as it is)."""
+        entry, _why = self._entry(base_key)
+        if entry is not None and self.arch in entry.shared_libs:
+            return ""
+        base = self.store.get_entry(base_key)
+        if base is None or self.arch not in base.shared_libs or not base.hardware_queries or self.constants is None:
+            return base_key
+        try:
+            return kernel_keys.variant_key(base, self.constants)
+        except ValueError:
+            return ""
+
     def _load(self, kernel_key: str, family: str) -> Any:
         import tvm_ffi
 
         entry, why = self._entry(kernel_key)
+        if (entry is None or self.arch not in entry.shared_libs) and self.fetcher is not None:
+            self.prefetch([kernel_key])
+            entry, why = self._entry(kernel_key)
         lib = entry.shared_libs.get(self.arch) if entry is not None else None
-        if lib is None:
-            why = (why or "is not in") if entry is None else (f"has no {self.arch} library (built before linking, or "
-                                                      "pulled from a server, which does not carry them yet) in")
+        if entry is None or lib is None:
+            why = (why or "is not in") if entry is None else f"has no {self.arch} library (built before linking) in"
+            server = f" nor on the server ({self.fetcher.error})" if self.fetcher is not None else ""
             raise KernelMissing(
-                f"kernel {kernel_key[:16]}… ({family}) for SKU {self.sku_name} {why} {self.store.root}; run "
+                f"kernel {kernel_key[:16]}… ({family}) for SKU {self.sku_name} {why} {self.store.root}{server}; run "
                 f"`fa4-aot build --sku {self.sku_name}` on an {self.arch} build host (it links stored kernels "
-                "without recompiling them)",
+                "without recompiling them) and `fa4-aot push` it",
                 sku=self.sku_name, family=family, kernel_key=kernel_key, compile_key="")
+        if self.trust is not None:
+            self.trust.check_library(entry, self.arch)
         for soname, digest in sorted(lib["needs"].items()):
             if digest:
                 self._runtime(soname, digest)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import kernel_keys, symexpr
@@ -17,17 +18,48 @@ from .signature import Signature
 from .skus import Sku
 from .store import Store
 
+MAX_BYTES = 8 << 20  # a recipe file a server accepts: regions are a few KB each
+
 
 def recipe_key(sig: Signature, sku: Sku) -> str:
-    doc = {"signature": sig.to_dict(), "target": sku.target_facts()}
+    return key_of(sig.to_dict(), sku.target_facts())
+
+
+def key_of(signature: Any, target: dict[str, Any]) -> str:
+    """The recipe key of a signature (as Signature.to_dict writes it) on a SKU with target facts `target`."""
+    doc = {"signature": signature, "target": target}
     return hashlib.sha256(kernel_keys.dumps(doc).encode()).hexdigest()
 
 
-def load(store: Store, key: str) -> list[dict[str, Any]]:
-    """The recorded regions under `key` ([] when none)."""
+def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
+    """ValueError unless `data` is a recipe file a server may keep under `key` for a SKU with facts `target`:
+    at most MAX_BYTES of JSON {"key": key, "regions": [...]} whose every region's signature hashes, with
+    `target`, to `key` (so a file cannot sit under another signature's or SKU's key)."""
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"recipe file of {len(data)} bytes is over the {MAX_BYTES}-byte limit")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"recipe file is not JSON ({str(e)[:100]})") from None
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        raise ValueError(f"recipe file does not hold key {key}")
+    regions = doc.get("regions")
+    if not isinstance(regions, list) or not regions or not all(isinstance(r, dict) for r in regions):
+        raise ValueError("recipe file has no list of regions")
+    for region in regions:
+        if key_of(region.get("signature"), target) != key:
+            raise ValueError(f"a region's signature and the SKU's facts {kernel_keys.dumps(target)} do not hash "
+                             f"to recipe key {key}; publish the file under the SKU it was built for")
+
+
+def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[dict[str, Any]]:
+    """The recorded regions under `key` ([] when none). `check(key, bytes)` may refuse the file by raising
+    (the client's trust policy: trust.Trust.check_recipe) before a byte of it is parsed."""
     data = store.recipes(key)
     if data is None:
         return []
+    if check is not None:
+        check(key, data)
     try:
         doc = json.loads(data)
     except ValueError as e:
@@ -64,3 +96,17 @@ def find(regions: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, Any]
         if symexpr.holds(region["guards"], sizes):
             return region
     return None
+
+
+def keys_for(store: Store, target: dict[str, Any]) -> Iterator[tuple[str, bytes]]:
+    """(key, bytes) of every readable recipe file in `store` recorded for a SKU with facts `target` (its
+    regions' signatures hash, with `target`, to its key); files of other SKUs and unreadable ones are passed over."""
+    for found in store.scan("recipes"):
+        data = store.recipes(found.name) if found.kind == "file" else None
+        if data is None:
+            continue
+        try:
+            check_file(data, found.name, target)
+        except ValueError:
+            continue
+        yield found.name, data

@@ -9,6 +9,8 @@ object once. Configuration is read at call time: FA4_AOT_SERVER, FA4_AOT_TOKEN, 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import random
@@ -206,18 +208,24 @@ class Remote:
                 raise self._give_up(f"download of {digest} from {self.url} ran past its deadline")
             yield chunk
 
-    def fetch_kernel(self, kernel_key: str, store: Store,
-                     accept: Callable[[Entry], None] | None = None) -> Entry | None:
+    def fetch_kernel(self, kernel_key: str, store: Store, accept: Callable[[Entry], None] | None = None,
+                     arches: Callable[[Entry], list[str]] | None = None) -> Entry | None:
         """Fetch kernel `kernel_key` (object, then index entry) into `store`; None if the server lacks it.
-        `accept(entry)` runs before a byte of the object is downloaded and refuses it by raising. An object
-        that a gc removed between the download and the entry is fetched once more."""
+        `accept(entry)` runs before a byte of the object is downloaded and refuses it by raising. `arches(entry)`
+        names the host arches whose linked libraries (with their runtime libraries) come too; the stored entry
+        names only those (default: none), so it never names an object the store lacks. An object that a gc
+        removed between the download and the entry is fetched once more."""
         entry = self.kernel(kernel_key)
         if entry is None:
             return None
         if accept is not None:
             accept(entry)
+        entry = with_libraries(entry, arches(entry) if arches is not None else [])
         for attempt in range(2):
             self.fetch_object(entry.object_digest, store, entry.size)
+            for arch in entry.shared_libs:
+                for digest, size in entry.lib_digests(arch).items():
+                    self.fetch_object(digest, store, size)
             try:
                 store.put_entry(entry)
                 return entry
@@ -226,24 +234,26 @@ class Remote:
                     raise
         raise AssertionError("unreachable")
 
-    def fetch_bundle(self, kernel_keys: list[str], store: Store,
-                     accept: Callable[[Entry], None] | None = None) -> tuple[list[Entry], dict[str, str]]:
+    def fetch_bundle(self, kernel_keys: list[str], store: Store, accept: Callable[[Entry], None] | None = None,
+                     host_arch: str | None = None) -> tuple[list[Entry], dict[str, str]]:
         """Fetch many kernels in one request (POST /v1/bundles): every object is hashed while it streams and
         stored only if it matches (IntegrityError otherwise), then its entries. `accept(entry)` refuses a kernel
         by raising an Fa4AotError before its object is stored (its bytes are read past). Returns (entries
         stored, {kernel key: why not} for those the server lacks or `accept` refused); raises RemoteError when
         the server has no bundle route (older servers: fetch_kernel per key). Shares the fetch deadline as
-        fetch_object does: a bundle that misses it marks the server down."""
+        fetch_object does: a bundle that misses it marks the server down. With `host_arch` (the lean runtime),
+        each entry's library for that arch and the runtime libraries it needs come along."""
         self._check_up()
         end = self._end()
         what = f"bundle of {len(kernel_keys)} kernels"
+        body: dict[str, Any] = {"kernel_keys": kernel_keys, **({"host_arch": host_arch} if host_arch else {})}
         for attempt in range(self.retries + 1):
             try:
-                with self._client.stream("POST", "/v1/bundles", json={"kernel_keys": kernel_keys},
+                with self._client.stream("POST", "/v1/bundles", json=body,
                                          timeout=_timeout(end)) as response:
                     _check(response, (200,), self.url)
                     chunks = self._within(response.iter_bytes(1 << 20), end, what)
-                    return _unbundle(BundleReader(chunks), store, accept, self.url, set(kernel_keys))
+                    return _unbundle(BundleReader(chunks), store, accept, self.url, set(kernel_keys), host_arch)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
                     raise self._give_up(f"{what} from {self.url} failed: {e}", e) from e
@@ -252,20 +262,50 @@ class Remote:
 
     # -- writes -------------------------------------------------------------------------------
     def push_entry(self, entry: Entry, store: Store) -> bool:
-        """Publish one local kernel: upload its object unless the server has it (HEAD first), then its entry.
-        Returns True if the object was uploaded."""
+        """Publish one local kernel: upload its object and its linked libraries (with the runtime libraries they
+        need) unless the server has them (HEAD first), then its entry. Returns True if the object was uploaded."""
+        for arch in sorted(entry.shared_libs):
+            for digest in entry.lib_digests(arch):
+                self.put_object(digest, functools.partial(store.read_object, digest))
         return self.publish(entry, lambda: store.read_object(entry.object_digest))
 
     def publish(self, entry: Entry, data: Callable[[], bytes]) -> bool:
         """Upload the object `data()` returns unless the server has it (HEAD first), then the entry that makes it
         visible. Returns True if the object was uploaded. The server re-hashes the upload (422 on a mismatch)."""
-        uploaded = False
-        if not self.has_object(entry.object_digest):
-            self._request("PUT", f"/v1/objects/{entry.object_digest}", ok=(200, 201), content=data(),
-                          headers={"Content-Type": "application/octet-stream"})
-            uploaded = True
+        uploaded = self.put_object(entry.object_digest, data)
         self._request("POST", "/v1/kernels", ok=(200, 201), json=entry.published())
         return uploaded
+
+    def put_object(self, digest: str, data: Callable[[], bytes]) -> bool:
+        """Upload object `digest` (bytes from `data()`) unless the server has it; True if it was uploaded."""
+        if self.has_object(digest):
+            return False
+        self._request("PUT", f"/v1/objects/{digest}", ok=(200, 201), content=data(),
+                      headers={"Content-Type": "application/octet-stream"})
+        return True
+
+    # -- lean-runtime recipe files --------------------------------------------------------------
+    def recipes(self, sku: str) -> dict[str, str]:
+        """{recipe key: sha256 of the file} the server holds for `sku` (none for a SKU it does not know)."""
+        response = self._request("GET", f"/v1/skus/{sku}/recipes", ok=(200, 404, 409))
+        if response.status_code != 200:
+            return {}
+        doc = _shaped(_decoded(response, self.url), dict, self.url)
+        try:
+            return {check_hex(r["key"], "recipe key"): check_hex(r["digest"]) for r in doc["recipes"]}
+        except (KeyError, TypeError, StoreError):
+            raise RemoteError(f"{self.url}/v1/skus/{sku}/recipes is not a recipe listing") from None
+
+    def recipe(self, sku: str, key: str) -> bytes | None:
+        """The bytes of recipe file `key` of `sku`, or None when the server has none (unverified: the caller
+        checks them against a listing or a signed manifest)."""
+        path = f"/v1/skus/{sku}/recipes/{check_hex(key, 'recipe key')}"
+        response = self._request("GET", path, ok=(200, 404, 409))
+        return response.content if response.status_code == 200 else None
+
+    def push_recipe(self, sku: str, key: str, data: bytes) -> None:
+        self._request("PUT", f"/v1/skus/{sku}/recipes/{check_hex(key, 'recipe key')}", ok=(200, 201),
+                      content=data, headers={"Content-Type": "application/json"})
 
     def report_miss(self, doc: dict[str, Any]) -> None:
         """Tell the server about a kernel this client lacked. Best effort: runs on a daemon thread, gives up
@@ -282,6 +322,11 @@ class Remote:
                 pass
 
         threading.Thread(target=send, name="fa4-aot-miss-report", daemon=True).start()
+
+
+def with_libraries(entry: Entry, arches: list[str]) -> Entry:
+    """`entry` naming only its libraries for `arches` (what a client downloads with it)."""
+    return dataclasses.replace(entry, shared_libs={a: lib for a, lib in entry.shared_libs.items() if a in arches})
 
 
 def needed_scope(method: str, path: str) -> str:
@@ -379,7 +424,7 @@ class BundleReader:
 
 
 def _unbundle(reader: BundleReader, store: Store, accept: Callable[[Entry], None] | None,
-              url: str, asked: set[str]) -> tuple[list[Entry], dict[str, str]]:
+              url: str, asked: set[str], host_arch: str | None = None) -> tuple[list[Entry], dict[str, str]]:
     head = json.loads(reader.line())
     entries = [Entry(**{k: v for k, v in e.items() if k in Entry.__dataclass_fields__}) for e in head["entries"]]
     skipped = {k: f"{url} has no kernel {k}" for k in head["missing"] if k in asked}
@@ -392,8 +437,8 @@ def _unbundle(reader: BundleReader, store: Store, accept: Callable[[Entry], None
                 accept(entry)
         except Fa4AotError as e:  # refused by the trust policy: its object is read past, never stored
             skipped[entry.kernel_key] = str(e)
-    stored = [e for e in entries if e.kernel_key not in skipped]
-    wanted = {e.object_digest for e in stored}
+    stored = [with_libraries(e, [host_arch] if host_arch else []) for e in entries if e.kernel_key not in skipped]
+    wanted = {e.object_digest for e in stored} | {d for e in stored for d in e.lib_digests(host_arch or "")}
     for digest, size in head["objects"]:
         chunks = reader.take(int(size))
         if digest not in wanted or store.object_state(check_hex(digest), size) == "ok":

@@ -7,7 +7,11 @@ not expired, neither its key nor the manifest revoked. Envelopes are JSON:
     {"format": "fa4-aot-manifest/1", "manifest": {...}, "key_id": "...", "public_key": "<b64>", "signature": "<b64>"}
 
 where the signature covers the canonical JSON of "manifest" (sort_keys, compact separators) and the
-manifest holds {"sku": {...facts}, "kernels": {kernel_key: object_digest}, "toolchain", "created", "expires"}.
+manifest holds {"sku": {...facts}, "kernels": {kernel_key: object_digest}, "toolchain", "created", "expires"}
+and, for the lean runtime, "libraries": {kernel_key: {host arch: {"digest": library object, "needs": {SONAME:
+runtime library object or ""}}}} and "recipes": {recipe key: sha256 of the recipe file's bytes}. Manifests
+signed before the lean runtime lack the last two: they still serve install(), and the lean runtime refuses
+under them (re-sign).
 A manifest's id is the sha256 of its canonical JSON; revocations name key ids or manifest ids.
 """
 
@@ -140,13 +144,24 @@ def manifest_of(store: Store, sku: Sku, expires_days: float = 365.0, now: dt.dat
         raise TrustError(f"{store.root} holds no kernels for {sku.name}; run `fa4-aot build --sku {sku.name}` first")
     now = now or dt.datetime.now(dt.UTC)
     toolchains = sorted({dumps(e.toolchain) for e in entries})
+    from . import recipe_store
+
     return {
         "sku": {"name": sku.name, **sku.target_facts()},
         "kernels": {e.kernel_key: e.object_digest for e in sorted(entries, key=lambda e: e.kernel_key)},
+        "libraries": {e.kernel_key: {arch: library_listing(lib) for arch, lib in sorted(e.shared_libs.items())}
+                      for e in sorted(entries, key=lambda e: e.kernel_key) if e.shared_libs},
+        "recipes": {key: hashlib.sha256(data).hexdigest()
+                    for key, data in sorted(recipe_store.keys_for(store, sku.target_facts()))},
         "toolchain": [json.loads(t) for t in toolchains],
         "created": _iso(now),
         "expires": _iso(now + dt.timedelta(days=expires_days)),
     }
+
+
+def library_listing(lib: dict[str, Any]) -> dict[str, Any]:
+    """What a manifest lists of one linked library (an Entry.shared_libs value): its digest and its needs."""
+    return {"digest": lib["digest"], "needs": dict(sorted(lib.get("needs", {}).items()))}
 
 
 def sign(manifest: dict[str, Any], key: Ed25519PrivateKey, name: str = "") -> dict[str, Any]:
@@ -174,15 +189,36 @@ def check_shape(envelope: Any) -> dict[str, Any]:
         raise TrustError("signed manifest has no 'kernels' map")
     if not isinstance(manifest.get("sku"), dict) or not isinstance(manifest["sku"].get("name"), str):
         raise TrustError("signed manifest has no sku name")
+    for name in ("libraries", "recipes"):
+        if name in manifest and not isinstance(manifest[name], dict):
+            raise TrustError(f"signed manifest's {name!r} is not a map")
     try:
         for kernel_key, digest in manifest["kernels"].items():
             check_hex(kernel_key, "kernel key")
             check_hex(digest)
+        for digest in (manifest.get("recipes") or {}).values():
+            check_hex(digest, "recipe digest")
+        _check_libraries(manifest.get("libraries") or {}, manifest["kernels"])
     except StoreError as e:
         raise TrustError(f"signed manifest lists {e}") from e
     for name in ("created", "expires"):
         _parse_time(manifest.get(name), name)
     return manifest
+
+
+def _check_libraries(libraries: dict[str, Any], kernels: dict[str, Any]) -> None:
+    """StoreError (a malformed id) or TrustError unless `libraries` maps listed kernels to {arch: listing}."""
+    for kernel_key, per_arch in libraries.items():
+        if kernel_key not in kernels or not isinstance(per_arch, dict):
+            raise TrustError(f"signed manifest lists libraries of kernel {str(kernel_key)[:64]!r}, which it does "
+                             "not list as a kernel")
+        for lib in per_arch.values():
+            if not isinstance(lib, dict) or not isinstance(lib.get("needs"), dict):
+                raise TrustError(f"signed manifest lists a malformed library of kernel {kernel_key}")
+            check_hex(str(lib.get("digest")), "library digest")
+            for digest in lib["needs"].values():
+                if digest:
+                    check_hex(digest, "runtime library digest")
 
 
 @dataclass

@@ -101,11 +101,17 @@ class Entry:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
 
     def published(self) -> dict[str, Any]:
-        """The entry as the service knows it: without `shared_libs`, which stay in the store that linked them
-        (the server carries neither lean libraries nor recipes yet, so it must not name them to its clients)."""
-        data = asdict(self)
-        del data["shared_libs"]
-        return data
+        """The entry as the service knows it (POST /v1/kernels): every field, `shared_libs` included; the
+        server keeps a library per host arch immutable once published, as it keeps the object."""
+        return asdict(self)
+
+    def lib_digests(self, arch: str) -> dict[str, int | None]:
+        """{digest: size or None} of the library linked for host `arch` and the runtime libraries it needs
+        ({} when the entry has none for `arch`)."""
+        lib = self.shared_libs.get(arch)
+        if not lib:
+            return {}
+        return {lib["digest"]: lib["size"], **{d: None for d in lib.get("needs", {}).values() if d}}
 
     def digests(self) -> set[str]:
         """Every object this entry refers to: the exported object, its linked libraries and their runtimes."""
@@ -439,13 +445,13 @@ class Store:
 
     # -- layout for maintenance.py (verify, gc, quarantine) ----------------------------------------
     def scan(self, folder: str) -> Iterator[Found]:
-        """Everything in the fan-out folders of "objects" or "index", in name order, following no link (see
-        Found). Writers' temp files are passed over. Nothing when the store or the folder does not exist."""
-        if folder not in ("objects", "index"):
-            raise ValueError(f"scan() takes 'objects' or 'index', not {folder!r}")
+        """Everything in the fan-out folders of "objects", "index" or "recipes", in name order, following no
+        link (see Found). Writers' temp files are passed over. Nothing when the store or the folder does not exist."""
+        if folder not in ("objects", "index", "recipes"):
+            raise ValueError(f"scan() takes 'objects', 'index' or 'recipes', not {folder!r}")
         st = lstat_beneath(self.root, (folder,)) if self.ready() else None
         if st is not None and stat.S_ISDIR(st.st_mode):  # check_root refused a symlink there already
-            yield from _scan_fanout(self.root, folder, ".json" if folder == "index" else "")
+            yield from _scan_fanout(self.root, folder, "" if folder == "objects" else ".json")
 
     def hash_object(self, digest: str) -> tuple[str, int] | None:
         """(sha256, size) of the bytes stored as `digest`, whatever they are; None when the file is gone."""

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import kernel_keys, signing
+from . import kernel_keys, lean_transfer, signing
 from .build import Report, Result, build_calls
 from .calls import Call
 from .errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
@@ -26,6 +26,8 @@ class Transfer:
     objects_sent: int = 0  # push: objects uploaded (the rest the server already had)
     fetched: int = 0  # pull: kernels downloaded (the rest were already local)
     manifests: int = 0  # signed manifests pushed or pulled
+    recipes: int = 0  # lean-runtime recipe files pushed or pulled (lean_transfer.py)
+    lean_refused: list[str] = field(default_factory=list)  # pull: libraries the trust policy refused
     stale_manifests: list[str] = field(default_factory=list)  # push: skipped, they list kernels since rebuilt
     bytes: int = 0
     failures: list[str] = field(default_factory=list)
@@ -51,6 +53,8 @@ def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, pr
             r.bytes += entry.size
 
     _run(entries, one, jobs, result, progress, count)
+    if not result.failures:  # recipes are filed under a SKU the server knows, so they go after the kernels
+        result.recipes = lean_transfer.push_all_recipes(store, remote, entries, result.failures)
     if not result.failures:  # manifests name kernels, so they go after every kernel is on the server
         _push_manifests(store, remote, entries, result)
     return result
@@ -63,7 +67,8 @@ def _push_manifests(store: Store, remote: Remote, entries: list[Any], result: Tr
     for name in sorted({e.sku for e in entries}):
         for envelope in signing.local(store, name):
             kernels = envelope["manifest"]["kernels"]
-            if any(held.get(k) != d for k, d in kernels.items()):
+            if any(held.get(k) != d for k, d in kernels.items()) or \
+                    lean_transfer.lean_stale(store, envelope["manifest"], entries):
                 result.stale_manifests.append(signing.manifest_id(envelope))
                 continue
             try:
@@ -88,7 +93,8 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
     result = Transfer(kernels=len(wanted))
 
     def one(k: dict[str, Any]) -> dict[str, Any]:
-        if remote.fetch_kernel(k["kernel_key"], store, accept=trust.check) is None:
+        if remote.fetch_kernel(k["kernel_key"], store, accept=trust.check,
+                               arches=lean_transfer.trusted_arches(trust, result.lean_refused)) is None:
             raise RuntimeError(f"{remote.url} listed kernel {k['kernel_key']} but no longer has it")
         return k
 
@@ -97,6 +103,7 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
         r.bytes += k["size"]
 
     _run(wanted, one, jobs, result, progress, count)
+    result.recipes = lean_transfer.pull_recipes(store, remote, sku, trust, result.failures)
     for envelope in remote.signed_manifests(sku):  # kept unverified here: clients verify before loading
         signing.save(store, envelope)
         result.manifests += 1

@@ -6,6 +6,12 @@ and the server, revocations from FA4_AOT_REVOKED (a file) and the server. Withou
 store is trusted (a build host's or an operator's own cache) and remote kernels are refused, unless
 FA4_AOT_INSECURE=1 accepts them unverified (with a warning once per process). Digests are re-checked by
 the store on every load either way.
+
+The lean runtime loads linked libraries and recipe files, not kernel objects: with trusted keys, a library
+(and each runtime library it needs) must be listed for its kernel and host arch, and a recipe file's sha256
+for its key, by valid manifests (check_library, check_recipe); the newest manifest that lists a kernel or
+recipe decides, as for objects. Manifests signed before the lean runtime list neither: the lean runtime then
+refuses with a message to re-sign.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class Trust:
         self.trusted, self.insecure = trusted, insecure
         self.revoked = revoked or Revocations()
         self._allowed: dict[str, str] | None = None
+        self._valid: list[dict[str, Any]] = []
         self.rejected: list[str] = []  # why manifests were not accepted, for error messages
 
     @classmethod
@@ -67,8 +74,50 @@ class Trust:
                 valid.append(manifest)
                 if remote:
                     signing.save(self.store, envelope)
+            self._valid = valid
             self._allowed = newest_listing(valid)
         return self._allowed
+
+    def check_library(self, entry: Entry, arch: str) -> None:
+        """Raise TrustError unless the library of `entry` for host `arch`, with the runtime libraries it needs,
+        is what valid manifests list for it (always passes when no keys are trusted)."""
+        if not self.enforced:
+            return
+        self.check(entry)
+        have = signing.library_listing(entry.shared_libs[arch])
+        listed = self._lean("libraries").get(entry.kernel_key, {}).get(arch)
+        if listed != have:
+            what = "is not listed" if listed is None else f"is listed as {listed}, not {have}"
+            self._refuse_lean(f"the {arch} library of kernel {entry.kernel_key} ({entry.family}) {what}", "libraries")
+
+    def check_recipe(self, key: str, data: bytes) -> None:
+        """Raise TrustError unless valid manifests list recipe file `key` with the sha256 of `data` (always
+        passes when no keys are trusted)."""
+        if not self.enforced:
+            return
+        import hashlib
+
+        digest, listed = hashlib.sha256(data).hexdigest(), self._lean("recipes").get(key)
+        if listed != digest:
+            what = "is not listed" if listed is None else f"is listed with sha256 {listed}, not {digest}"
+            self._refuse_lean(f"recipe file {key} {what}", "recipes")
+
+    def _lean(self, field: str) -> dict[str, Any]:
+        """{kernel key or recipe key: listing} over valid manifests, the newest that lists a key deciding."""
+        self.allowed()
+        found: dict[str, Any] = {}
+        for manifest in sorted(self._valid, key=lambda m: str(m["created"])):
+            found.update(manifest.get(field) or {})
+        return found
+
+    def _refuse_lean(self, what: str, field: str) -> None:
+        if self._valid and not any(field in m for m in self._valid):
+            why = (f"the valid manifests of {self.sku.name} were signed before the lean runtime and list no "
+                   f"{field}; re-sign with `fa4-aot sign --sku {self.sku.name}` (on the build store) and push it")
+        else:
+            why = "; ".join(self.rejected[:3]) or f"no valid signed manifest of {self.sku.name} lists it"
+        raise TrustError(f"{what} by any valid manifest signed by a key in FA4_AOT_TRUSTED_KEYS ({why}); sign "
+                         f"the build with `fa4-aot sign --sku {self.sku.name}` and push it")
 
     def check(self, entry: Entry) -> None:
         """Raise TrustError unless `entry` may be loaded (always passes when no keys are trusted)."""

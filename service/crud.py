@@ -238,7 +238,8 @@ def _kernel_out(kernel: models.Kernel, sku: models.Sku, size: int) -> schemas.Ke
         compile_key=json.loads(kernel.compile_key), sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
         l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain=json.loads(kernel.toolchain),
         variant=kernel.variant, call=kernel.call, compile_seconds=kernel.compile_seconds,
-        hardware_queries=json.loads(kernel.hardware_queries), created=kernel.created,
+        hardware_queries=json.loads(kernel.hardware_queries), shared_libs=json.loads(kernel.shared_libs or "{}"),
+        created=kernel.created,
     )
 
 
@@ -286,12 +287,18 @@ def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str,
             raise Conflict(f"kernel says size {kernel.size} but object {kernel.object_digest} has {obj.size} "
                            "bytes; publish the entry that belongs to this object")
         ensure_sku(session, facts=sku_facts(kernel))
+        _check_libraries(session, kernel)
         row = session.get(models.Kernel, kernel.kernel_key)
         if row is not None:
             _check_same_kernel(row, kernel)
+            added = _add_libraries(row, kernel)
+            if added:
+                record_audit(session, actor=actor, action="kernel.libraries", target=kernel.kernel_key,
+                             detail={"added": added})
+                session.flush()
             held = get_kernel(session, kernel_key=kernel.kernel_key)
             entry = _entry(kernel, row.created) if held is None else Entry(**held.model_dump())
-            write(entry, False)
+            write(entry, bool(added))
             return entry, False
         row = models.Kernel(kernel_key=kernel.kernel_key, created=created)
         session.add(row)
@@ -315,6 +322,35 @@ def _check_same_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
             "check the build host for a non-deterministic export")
 
 
+def _check_libraries(session: Session, kernel: schemas.KernelIn) -> None:
+    """Conflict unless every library the entry names, and every runtime library they need, is a stored object
+    (a library also with the entry's size): uploaded first, as the kernel's own object is."""
+    for arch, lib in sorted(kernel.shared_libs.items()):
+        wanted = {lib.digest: lib.size, **{d: None for d in lib.needs.values() if d}}
+        for digest, size in wanted.items():
+            obj = session.get(models.Object, digest)
+            if obj is None or (size is not None and obj.size != size):
+                raise Conflict(f"the {arch} library of kernel {kernel.kernel_key} names object {digest}, which is "
+                               f"not stored{'' if obj is None else f' with {size} bytes'}; upload it first with "
+                               f"PUT /v1/objects/{digest} (`fa4-aot push` does), then publish the kernel again")
+
+
+def _add_libraries(row: models.Kernel, kernel: schemas.KernelIn) -> list[str]:
+    """Add the entry's libraries for host arches the row lacks; returns those arches. Conflict when the entry
+    names another library for an arch the row has: a published library is immutable, like the object."""
+    held = json.loads(row.shared_libs or "{}")
+    for arch, lib in kernel.shared_libs.items():
+        if arch in held and held[arch] != lib.model_dump():
+            raise Conflict(
+                f"kernel {kernel.kernel_key} is already published with {arch} library {held[arch]['digest']} "
+                f"(needs {canonical_json(held[arch]['needs'])}); a published library is immutable, so this one "
+                f"({lib.digest}) is refused: relink with the published toolchain, or publish under a new build")
+    added = sorted(set(kernel.shared_libs) - set(held))
+    if added:
+        row.shared_libs = canonical_json({**held, **{a: kernel.shared_libs[a].model_dump() for a in added}})
+    return added
+
+
 def fill_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
     row.object_digest = kernel.object_digest
     row.sku = kernel.sku
@@ -325,6 +361,7 @@ def fill_kernel(row: models.Kernel, kernel: schemas.KernelIn) -> None:
     row.call = kernel.call
     row.compile_seconds = kernel.compile_seconds
     row.hardware_queries = canonical_json(kernel.hardware_queries)
+    row.shared_libs = canonical_json({a: lib.model_dump() for a, lib in kernel.shared_libs.items()})
 
 
 def _entry(kernel: schemas.KernelIn, created: str) -> Entry:

@@ -28,7 +28,7 @@ from .models import utcnow
 
 _IN_CHUNK = 500  # kernel keys per IN (...) query: far below SQLite's and PostgreSQL's parameter limits
 ENVELOPE_FIELDS = frozenset({"format", "manifest", "key_id", "public_key", "signature"})
-MANIFEST_FIELDS = frozenset({"sku", "kernels", "toolchain", "created", "expires"})
+MANIFEST_FIELDS = frozenset({"sku", "kernels", "toolchain", "created", "expires", "libraries", "recipes"})
 PER_KEY = 4  # manifests kept per (SKU, signing key): a newer one makes the oldest go
 KEYS_PER_SKU = 8  # distinct signing keys a publish token may store manifests of, per SKU (admins: any)
 TOOLCHAIN_CHARS = 4096
@@ -55,7 +55,7 @@ def store_manifest(session: Session, *, sku: str, envelope: Any, actor: str, adm
                                "sign a new manifest (`fa4-aot sign`) to publish another signature")
             return _stored(envelope, manifest_id), False
         _check_facts(session, sku, manifest["sku"])
-        _check_kernels(session, manifest["kernels"])
+        _check_kernels(session, manifest["kernels"], manifest.get("libraries") or {})
         _check_room(session, sku, envelope["key_id"], admin)
         session.add(models.SignedManifest(manifest_id=manifest_id, sku=sku, key_id=envelope["key_id"],
                                           created=manifest["created"], expires=manifest["expires"], envelope=text,
@@ -133,14 +133,23 @@ def _check_facts(session: Session, sku: str, facts: Any) -> None:
                        f"holds {canonical_json(held)}; sign a manifest of the kernels built for this SKU")
 
 
-def _check_kernels(session: Session, kernels: dict[str, str]) -> None:
-    """Conflict naming the first kernel (by key) that the service lacks or holds with another object digest."""
+def _check_kernels(session: Session, kernels: dict[str, str], libraries: dict[str, Any]) -> None:
+    """Conflict naming the first kernel (by key) that the service lacks or holds with another object digest or
+    other libraries than the manifest lists."""
     keys = sorted(kernels)
     held: dict[str, str] = {}
+    libs: dict[str, Any] = {}
     for i in range(0, len(keys), _IN_CHUNK):
-        query = select(models.Kernel.kernel_key, models.Kernel.object_digest).where(
+        query = select(models.Kernel.kernel_key, models.Kernel.object_digest, models.Kernel.shared_libs).where(
             models.Kernel.kernel_key.in_(keys[i:i + _IN_CHUNK]))
-        held.update({k: d for k, d in session.execute(query).all()})
+        for k, d, shared in session.execute(query).all():
+            held[k], libs[k] = d, json.loads(shared or "{}")
+    for key, listed in sorted(libraries.items()):
+        served = {arch: signing.library_listing(lib) for arch, lib in libs.get(key, {}).items()}
+        if key not in kernels or not isinstance(listed, dict) or any(served.get(a) != v for a, v in listed.items()):
+            raise Conflict(f"the manifest lists libraries {canonical_json(listed)[:300]} for kernel {key}, but this "
+                           f"service serves {canonical_json(served)[:300]}: push the kernels with their libraries "
+                           "first (`fa4-aot push`), then sign and push the manifest")
     for key in keys:
         if key not in held:
             raise Conflict(f"the manifest lists kernel {key}, which this service does not hold: push the kernels "

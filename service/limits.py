@@ -1,9 +1,12 @@
 """A cap on JSON request bodies. Object uploads (PUT /v1/objects/...) stream to disk under their own limit
 (Settings.max_body_bytes, enforced in transfer.receive_object); everything else is small JSON that the
 framework reads into memory (signed manifests included), so an open route such as POST /v1/misses must not
-accept megabytes: its bodies are capped lower still (MISS_BODY_LIMIT)."""
+accept megabytes: its bodies are capped lower still (MISS_BODY_LIMIT). Recipe files (PUT
+/v1/skus/<sku>/recipes/<key>) are publish-only JSON with their own, larger cap (recipe_store.MAX_BYTES)."""
 
 from __future__ import annotations
+
+import re
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -11,6 +14,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 JSON_BODY_LIMIT = 1 << 20
 MISS_BODY_LIMIT = 64 << 10
 OBJECTS_PREFIX = "/v1/objects/"
+RECIPE_PUT = re.compile(r"/v1/skus/[^/]+/recipes/[^/]+")
+RECIPE_BODY_LIMIT = 8 << 20  # fa4_aot.recipe_store.MAX_BYTES (not imported: this module stays framework-only)
 
 
 class JsonBodyLimit:
@@ -26,6 +31,8 @@ class JsonBodyLimit:
             await self.app(scope, receive, send)
             return
         limit = MISS_BODY_LIMIT if scope["path"].rstrip("/") == "/v1/misses" else self.limit
+        if scope["method"] == "PUT" and RECIPE_PUT.fullmatch(scope["path"]):
+            limit = RECIPE_BODY_LIMIT
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
             await self._too_large(limit)(scope, receive, send)

@@ -28,7 +28,19 @@ from .errors import ServiceError
 from .head import HeadAsGet
 from .limits import JsonBodyLimit
 from .metrics import Metrics, MetricsMiddleware
-from .routes import audit, bundles, health, kernels, manifests, metrics, misses, objects, revocations, skus
+from .routes import (
+    audit,
+    bundles,
+    health,
+    kernels,
+    manifests,
+    metrics,
+    misses,
+    objects,
+    recipes,
+    revocations,
+    skus,
+)
 
 log = logging.getLogger("service")
 
@@ -51,7 +63,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(405, openapi.method_not_allowed)
-    for module in (health, metrics, skus, manifests, kernels, bundles, objects, misses, revocations, audit):
+    for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, revocations,
+                       audit):
         app.include_router(module.router)
     docs.mount(app)
     app.openapi = openapi.builder(app)  # type: ignore[method-assign]

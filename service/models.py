@@ -88,8 +88,24 @@ class Kernel(Base):
     call: Mapped[str] = mapped_column(Text)
     compile_seconds: Mapped[float] = mapped_column(Float)
     hardware_queries: Mapped[str] = mapped_column(Text)
+    # JSON {host arch: {digest, size, needs}} of the lean runtime's linked libraries; NULL for none (older rows)
+    shared_libs: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The entry's own timestamp, verbatim (e.g. 2025-01-31T12:00:00Z), so entries round-trip exactly.
     created: Mapped[str] = mapped_column(String(40))
+
+
+class Recipe(Base):
+    """A lean-runtime recipe file (fa4_aot.recipe_store): bytes in the store's recipes/, named by recipe key.
+    Its key hashes the regions' signature with the target facts it was published under (`target`, canonical
+    JSON of the SKU's facts): SKUs with equal facts share it. Newest wins: a publish replaces the file."""
+
+    __tablename__ = "recipes"
+
+    recipe_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    target: Mapped[str] = mapped_column(String(255), index=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    updated: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 
 
 class Token(Base):

@@ -101,6 +101,21 @@ class Manifest(BaseModel):
     kernels: list[ManifestKernel]
 
 
+HostArch = Annotated[str, Field(pattern=r"^[a-z0-9_]+$", min_length=1, max_length=32, examples=["x86_64"])]
+SoName = Annotated[str, Field(pattern=r"^lib[A-Za-z0-9_.+-]+\.so[0-9.]*$", max_length=128)]
+
+
+class SharedLib(BaseModel):
+    """A kernel linked for the lean runtime on one host arch: the library object, and the runtime libraries it
+    needs by SONAME (an object digest, or "" for one the client finds itself, e.g. libtvm_ffi.so)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    digest: Hex64
+    size: int = Field(ge=0, lt=2**53)
+    needs: dict[SoName, Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")]] = Field(max_length=16)
+
+
 class KernelIn(BaseModel):
     """An index entry to publish (fa4_aot.store.Entry's fields; `created` defaults to now)."""
 
@@ -121,6 +136,8 @@ class KernelIn(BaseModel):
     call: Text = Field(max_length=65536)
     compile_seconds: float = Field(ge=0, allow_inf_nan=False)
     hardware_queries: Annotated[list[Any], AfterValidator(_bounded)] = Field(default_factory=list)
+    # Not part of the kernel key; once published, a host arch's library is immutable (another arch may be added)
+    shared_libs: dict[HostArch, SharedLib] = Field(default_factory=dict, max_length=8)
     created: Text | None = Field(default=None, max_length=40, examples=["2025-01-31T12:00:00Z"])
 
 
@@ -134,6 +151,20 @@ class BundleIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kernel_keys: list[Hex64] = Field(min_length=1, max_length=4096)
+    # a lean-runtime host's arch: its linked libraries and their runtime libraries come along too
+    host_arch: HostArch | None = None
+
+
+class RecipeOut(BaseModel):
+    key: Hex64
+    digest: Hex64
+    size: int
+
+
+class Recipes(BaseModel):
+    """The lean runtime's recipe files of a SKU (of every SKU with its target facts), by recipe key."""
+
+    recipes: list[RecipeOut]
 
 
 class ObjectOut(BaseModel):

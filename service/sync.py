@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ def _entries(store: Store, report: ImportReport) -> list[Entry]:
 def _import_entry(session: Session, store: Store, entry: Entry, report: ImportReport) -> None:
     """Raises Conflict (SKU facts) or ValueError (entry fails validation, object missing or short) before
     adding anything to the session, so a skipped entry leaves no partial rows."""
-    kernel = schemas.KernelIn.model_validate(entry.published())
+    kernel = schemas.KernelIn.model_validate(_with_held_libraries(store, entry).published())
     if not kernel_keys.has_valid_key(entry):
         raise ValueError("its fields do not hash to its kernel key; run `fa4-aot verify` and rebuild")
     try:
@@ -63,9 +64,10 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
     if size != entry.size:
         raise ValueError(f"object {entry.object_digest} is missing or not {entry.size} bytes; run `fa4-aot verify`")
     crud.ensure_sku(session, facts=crud.sku_facts(kernel))
-    if session.get(models.Object, entry.object_digest) is None:
-        session.add(models.Object(digest=entry.object_digest, size=entry.size, created=models.utcnow()))
-        report.objects += 1
+    for digest, obj_size in {entry.object_digest: entry.size, **_library_objects(store, kernel)}.items():
+        if session.get(models.Object, digest) is None:
+            session.add(models.Object(digest=digest, size=obj_size, created=models.utcnow()))
+            report.objects += 1
     row = session.get(models.Kernel, entry.kernel_key)
     if row is not None:
         if row.object_digest != entry.object_digest or row.sku != entry.sku:
@@ -81,6 +83,21 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
                       detail={"sku": entry.sku, "object_digest": entry.object_digest})
     session.flush()
     report.kernels += 1
+
+
+def _with_held_libraries(store: Store, entry: Entry) -> Entry:
+    """The entry with only the host arches whose library and runtime libraries are all in the store with their
+    sizes: a server never names a library it cannot send."""
+    def held(arch: str) -> bool:
+        return all(store.object_size(d) is not None and (size is None or store.object_size(d) == size)
+                   for d, size in entry.lib_digests(arch).items())
+
+    return dataclasses.replace(entry, shared_libs={a: lib for a, lib in entry.shared_libs.items() if held(a)})
+
+
+def _library_objects(store: Store, kernel: schemas.KernelIn) -> dict[str, int]:
+    return {d: store.object_size(d) or 0 for lib in kernel.shared_libs.values()
+            for d in (lib.digest, *lib.needs.values()) if d}
 
 
 def remove_dead_temp_files(store: Store) -> int:

@@ -46,9 +46,10 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
     """Publish an index entry whose object was uploaded before: 201 when new, 200 when it existed with the
     same object. The server recomputes the kernel key from the entry's fields (422 when it differs), writes
     the store's index entry first and commits the row last, in one transaction under the key's lock, so a
-    failed write leaves no row. 409 when the key is published with another object or SKU (keys are
-    immutable), the object is missing or its size differs, or the SKU's facts clash; 403 when the token is
-    limited to other SKUs."""
+    failed write leaves no row. `shared_libs` is not part of the key: a library per host arch may be added
+    later, never replaced. 409 when the key is published with another object, SKU or library for an arch
+    (immutable), the object or a library object is missing or its size differs, or the SKU's facts clash;
+    403 when the token is limited to other SKUs."""
     check_sku_allowed(token, kernel.sku)
     if not kernel_keys.has_valid_key(kernel):  # type: ignore[arg-type]
         try:
@@ -59,7 +60,9 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
             "type": "value_error", "loc": ("body", "kernel_key"), "input": kernel.kernel_key,
             "msg": f"kernel_key {kernel.kernel_key} is not the key of this entry's fields (they hash to "
                    f"{recomputed}); publish the entry `fa4-aot build` wrote, unchanged"}])
-    _adopt_unrecorded_object(session, store, kernel.object_digest, actor=crud.token_label(token))
+    for digest in {kernel.object_digest, *(d for lib in kernel.shared_libs.values()
+                                          for d in (lib.digest, *lib.needs.values()) if d)}:
+        _adopt_unrecorded_object(session, store, digest, actor=crud.token_label(token))
 
     def write(entry: Entry, is_new: bool) -> None:
         if store.object_size(entry.object_digest) != entry.size:
@@ -89,8 +92,9 @@ def _adopt_unrecorded_object(session: Session, store: Store, digest: str, *, act
 
 
 def _keep_local_libraries(store: Store, entry: Entry) -> Entry:
-    """A store the server shares with a build host keeps the lean libraries that host linked for this object."""
+    """A store the server shares with a build host keeps the lean libraries that host linked for this object
+    (for host arches the published entry does not name: the published ones are what the database holds)."""
     existing = store.get_entry(entry.kernel_key)
     if existing is not None and existing.object_digest == entry.object_digest and existing.shared_libs:
-        return dataclasses.replace(entry, shared_libs=existing.shared_libs)
+        return dataclasses.replace(entry, shared_libs={**existing.shared_libs, **entry.shared_libs})
     return entry

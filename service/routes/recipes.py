@@ -1,0 +1,82 @@
+"""Lean-runtime recipe files of a SKU: publish one (validated JSON, size-capped, newest wins), list them, read one.
+
+A recipe file holds every recorded region of one call signature on one SKU (fa4_aot.recipe_store); its key is
+sha256 of the signature and the SKU's target facts, which the server recomputes from the file's regions before
+it keeps the file, so a file cannot be published under another signature's or SKU's key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from fa4_aot import recipe_store
+
+from .. import crud, crud_recipes
+from ..deps import PublisherDep, SessionDep, StoreDep, check_sku_allowed, require_read
+from ..errors import InvalidBody, NotFound, TooLarge
+from ..openapi import PUBLISH, READ
+from ..schemas import HEX64, SKU_NAME, RecipeOut, Recipes
+from . import READ_ERRORS, errors
+
+router = APIRouter(prefix="/v1/skus/{sku}/recipes", tags=["recipes"])
+SkuPath = Annotated[str, Path(pattern=SKU_NAME, max_length=64, description="SKU name, e.g. h200")]
+KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, description="recipe key")]
+_JSON = {"application/json": {"schema": {"type": "object"}}}
+
+
+@router.get("", response_model=Recipes, responses=errors(*READ_ERRORS, 409), openapi_extra=READ,
+            dependencies=[Depends(require_read)])
+def list_recipes(sku: SkuPath, session: SessionDep) -> Recipes:
+    """Every recipe file held for SKUs with this SKU's target facts: key, sha256 of the bytes, size."""
+    return Recipes(recipes=crud_recipes.list_recipes(session, target=crud_recipes.target_of(session, sku=sku)))
+
+
+@router.get("/{key}", response_class=Response, responses={200: {"content": _JSON}, **errors(*READ_ERRORS, 404)},
+            openapi_extra=READ, dependencies=[Depends(require_read)])
+def get_recipe(sku: SkuPath, key: KeyPath, session: SessionDep, store: StoreDep) -> Response:
+    """The recipe file's bytes, with ETag "<sha256 of the bytes>" (clients check it against signed manifests)."""
+    row = crud_recipes.get_recipe(session, key=key, target=crud_recipes.target_of(session, sku=sku))
+    data = store.recipes(key) if row is not None else None
+    if data is None:
+        raise NotFound(f"no recipe file {key} for SKU {sku}; GET /v1/skus/{sku}/recipes lists them, and "
+                       f"`fa4-aot push --sku {sku}` from the build store publishes them")
+    etag = f'"{hashlib.sha256(data).hexdigest()}"'
+    return Response(data, media_type="application/json", headers={"ETag": etag, "Cache-Control": "no-cache"})
+
+
+@router.put("/{key}", response_model=RecipeOut, status_code=status.HTTP_201_CREATED,
+            responses={200: {"model": RecipeOut, "description": "Already held with these bytes"},
+                       **errors(400, 401, 403, 409, 413, 422)},
+            openapi_extra={**PUBLISH, "requestBody": {"required": True, "content": _JSON}})
+async def put_recipe(sku: SkuPath, key: KeyPath, request: Request, response: Response, session: SessionDep,
+                     store: StoreDep, token: PublisherDep) -> RecipeOut:
+    """Publish recipe file `key` of `sku`: 201 when new or replacing other bytes (newest wins), 200 when held
+    as is. 422 unless the body is a recipe file whose regions' signatures hash, with the SKU's facts, to `key`;
+    413 past fa4_aot.recipe_store.MAX_BYTES; 409 for a SKU without published kernels."""
+    check_sku_allowed(token, sku)
+    data = await request.body()
+    if len(data) > recipe_store.MAX_BYTES:
+        raise TooLarge(f"recipe file of {len(data)} bytes exceeds {recipe_store.MAX_BYTES} bytes")
+    return await run_in_threadpool(_publish, sku, key, data, session, store, response, crud.token_label(token))
+
+
+def _publish(sku: str, key: str, data: bytes, session: SessionDep, store: StoreDep, response: Response,
+             actor: str) -> RecipeOut:
+    target = crud_recipes.target_of(session, sku=sku)
+    try:
+        recipe_store.check_file(data, key, json.loads(target))
+    except ValueError as e:
+        raise InvalidBody(f"{e}; publish the recipes/ file `fa4-aot build` wrote, unchanged") from None
+    digest = hashlib.sha256(data).hexdigest()
+    with store.lock(key):  # the file first, the row last: a row names bytes the store holds
+        if store.recipes(key) != data:
+            store.put_recipes(key, data)
+        created = crud_recipes.record_recipe(session, key=key, target=target, digest=digest, size=len(data),
+                                             actor=actor)
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return RecipeOut(key=key, digest=digest, size=len(data))
