@@ -15,16 +15,18 @@ from fa4_aot.kernel_keys import dumps as canonical_json
 
 from . import models, schemas
 from .crud import record_audit, retrying
-from .errors import Conflict
+from .errors import Conflict, NotFound
 from .models import utcnow
 
 
-def target_of(session: Session, *, sku: str) -> str:
-    """Canonical JSON of the SKU's target facts (what recipe keys hash); Conflict for an unknown SKU."""
+def target_of(session: Session, *, sku: str, read: bool = False) -> str:
+    """Canonical JSON of the SKU's target facts (what recipe keys hash); for an unknown SKU, NotFound when
+    `read`, else Conflict."""
     row = session.get(models.Sku, sku)
     if row is None:
-        raise Conflict(f"unknown SKU {sku!r}: publish its kernels first (`fa4-aot push --sku {sku}` does, kernels "
-                       "before recipes)")
+        error = NotFound if read else Conflict
+        raise error(f"unknown SKU {sku!r}: publish its kernels first (`fa4-aot push --sku {sku}` does, kernels "
+                    "before recipes)")
     facts = schemas.SkuFacts.model_validate(row).model_dump()
     del facts["name"]
     return canonical_json(facts)

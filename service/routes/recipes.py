@@ -29,18 +29,19 @@ KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, descr
 _JSON = {"application/json": {"schema": {"type": "object"}}}
 
 
-@router.get("", response_model=Recipes, responses=errors(*READ_ERRORS, 409), openapi_extra=READ,
+@router.get("", response_model=Recipes, responses=errors(*READ_ERRORS, 404), openapi_extra=READ,
             dependencies=[Depends(require_read)])
 def list_recipes(sku: SkuPath, session: SessionDep) -> Recipes:
     """Every recipe file held for SKUs with this SKU's target facts: key, sha256 of the bytes, size."""
-    return Recipes(recipes=crud_recipes.list_recipes(session, target=crud_recipes.target_of(session, sku=sku)))
+    target = crud_recipes.target_of(session, sku=sku, read=True)
+    return Recipes(recipes=crud_recipes.list_recipes(session, target=target))
 
 
 @router.get("/{key}", response_class=Response, responses={200: {"content": _JSON}, **errors(*READ_ERRORS, 404)},
             openapi_extra=READ, dependencies=[Depends(require_read)])
 def get_recipe(sku: SkuPath, key: KeyPath, session: SessionDep, store: StoreDep) -> Response:
     """The recipe file's bytes, with ETag "<sha256 of the bytes>" (clients check it against signed manifests)."""
-    row = crud_recipes.get_recipe(session, key=key, target=crud_recipes.target_of(session, sku=sku))
+    row = crud_recipes.get_recipe(session, key=key, target=crud_recipes.target_of(session, sku=sku, read=True))
     data = store.recipes(key) if row is not None else None
     if data is None:
         raise NotFound(f"no recipe file {key} for SKU {sku}; GET /v1/skus/{sku}/recipes lists them, and "

@@ -72,7 +72,7 @@ def test_publish_kernel_writes_row_and_store_entry(server: Server) -> None:
         got = c.get(f"/v1/kernels/{doc['kernel_key']}").json()
     assert (created.status_code, again.status_code, changed.status_code) == (201, 200, 200)
     assert created.json()["created"] == again.json()["created"] == got["created"]
-    assert got == {**doc, "created": got["created"]}  # a published kernel is immutable: the first entry stays
+    assert got == {**doc, "shared_libs": {}, "created": got["created"]}  # immutable: the first entry stays
     entry = Store(server.cache_dir).get_entry(doc["kernel_key"])
     assert entry == Entry(**got)
 
