@@ -1,13 +1,13 @@
-"""The exact arguments of one FlashAttention-4 call, as bounded JSON: what a client's miss carries so that
-`fa4-aot build --from-misses` replays that very call and compiles exactly the kernels it asked for.
+"""The exact arguments of one FlashAttention-4 call, as bounded JSON: what a client's miss carries so that `fa4-aot
+build --from-misses` replays that very call and compiles exactly the kernels it asked for.
 
 A Call (calls.py) summarises a call in a few numbers (batch, max lengths, a layout), and FA4 chooses kernels from
-more than that: the total of packed varlen tokens against batch x max length, max_seqlen_k against the page
-table, strides and pointer alignment, which of the optional tensors are given. A record keeps what FA4's host
-code reads: which entry ran (FlashAttnFunc or FlashAttnVarlenFunc; with `backward` when the kernel was missed in
-its backward), every tensor argument as shape, stride, dtype, whether it requires grad and its storage offset
-modulo 256 bytes (the pointer alignment FA4 checks), a tensor passed twice as the same object, and every other
-argument verbatim (JSON lists for tuples). Integer metadata (cu_seqlens, seqused, page_table) is kept as its shape: FA4's host code never
+more than that: the total of packed varlen tokens against batch x max length, max_seqlen_k against the page table,
+strides and pointer alignment, which of the optional tensors are given. A record keeps what FA4's host code reads:
+which entry ran (FlashAttnFunc or FlashAttnVarlenFunc; with `backward` when the kernel was missed in its backward),
+every tensor argument as shape, stride, dtype, whether it requires grad and its storage offset modulo 256 bytes (the
+pointer alignment FA4 checks), a tensor passed twice as the same object, and every other argument verbatim (JSON
+lists for tuples). Integer metadata (cu_seqlens, seqused, page_table) is kept as its shape: FA4's host code never
 reads its values (they stay on the device, and planning on fake tensors could not see them either).
 
     {"format": 1, "entry": "FlashAttnVarlenFunc",
@@ -15,8 +15,8 @@ reads its values (they stay on the device, and planning on fake tensors could no
                        "grad": true}, "k": ..., "v": {"same_as": "k"}, "causal": true, "max_seqlen_q": 1000},
      "backward": {"dout": {"tensor": ...}, "dlse": null}}
 
-Pure: checking records (the client, the build and the service share `check`). Describing real tensors and
-replaying a record on fake ones is the FA4 seam's (fa4_aot/fa4/exact.py).
+Pure: checking records (the client, the build and the service share `check`). Describing real tensors and replaying
+a record on fake ones is the FA4 seam's (fa4_aot/fa4/exact.py).
 """
 
 from __future__ import annotations

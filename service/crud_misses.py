@@ -22,8 +22,9 @@ MAX_MISSES_PER_SKU = 10_000  # distinct kernel keys; a real matrix gap is a few 
 
 def record_miss(session: Session, *, miss: schemas.MissIn) -> None:
     """Insert the miss or count one more report of it, atomically (INSERT ... ON CONFLICT DO UPDATE). A
-    report never replaces a call or exact record (`args`) already recorded. Raises NotFound for a SKU the service does not hold and
-    TooMany when the SKU already has MAX_MISSES_PER_SKU distinct misses (a known key is still counted)."""
+    report never replaces a call or exact record (`args`) already recorded. Raises NotFound for a SKU the service
+    does not hold and TooMany when the SKU already has MAX_MISSES_PER_SKU distinct misses (a known key is still
+    counted)."""
     if session.get(models.Sku, miss.sku) is None:
         raise NotFound(f"unknown SKU {miss.sku!r}: misses are recorded only for SKUs this service holds "
                        "(GET /v1/skus lists them)")

@@ -95,6 +95,7 @@ def test_describe_keeps_what_fa4_reads_and_refuses_what_it_cannot_hold() -> None
     assert doc["forward"]["v"] == {"same_as": "k"} and doc["forward"]["window_size"] == [128, 0]
     assert doc["forward"]["seqused_k"]["shape"] == [2] and doc["backward"] is None
     full = with_backward(doc, torch.empty(2, 777, 16, 64, dtype=torch.bfloat16), None)
-    assert full is not None and full["backward"]["dout"]["shape"] == [2, 777, 16, 64] and full["backward"]["dlse"] is None
+    assert full is not None and full["backward"]["dout"]["shape"] == [2, 777, 16, 64]
+    assert full["backward"]["dlse"] is None
     assert describe("FlashAttnFunc", {"q": q, "score_mod": lambda *a: a[0]}) is None
     assert describe("FlashAttnFunc", {"q": torch.empty(2, dtype=torch.complex64)}) is None
