@@ -25,7 +25,7 @@ def describe(entry: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
             if name not in _SKIP:
                 forward[name] = _value(value, forward, arguments)
         return check({"format": FORMAT, "entry": entry, "forward": forward, "backward": None})
-    except (Undescribable, ValueError):
+    except Exception:  # Undescribable, over the limits, or a tensor without strides: describing never breaks a call
         return None
 
 
@@ -35,7 +35,7 @@ def with_backward(forward: dict[str, Any] | None, dout: Any, dlse: Any) -> dict[
         return None
     try:
         return check({**forward, "backward": {"dout": _value(dout, {}, {}), "dlse": _value(dlse, {}, {})}})
-    except (Undescribable, ValueError):
+    except Exception:  # as in describe()
         return None
 
 
