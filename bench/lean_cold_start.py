@@ -4,7 +4,8 @@ Cold start: fresh Python processes, modes alternated round by round, each timing
 output (the child's first statement to after torch.cuda.synchronize(); the parent's wall time of the whole
 process is kept as well). Modes: lean fwd, lean fwd+bwd (fa4_aot.flash_attn_func), install fwd / fwd+bwd
 (fa4_aot.install() then FA4's flash_attn_func), jit fwd / fwd+bwd (FA4 alone, its disk cache off), and torch
-(bare `import torch` plus one kernel launch). Steady state: one process, lean and FA4-over-the-store calls
+(bare `import torch` plus one kernel launch). The fwd+bwd modes take `out.float().sum().backward()`, as a training
+step's loss.backward() does. Steady state: one process, lean and FA4-over-the-store calls
 alternated in blocks, per-call wall time with CUDA sync, small and large shapes, fwd and fwd+bwd.
 
     FA4_AOT_CACHE=<store of tests/data/lean_variants.toml> python bench/lean_cold_start.py OUT.json [--rounds 3]
@@ -44,8 +45,8 @@ if mode != "torch":
     q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=train)
     k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=train) for _ in range(2))
     out, lse = fn(q, k, v, causal=True)
-    if train:
-        out.backward(torch.ones_like(out))
+    if train:  # a training step's loss.backward(): no explicit gradient tensor, which in torch itself imports
+        out.float().sum().backward()  # sympy for 2 s (torch.autograd._make_grads; bench/lean_first_call_profile.py)
 torch.cuda.synchronize()
 t_end = time.perf_counter()
 mods = sorted({m.split(".")[0] for m in sys.modules} & {"cutlass", "flash_attn", "quack"})

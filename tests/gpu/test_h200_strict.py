@@ -1,7 +1,8 @@
 """On a GPU: kernels cross-compiled on a CPU host run in strict mode with zero compiles, correctly.
 
-Needs the store to hold the default matrix for this GPU's SKU (`fa4-aot build --sku h200` on the CPU
-machine, carried to the GPU machine as cache/). Each case is one representative LLM shape that is
+Needs the store (cache/ or FA4_AOT_CACHE) to hold these calls for this GPU's SKU: the default build
+(`fa4-aot build --sku h200`), or just the GPU tests' calls (`fa4-aot build --sku h200 --calls
+tests/data/gpu_calls.jsonl`, a minute with -j 16). Each case is one representative LLM shape that is
 not necessarily a point of the build's shape grids: FA4's dispatch picks the kernels at run time.
 """
 

@@ -2,8 +2,8 @@
 H200 row entirely (another sm_90a row present), strict mode still runs every kernel of the h200 build with 0
 compiles: none of them consumed the L2 size, and the SM count they may consume equals the device's.
 
-Needs the store (cache/ or FA4_AOT_CACHE) to hold the h200 build made by this version (`fa4-aot build --sku
-h200`, or an older store after `fa4-aot migrate`).
+Needs the store (cache/ or FA4_AOT_CACHE) to hold the h200 build of the GPU tests' calls made by this version
+(`fa4-aot build --sku h200 --calls tests/data/gpu_calls.jsonl`, or an older store after `fa4-aot migrate`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ TABLES = {
 CHILD = r"""
 import json, sys, torch
 import cutlass.cute as cute
-import fa4_aot
+import fa4_aot, fa4_aot.client
 inst = fa4_aot.install("strict", variants_file=sys.argv[1])
 real, count = cute.compile, {"n": 0}
 def counting(*a, **k):
@@ -45,7 +45,7 @@ cases = [
 ]
 for case in cases:
     (qs, ks) = case.pop("shapes")
-    attn = fa4_aot.load(qs, ks, **case)
+    attn = fa4_aot.client.load(qs, ks, **case)  # through FA4 (install path); fa4_aot.load is the lean runtime
     q = torch.randn(qs, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(ks, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     out = attn(q, k, v)
