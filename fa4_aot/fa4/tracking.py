@@ -60,12 +60,14 @@ def _wrap_forward(forward: Any, layout: str, entry: str) -> Any:
     signature = inspect.signature(forward)
 
     def wrapped(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
+        arguments: dict[str, Any] = {}
+        call = None
+        try:  # describing the call must never break it
             arguments = dict(signature.bind(ctx, *args, **kwargs).arguments)
             del arguments["ctx"]  # ctx will hold `describe`, which holds these: no reference cycle through ctx
             call = from_arguments(layout, arguments)
-        except Exception:  # describing the call must never break it
-            arguments, call = {}, None
+        except Exception:  # a call a Call cannot summarise (MLA...) may still have an exact record
+            pass
         ctx._fa4_aot_call = call
         if call is not None:
             record.note(call)  # FA4_AOT_RECORD: append each distinct call (no-op when unset)
