@@ -8,7 +8,9 @@ prefill and decode, as the default variants.toml builds the catalog) is produced
 
     python bench/catalog_gaps.py                       # each catalog model against all the others
     python bench/catalog_gaps.py --base BASE.toml      # each model of the catalog not in BASE, against BASE
-    python bench/catalog_gaps.py --ratios 64,128       # classes a GQA-ratio sweep would add (see --help)
+    python bench/catalog_gaps.py --ratios 64,128       # (head dim, ratio) pairs of a causal sweep no model has
+    python bench/catalog_gaps.py --sweep-variants F    # write that sweep (ratios 1-16, d64 and d128) as a
+                                                       # variants file, for `fa4-aot build --variants F --dry-run`
 
 Pure (no FA4): classes are a proxy for kernels; `fa4-aot build --sku h200 --dry-run --json` gives the kernels.
 """
@@ -69,12 +71,36 @@ def sweep(dims: list[int], ratios: list[int], base: Iterable[models.Model]) -> l
     return [f"d{d} gqa {r}" for d in dims for r in ratios if (d, "causal", "bf16", 0.0, False, r) not in seen]
 
 
+def sweep_variants(dims: list[int], ratios: list[int], matrix: Path) -> str:
+    """A variants file (the SKUs of `matrix`, then shape-complete causal bf16 variants per ratio) holding the forms a
+    catalog decoder runs: train and prefill (dense and varlen; fwd, fwd_lse, bwd), decode (seqused and paged with
+    pages of 128 and 16, and dense non-causal for one query token)."""
+    text = matrix.read_text()
+    out = [text[text.index("# --- SKUs"):text.index("# --- Shape grids")]]
+    forms = [("train-prefill", 0, '["fwd", "fwd_lse", "bwd"]', '["dense", "varlen"]', "causal"),
+             ("decode", 0, '["fwd"]', '["seqused", "paged"]', "causal"),
+             ("decode-page16", 16, '["fwd"]', '["paged"]', "causal"),
+             ("decode-full", 0, '["fwd"]', '["dense"]', "full")]
+    for r in ratios:
+        for name, page, passes, layouts, mask in forms:
+            out.append(f'[[variants]]\nname = "gqa{r}-{name}"\nheads = [{8 * r}]\n'
+                       + (f"page_size = {page}\n" if page else "")
+                       + f'passes = {passes}\nlayouts = {layouts}\nhead_dims = {dims}\nmasks = ["{mask}"]\n'
+                       f"gqa = [{r}]\n")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--catalog", type=Path, default=models.CATALOG)
     parser.add_argument("--base", type=Path, help="judge only the models not in this catalog, against it")
     parser.add_argument("--ratios", help="head dims of a causal bf16 GQA sweep (ratios 1..16) to report gaps of")
+    parser.add_argument("--sweep-variants", type=Path, help="write the d64/d128 ratio 1..16 sweep variants here")
     args = parser.parse_args()
+    if args.sweep_variants:
+        matrix = Path(__file__).resolve().parents[1] / "variants.toml"
+        args.sweep_variants.write_text(sweep_variants([64, 128], list(range(1, 17)), matrix))
+        return
     catalog = models.catalog(args.catalog)
     base = models.catalog(args.base) if args.base else None
     for name, model in catalog.items():
