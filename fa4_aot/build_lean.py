@@ -47,7 +47,7 @@ def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[d
     if key not in known:
         stored = recipe_store.load(store, key) if store is not None else []  # Ray workers have no store
         known[key] = [r for r in stored if r.get("toolchain") == worker["tools"]]
-    sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
+    sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size)
     if recipe_store.find(known[key], sizes) is None:
         region = fa4.record_recipe(sig, sizes, sku)
         known[key].append(region)

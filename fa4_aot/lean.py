@@ -133,8 +133,8 @@ def run(attn: Attention, sizes: dict[str, int], tensors: dict[str, Any], scale: 
     """Forward (with autograd when the signature trains) of `attn` on named input tensors."""
     if not _autograd:
         _autograd.append(_function())
-    for name in ("q", "k", "v"):  # FA4's maybe_contiguous: a copy only when the last dimension is strided
-        if tensors[name].stride(-1) != 1:
+    for name in ("q", "k", "v", "page_table"):  # FA4's maybe_contiguous: a copy when the last dim is strided
+        if name in tensors and tensors[name].stride(-1) != 1:
             tensors[name] = tensors[name].contiguous()
     bound = attn.bound(sizes, tensors["q"].device, scale)
     bound.check(tensors)

@@ -1,8 +1,10 @@
 """FA4's entry points on the lean runtime: `flash_attn_func`, `flash_attn_varlen_func` and `load()`.
 
-Same arguments and results as flash_attn.cute's functions for what the planner records (dense and varlen;
-causal, local, softcap, learnable sink, GQA, deterministic backward, return_lse); anything else raises
-lean.Unsupported naming the argument, and runs with FA4 itself through fa4_aot.install().
+Same arguments and results as flash_attn.cute's functions for what the planner records: dense; varlen
+(cu_seqlens_q/k); seqused (dense q/k/v with seqused_k); paged KV decode (dense q, page_table and seqused_k);
+causal, local, softcap, learnable sink, GQA, deterministic backward, return_lse, split-KV (num_splits > 1, or 0
+for FA4's heuristic). Anything else raises lean.Unsupported naming the argument, and runs with FA4 itself
+through fa4_aot.install().
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from . import lean, recipe
 from .signature import Signature
 
 _UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors", "aux_scalars",
-                "block_sparse_tensors", "block_sparse_tensors_bwd", "pack_gqa", "seqused_q", "seqused_k",
-                "page_table", "min_seqlen_k", "scheduler_metadata", "seqlen_k_per_split")
+                "block_sparse_tensors", "block_sparse_tensors_bwd", "pack_gqa", "seqused_q", "min_seqlen_k",
+                "scheduler_metadata", "seqlen_k_per_split")
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
 _cache: dict[tuple[Any, ...], lean.Attention] = {}
 
@@ -34,6 +36,7 @@ def _refuse(extra: dict[str, Any]) -> None:
 
 def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: Any, softcap: float,
                learnable_sink: Any, num_splits: int, deterministic: bool, return_lse: bool) -> lean.Attention:
+    """The Attention of this call's signature (cached per flags; paged: the page size is k's dimension 1)."""
     import torch
 
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
@@ -42,7 +45,8 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
         raise lean.Unsupported("return_lse=True with a backward pass: FA4 then back-propagates through lse, which "
                                "no recipe records; call FA4 after fa4_aot.install() for this")
     window = tuple(window_size) if window_size is not None else (None, None)
-    cache_key = (layout, q.dtype, q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], bool(causal), window,
+    page_size = k.shape[1] if layout == "paged" else 0
+    cache_key = (layout, page_size, q.dtype, q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], bool(causal), window,
                  float(softcap or 0.0), learnable_sink is None, num_splits, bool(deterministic), bool(return_lse),
                  training)
     found = _cache.get(cache_key)
@@ -50,7 +54,7 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
         sig = signature(layout, str(q.dtype), q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], causal=causal,
                         window_size=window, softcap=softcap, sink=learnable_sink is not None,
                         num_splits=num_splits, training=training, deterministic=deterministic,
-                        return_lse=return_lse)
+                        return_lse=return_lse, page_size=page_size)
         found = _cache[cache_key] = lean.runtime().attention(sig)
     return found
 
@@ -58,7 +62,7 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
 def signature(layout: str, dtype: str, heads_q: int, head_dim: int, heads_kv: int, head_dim_v: int, *,
               causal: bool = False, window_size: Any = (None, None), softcap: float = 0.0, sink: bool = False,
               num_splits: int = 1, training: bool = False, deterministic: bool = False,
-              return_lse: bool = False) -> Signature:
+              return_lse: bool = False, page_size: int = 0) -> Signature:
     """The Signature (as the planner records it) of a call with these arguments. Raises ValueError for
     arguments FA4 takes but no recipe can describe (a half-open window, a dtype other than bf16/fp16)."""
     if dtype not in _DTYPES:
@@ -72,7 +76,8 @@ def signature(layout: str, dtype: str, heads_q: int, head_dim: int, heads_kv: in
         dtype=_DTYPES[dtype], head_dim=head_dim, head_dim_v=head_dim_v,
         mask="causal" if causal else "local" if local else "full",
         window=(int(window_size[0]), int(window_size[1])) if local and not causal else (0, 0),
-        softcap=float(softcap or 0.0), sink=sink, num_splits=num_splits, heads_q=heads_q, heads_kv=heads_kv)
+        softcap=float(softcap or 0.0), sink=sink, num_splits=num_splits, heads_q=heads_q, heads_kv=heads_kv,
+        page_size=page_size if layout == "paged" else 0)
 
 
 def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, causal: bool = False,
@@ -93,25 +98,67 @@ def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, 
 
 def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
                            max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                           seqused_k: Any = None, page_table: Any = None,
                            softmax_scale: float | None = None, causal: bool = False,
                            window_size: Any = (None, None), learnable_sink: Any = None, softcap: float = 0.0,
                            num_splits: int = 1, deterministic: bool = False, return_lse: bool = False,
                            **extra: Any) -> tuple[Any, Any]:
-    """flash_attn.cute.flash_attn_varlen_func on the lean runtime, with cu_seqlens_q/k and integer
-    max_seqlen_q/k (the sizes FA4's dispatch reads)."""
+    """flash_attn.cute.flash_attn_varlen_func on the lean runtime, for three forms of call: varlen
+    (cu_seqlens_q/k and integer max_seqlen_q/k, the sizes FA4's dispatch reads), seqused (q, k, v as
+    (batch, seqlen, heads, dim) with seqused_k) and paged (q as (batch, seqlen_q, heads, dim), k and v as
+    (num_pages, page_size, heads, dim) pools, page_table and seqused_k); max_seqlen_q/k are optional for the
+    last two, as in FA4."""
     _refuse(extra)
-    if cu_seqlens_q is None or cu_seqlens_k is None or not isinstance(max_seqlen_q, int) \
-            or not isinstance(max_seqlen_k, int):
-        raise lean.Unsupported("the lean varlen path needs cu_seqlens_q, cu_seqlens_k and integer max_seqlen_q/k; "
-                               "seqused/paged calls run with FA4 after fa4_aot.install()")
-    attn = _attention("varlen", q, k, v, causal, window_size, softcap, learnable_sink, num_splits, deterministic,
-                      return_lse)
-    sizes = {"batch": cu_seqlens_q.shape[0] - 1, "total_q": q.shape[0], "total_k": k.shape[0],
-             "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k}
-    tensors = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+    layout = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table)
+    tensors = {"q": q, "k": k, "v": v}
+    if layout == "varlen":
+        if not isinstance(max_seqlen_q, int) or not isinstance(max_seqlen_k, int):
+            raise lean.Unsupported("the lean varlen path needs integer max_seqlen_q/k (the sizes FA4's dispatch "
+                                   "reads); call FA4 after fa4_aot.install() for tensor or missing max lengths")
+        sizes = {"batch": cu_seqlens_q.shape[0] - 1, "total_q": q.shape[0], "total_k": k.shape[0],
+                 "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k}
+        tensors.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    else:
+        sizes = _decode_sizes(layout, q, k, page_table, max_seqlen_q, max_seqlen_k)
+        tensors.update({"page_table": page_table} if layout == "paged" else {}, seqused_k=seqused_k)
     if learnable_sink is not None:
         tensors["learnable_sink"] = learnable_sink
+    attn = _attention(layout, q, k, v, causal, window_size, softcap, learnable_sink, num_splits, deterministic,
+                      return_lse)
     return lean.run(attn, sizes, tensors, softmax_scale)
+
+
+def _varlen_layout(q: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, seqused_k: Any, page_table: Any) -> str:
+    """Which recorded layout a flash_attn_varlen_func call has; lean.Unsupported for other combinations."""
+    given = tuple(name for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                                       ("seqused_k", seqused_k), ("page_table", page_table)) if t is not None)
+    forms = {("cu_seqlens_q", "cu_seqlens_k"): "varlen", ("seqused_k",): "seqused",
+             ("seqused_k", "page_table"): "paged"}
+    layout = forms.get(given)
+    if layout is None or (layout != "varlen" and q.dim() != 4):
+        raise lean.Unsupported(
+            f"the lean runtime has recipes for varlen (cu_seqlens_q and cu_seqlens_k), seqused (4-d q, k, v with "
+            f"seqused_k) and paged (4-d q, page_table and seqused_k) calls, not for {' + '.join(given) or 'none'} "
+            f"with a {q.dim()}-d q; call FA4 after fa4_aot.install() for this one")
+    return layout
+
+
+def _decode_sizes(layout: str, q: Any, k: Any, page_table: Any, max_seqlen_q: int | None,
+                  max_seqlen_k: int | None) -> dict[str, int]:
+    """The recipe sizes of a seqused or paged call; a max length left out is FA4's default for it."""
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is not None and not isinstance(value, int):
+            raise lean.Unsupported(f"{name} must be an int or None on the lean runtime (FA4 reads it on the "
+                                   "host); call FA4 after fa4_aot.install() for a tensor")
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    if layout == "seqused":
+        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": k.shape[1],
+                "max_seqlen_q": seqlen_q if max_seqlen_q is None else max_seqlen_q,
+                "max_seqlen_k": k.shape[1] if max_seqlen_k is None else max_seqlen_k}
+    pages = page_table.shape[1]
+    return {"batch": batch, "seqlen_q": seqlen_q, "num_pages": k.shape[0], "pages_per_seq": pages,
+            "max_seqlen_q": seqlen_q if max_seqlen_q is None else max_seqlen_q,
+            "max_seqlen_k": pages * k.shape[1] if max_seqlen_k is None else max_seqlen_k}
 
 
 class Loaded:
@@ -127,19 +174,24 @@ class Loaded:
 
 def load(q_shape: tuple[int, int, int, int], k_shape: tuple[int, int, int, int] | None = None, *,
          causal: bool = False, dtype: Any = None, window_size: Any = (None, None), softcap: float = 0.0,
-         learnable_sink: bool = False, num_splits: int = 1, layout: str = "dense", training: bool = False,
-         deterministic: bool = False, return_lse: bool = False, cache_dir: Path | None = None) -> Loaded:
+         learnable_sink: bool = False, num_splits: int = 1, layout: str = "dense", page_size: int = 0,
+         training: bool = False, deterministic: bool = False, return_lse: bool = False,
+         cache_dir: Path | None = None) -> Loaded:
     """Load the recipe and every kernel of this signature at these sizes (q_shape = (batch, seqlen_q, heads,
-    head_dim), k_shape likewise; for varlen, batch and the max lengths), then return a callable with FA4's
-    semantics. Raises KernelMissing before returning when the store lacks a recipe region or kernel."""
+    head_dim), k_shape likewise; for varlen, batch and the max lengths; for paged, seqlen_k is what the page
+    table spans, with `page_size`), then return a callable with FA4's semantics. Raises KernelMissing before
+    returning when the store lacks a recipe region or kernel."""
     import torch
 
+    if layout == "paged" and page_size <= 0:
+        raise ValueError("layout='paged' needs page_size (k's dimension 1 in the call: the pool's page size)")
     k_shape = k_shape or q_shape
     sig = signature(layout, str(dtype or torch.bfloat16), q_shape[2], q_shape[3], k_shape[2], k_shape[3],
                     causal=causal, window_size=window_size, softcap=softcap, sink=learnable_sink,
-                    num_splits=num_splits, training=training, deterministic=deterministic, return_lse=return_lse)
+                    num_splits=num_splits, training=training, deterministic=deterministic, return_lse=return_lse,
+                    page_size=page_size)
     attn = lean.runtime(cache_dir).attention(sig)
-    attn.preload(recipe.sizes_of_call(layout, q_shape[0], q_shape[1], k_shape[1]))
+    attn.preload(recipe.sizes_of_call(layout, q_shape[0], q_shape[1], k_shape[1], page_size))
     flags = {"causal": causal, "window_size": window_size, "softcap": softcap, "num_splits": num_splits,
              "deterministic": deterministic, "return_lse": return_lse}
     return Loaded(layout, flags, attn)

@@ -22,13 +22,28 @@ RECIPE_FORMAT = 1
 SIZE_NAMES = {
     "dense": ("batch", "seqlen_q", "seqlen_k"),
     "varlen": ("batch", "total_q", "total_k", "max_seqlen_q", "max_seqlen_k"),
+    # q, k, v as dense plus seqused_k; max_seqlen_q/k as FA4 takes them (None means seqlen_q / seqlen_k)
+    "seqused": ("batch", "seqlen_q", "seqlen_k", "max_seqlen_q", "max_seqlen_k"),
+    # dense q, k and v as (num_pages, page_size, heads, dim) pools, page_table (batch, pages_per_seq), seqused_k;
+    # the page size is the signature's; max_seqlen_k None means pages_per_seq * page_size (FA4's default)
+    "paged": ("batch", "seqlen_q", "num_pages", "pages_per_seq", "max_seqlen_q", "max_seqlen_k"),
 }
 
 
-def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int) -> dict[str, int]:
-    """The recipe sizes of a Call (varlen: every sequence at the max length, as the planner's calls are)."""
+def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int, page_size: int = 0) -> dict[str, int]:
+    """The recipe sizes of a Call (varlen: every sequence at the max length, as the planner's calls are;
+    paged: a pool of exactly the pages the batch needs, as the planner's calls have)."""
     if layout == "dense":
         return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    if layout == "seqused":
+        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "max_seqlen_q": seqlen_q,
+                "max_seqlen_k": seqlen_k}
+    if layout == "paged":
+        if page_size <= 0:
+            raise ValueError("a paged call needs its page_size")
+        pages = -(-seqlen_k // page_size)
+        return {"batch": batch, "seqlen_q": seqlen_q, "num_pages": batch * pages, "pages_per_seq": pages,
+                "max_seqlen_q": seqlen_q, "max_seqlen_k": pages * page_size}
     return {"batch": batch, "total_q": batch * seqlen_q, "total_k": batch * seqlen_k,
             "max_seqlen_q": seqlen_q, "max_seqlen_k": seqlen_k}
 

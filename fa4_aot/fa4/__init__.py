@@ -28,6 +28,7 @@ Serving from the store (caches.py, tracking.py, dispatch.py):
     attend(call, q, k, v, **kw)    flash_attn_func / flash_attn_varlen_func with the call's flags
 Lean runtime, at build time (record.py, linking.py):
     record_recipe(sig, sizes, sku) the launch recipe of a signature for the region of sizes holding `sizes`
+                                   (symbolic=False: FA4 at exactly `sizes`, `defaults` left to FA4)
     link(object_bytes) -> bytes    an exported object linked into a library that loads with tvm_ffi alone
     runtime_libraries()            {SONAME: path} of the runtime libraries such a library needs
 """
@@ -157,10 +158,11 @@ def attend(call: Call, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
 
 
 
-def record_recipe(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True) -> dict[str, Any]:
+def record_recipe(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True,
+                  defaults: tuple[str, ...] = ()) -> dict[str, Any]:
     from . import record
 
-    return record.record(sig, sizes, sku, symbolic)
+    return record.record(sig, sizes, sku, symbolic, defaults)
 
 
 def link(object_bytes: bytes) -> bytes:

@@ -176,22 +176,24 @@ def _launching(interface: Any) -> Iterator[None]:
         interface.is_fake_mode, cute.ceil_div = fake, ceil_div
 
 
-def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True) -> dict[str, Any]:
+def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True,
+           defaults: tuple[str, ...] = ()) -> dict[str, Any]:
     """The recipe of `sig` for the region of sizes containing `sizes` (names: recipe.SIZE_NAMES[layout]).
-    With symbolic=False, FA4 runs at exactly `sizes`: what it does there, for comparing with a replay."""
+    With symbolic=False, FA4 runs at exactly `sizes`: what it does there, for comparing with a replay; the
+    size arguments named in `defaults` (max_seqlen_q/k of seqused and paged calls) are then left to FA4."""
     import torch
     from flash_attn.cute import interface
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     if sig.layout not in SIZE_NAMES:
-        raise ValueError(f"layout {sig.layout!r} has no lean recipe yet (dense and varlen have)")
+        raise ValueError(f"layout {sig.layout!r} has no lean recipe (known: {', '.join(SIZE_NAMES)})")
     session = _Session(ShapeEnv(duck_shape=False, specialize_zero_one=False), 1.0 / math.sqrt(sig.head_dim), symbolic)
     seen: dict[tuple[str, str], Any] = {}
     with FakeTensorMode(shape_env=session.env), _launching(interface), \
             caches.swapped(lambda family, _old: _LaunchRecorder(family, session, seen)):
         dims = {name: session.size(name, sizes[name]) for name in SIZE_NAMES[sig.layout]}
-        inputs, fn, kwargs = _inputs(sig, dims, session, torch)
+        inputs, fn, kwargs = _inputs(sig, dims, session, torch, defaults)
         ctx = _Ctx()
         with torch.no_grad():
             with _tracer(session):
@@ -209,7 +211,7 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
                 for name, g in zip(("dq", "dk", "dv"), grads[:3], strict=True):
                     outputs[name] = session.ref(g)
                 if sig.sink:
-                    outputs["dsink"] = session.ref(grads[8] if sig.layout == "dense" else grads[17])
+                    outputs["dsink"] = session.ref(grads[_grad_index(fn, "learnable_sink")])
     return {
         "format": RECIPE_FORMAT, "signature": sig.to_dict(), "guards": session.guards(),
         "inputs": {name: session.ref(t) for name, t in inputs.items() if isinstance(t, torch.Tensor)},
@@ -221,7 +223,16 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
     }
 
 
-def _inputs(sig: Signature, dims: dict[str, Any], session: _Session, torch: Any) -> tuple[dict[str, Any], Any, Any]:
+def _grad_index(fn: Any, name: str) -> int:
+    """Where backward() returns the gradient of forward's argument `name` (its position after ctx)."""
+    import inspect
+
+    return list(inspect.signature(fn.forward).parameters).index(name) - 1
+
+
+def _inputs(sig: Signature, dims: dict[str, Any], session: _Session, torch: Any,
+            defaults: tuple[str, ...] = ()) -> tuple[dict[str, Any], Any, Any]:
+    """FA4's arguments for `sig` at `dims`; the names in `defaults` (max_seqlen_q/k) are passed as None."""
     from flash_attn.cute.interface import FlashAttnFunc, FlashAttnVarlenFunc
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[sig.dtype]
@@ -240,18 +251,25 @@ def _inputs(sig: Signature, dims: dict[str, Any], session: _Session, torch: Any)
         "num_splits": sig.num_splits, "deterministic": sig.pass_ == "bwd_det", "return_lse": sig.pass_ == "fwd_lse",
     }
     inputs: dict[str, Any] = {}
-    if sig.layout == "dense":
-        b, sq, sk = dims["batch"], dims["seqlen_q"], dims["seqlen_k"]
-        inputs.update(q=tensor(b, sq, hq, d), k=tensor(b, sk, hkv, d), v=tensor(b, sk, hkv, dv))
-        fn = FlashAttnFunc
-    else:
-        b = dims["batch"]
+    b = dims["batch"]
+    if sig.layout == "varlen":
         inputs.update(q=tensor(dims["total_q"], hq, d), k=tensor(dims["total_k"], hkv, d),
-                      v=tensor(dims["total_k"], hkv, dv))
-        kwargs.update(cu_seqlens_q=tensor(b + 1, dt=torch.int32), cu_seqlens_k=tensor(b + 1, dt=torch.int32),
-                      max_seqlen_q=dims["max_seqlen_q"], max_seqlen_k=dims["max_seqlen_k"])
-        inputs.update(cu_seqlens_q=kwargs["cu_seqlens_q"], cu_seqlens_k=kwargs["cu_seqlens_k"])
-        fn = FlashAttnVarlenFunc
+                      v=tensor(dims["total_k"], hkv, dv), cu_seqlens_q=tensor(b + 1, dt=torch.int32),
+                      cu_seqlens_k=tensor(b + 1, dt=torch.int32))
+    elif sig.layout == "paged":
+        pool = (dims["num_pages"], sig.page_size, hkv)
+        inputs.update(q=tensor(b, dims["seqlen_q"], hq, d), k=tensor(*pool, d), v=tensor(*pool, dv),
+                      page_table=tensor(b, dims["pages_per_seq"], dt=torch.int32), seqused_k=tensor(b, dt=torch.int32))
+    else:  # dense, seqused
+        sq, sk = dims["seqlen_q"], dims["seqlen_k"]
+        inputs.update(q=tensor(b, sq, hq, d), k=tensor(b, sk, hkv, d), v=tensor(b, sk, hkv, dv))
+        if sig.layout == "seqused":
+            inputs["seqused_k"] = tensor(b, dt=torch.int32)
+    kwargs.update({name: t for name, t in inputs.items() if name not in ("q", "k", "v")})
+    kwargs.update({name: dims[name] for name in ("max_seqlen_q", "max_seqlen_k") if name in dims})
+    for name in defaults:  # FA4 without these arguments: the same choices as with their default values
+        kwargs[name] = None
+    fn = FlashAttnFunc if sig.layout == "dense" else FlashAttnVarlenFunc
     if sig.sink:
         kwargs["learnable_sink"] = inputs["learnable_sink"] = tensor(hq)
     return inputs, fn, kwargs

@@ -1,6 +1,7 @@
 """Lean runtime on a GPU: outputs and gradients bitwise equal to FA4 running the same kernels (install()).
 
-Needs the store of tests/data/lean_variants.toml in FA4_AOT_CACHE (built on a CPU host, see that file). For
+Needs the store of tests/data/lean_variants.toml in FA4_AOT_CACHE (built on a CPU host, see that file; the
+split-KV cases with more than one split run only on sm_100, whose kernels `--sku b200` builds). For
 a tensor FA4 itself does not reproduce bitwise from run to run (gradients of the non-deterministic backward:
 atomic adds), the lean result must lie within FA4's own run-to-run difference instead, measured in bf16 ulps
 over several FA4 runs (at least one ulp); the test says which.
@@ -28,6 +29,24 @@ CASES = [  # name, layout, heads_kv, training, flags
     ("varlen-causal-gqa-bwd", "varlen", 2, True, {"causal": True}),
     ("varlen-full-mha-bwd", "varlen", 8, True, {}),
     ("varlen-causal-gqa-fwd", "varlen", 2, False, {"causal": True}),
+    ("dense-causal-gqa-fwd-auto-splits", "dense", 2, False, {"causal": True, "num_splits": 0}),
+]
+DB, DSK, DH, DHKV = 4, 2048, 32, 8  # decode: one query token against a KV cache of 2048 (the build's sizes)
+USED = (2048, 1000, 1, 1537)  # seqused_k: what each sequence of the cache holds
+POOL = {16: 600, 128: 80}  # paged: a shared pool larger than the batch needs, pages in random order
+DECODE = [  # name, layout, page_size, flags
+    ("seqused-causal-gqa-fwd", "seqused", 0, {"causal": True}),
+    ("seqused-causal-gqa-fwd-lse", "seqused", 0, {"causal": True, "return_lse": True}),
+    ("paged16-causal-gqa-fwd", "paged", 16, {"causal": True}),
+    ("paged16-causal-gqa-fwd-lse", "paged", 16, {"causal": True, "return_lse": True}),
+    ("paged16-causal-gqa-fwd-max-seqlen", "paged", 16, {"causal": True, "max_seqlen_q": 1, "max_seqlen_k": DSK}),
+    ("paged128-causal-gqa-fwd-lse", "paged", 128, {"causal": True, "return_lse": True}),
+]
+SPLIT = [  # more than one split and FA4's combine kernel (sm_100: FA4 asserts "SplitKV not supported on SM 9.0")
+    ("dense-causal-gqa-fwd-splits3", "dense", 0, {"causal": True, "num_splits": 3}),
+    ("dense-causal-gqa-fwd-lse-auto-splits", "dense", 0, {"causal": True, "num_splits": 0, "return_lse": True}),
+    ("seqused-causal-gqa-fwd-auto-splits", "seqused", 0, {"causal": True, "num_splits": 0}),
+    ("paged128-causal-gqa-fwd-lse-splits3", "paged", 128, {"causal": True, "num_splits": 3, "return_lse": True}),
 ]
 
 
@@ -38,7 +57,8 @@ def fa4():
     fa4_aot.install("strict")
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
-    return {"dense": flash_attn_func, "varlen": flash_attn_varlen_func}
+    return {"dense": flash_attn_func, "varlen": flash_attn_varlen_func, "seqused": flash_attn_varlen_func,
+            "paged": flash_attn_varlen_func}
 
 
 def _inputs(layout: str, hkv: int, training: bool):
@@ -77,15 +97,40 @@ def _run(fn, layout, hkv, training, flags):
     return results
 
 
-@pytest.mark.parametrize("name,layout,hkv,training,flags", CASES, ids=[c[0] for c in CASES])
-def test_lean_bitwise_equal_to_fa4(fa4, name, layout, hkv, training, flags):
+def _decode_inputs(layout: str, page_size: int):
+    """q, k, v and the extra tensors of a decode call: dense KV cache, or a paged pool with a page table."""
     import torch
 
-    import fa4_aot
+    g = torch.Generator(device="cuda").manual_seed(1)
 
-    lean_fn = fa4_aot.flash_attn_func if layout == "dense" else fa4_aot.flash_attn_varlen_func
-    first, *others = (_run(fa4[layout], layout, hkv, training, flags) for _ in range(FA4_RUNS))
-    mine = _run(lean_fn, layout, hkv, training, flags)
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    q, extra = randn(DB, 1, DH, 128), {}
+    if layout == "paged":
+        pages = DSK // page_size
+        k, v = (randn(POOL[page_size], page_size, DHKV, 128) for _ in range(2))
+        order = torch.randperm(POOL[page_size], device="cuda", generator=g)[:DB * pages]
+        extra["page_table"] = order.view(DB, pages).to(torch.int32)
+    else:
+        k, v = (randn(DB, DSK, DHKV, 128) for _ in range(2))
+    if layout != "dense":
+        extra["seqused_k"] = torch.tensor(USED, device="cuda", dtype=torch.int32)
+    return (q, k, v), extra
+
+
+def _decode(fn, layout, page_size, flags):
+    import torch
+
+    (q, k, v), extra = _decode_inputs(layout, page_size)
+    out, lse = fn(q, k, v, **extra, **flags)
+    torch.cuda.synchronize()
+    return {"out": out.clone()} | ({} if lse is None else {"lse": lse.clone()})
+
+
+def _assert_same(name, mine, first, others):
+    import torch
+
     assert set(mine) == set(first), (sorted(mine), sorted(first))
     for key, ref in first.items():
         if all(torch.equal(ref, other[key]) for other in others):
@@ -110,6 +155,40 @@ def _ulps(a, b) -> float:
     scale = torch.maximum(a.abs(), b.abs()).clamp_min(a.abs().max().item() * 1e-3 + 1e-30)
     ulp = torch.exp2(torch.floor(torch.log2(scale)) - 7)
     return ((a - b).abs() / ulp).max().item()
+
+
+@pytest.mark.parametrize("name,layout,hkv,training,flags", CASES, ids=[c[0] for c in CASES])
+def test_lean_bitwise_equal_to_fa4(fa4, name, layout, hkv, training, flags):
+    import fa4_aot
+
+    lean_fn = fa4_aot.flash_attn_func if layout == "dense" else fa4_aot.flash_attn_varlen_func
+    first, *others = (_run(fa4[layout], layout, hkv, training, flags) for _ in range(FA4_RUNS))
+    _assert_same(name, _run(lean_fn, layout, hkv, training, flags), first, others)
+
+
+@pytest.mark.parametrize("name,layout,page_size,flags", DECODE, ids=[c[0] for c in DECODE])
+def test_lean_decode_bitwise_equal_to_fa4(fa4, name, layout, page_size, flags):
+    import fa4_aot
+
+    first, *others = (_decode(fa4[layout], layout, page_size, flags) for _ in range(FA4_RUNS))
+    _assert_same(name, _decode(fa4_aot.flash_attn_varlen_func, layout, page_size, flags), first, others)
+
+
+@pytest.mark.parametrize("name,layout,page_size,flags", SPLIT, ids=[c[0] for c in SPLIT])
+def test_lean_split_kv_bitwise_equal_to_fa4(fa4, name, layout, page_size, flags):
+    import torch
+
+    import fa4_aot
+    from fa4_aot import lean_api
+
+    if torch.cuda.get_device_capability()[0] < 10:
+        pytest.skip("FA4 runs split-KV on sm_100 only (it asserts 'SplitKV not supported on SM 9.0')")
+    lean_fn = fa4_aot.flash_attn_func if layout == "dense" else fa4_aot.flash_attn_varlen_func
+    first, *others = (_decode(fa4[layout], layout, page_size, flags) for _ in range(FA4_RUNS))
+    _assert_same(name, _decode(lean_fn, layout, page_size, flags), first, others)
+    regions = [r for a in lean_api._cache.values() if a.sig.num_splits == flags["num_splits"] and a.sig.layout == layout
+               for r in a.regions]
+    assert any(k["family"] == "_flash_attn_fwd_combine" for r in regions for k in r["kernels"]), "no split ran"
 
 
 def test_lean_steady_state_calls_reuse_bound_plans(fa4):

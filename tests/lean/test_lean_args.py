@@ -15,7 +15,7 @@ def _qkv(grad: bool = False):
     return [torch.zeros(1, 128, h, 64, dtype=torch.bfloat16, requires_grad=grad) for h in (8, 2, 2)]
 
 
-@pytest.mark.parametrize("name", ["score_mod", "mask_mod", "qv", "block_sparse_tensors", "pack_gqa", "page_table"])
+@pytest.mark.parametrize("name", ["score_mod", "mask_mod", "qv", "block_sparse_tensors", "pack_gqa", "seqused_q"])
 def test_unsupported_fa4_arguments_are_named(name: str) -> None:
     with pytest.raises(lean.Unsupported, match=name):
         fa4_aot.flash_attn_func(*_qkv(), **{name: object()})
@@ -31,9 +31,58 @@ def test_training_with_return_lse_is_refused() -> None:
         fa4_aot.flash_attn_func(*_qkv(grad=True), return_lse=True)
 
 
-def test_varlen_needs_cu_seqlens_and_integer_max_lengths() -> None:
+@pytest.mark.parametrize("name", ["page_table", "seqused_k"])
+def test_dense_entry_takes_no_varlen_arguments(name: str) -> None:
+    with pytest.raises(TypeError, match=name):  # as FA4's flash_attn_func: these belong to flash_attn_varlen_func
+        fa4_aot.flash_attn_func(*_qkv(), **{name: object()})
+
+
+def test_varlen_needs_integer_max_lengths() -> None:
+    import torch
+
+    q, k, v = (t[0] for t in _qkv())
+    cu = torch.tensor([0, 128], dtype=torch.int32)
     with pytest.raises(lean.Unsupported, match="max_seqlen"):
-        fa4_aot.flash_attn_varlen_func(*_qkv(), cu_seqlens_q=None)
+        fa4_aot.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=128)
+
+
+@pytest.mark.parametrize("given", [{}, {"cu_seqlens_q": 1}, {"page_table": 1}, {"cu_seqlens_q": 1, "seqused_k": 1},
+                                   {"cu_seqlens_k": 1, "cu_seqlens_q": 1, "seqused_k": 1}])
+def test_varlen_forms_without_a_recipe_are_named(given: dict) -> None:
+    import torch
+
+    with pytest.raises(lean.Unsupported, match="varlen .cu_seqlens_q and cu_seqlens_k., seqused") as e:
+        fa4_aot.flash_attn_varlen_func(*_qkv(), **{k: torch.zeros(2, dtype=torch.int32) for k in given})
+    assert " + ".join(n for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table") if n in given) in \
+        str(e.value)
+
+
+def test_seqused_and_paged_sizes_default_as_fa4() -> None:
+    import torch
+
+    q, k, _v = _qkv()
+    table = torch.zeros(1, 5, dtype=torch.int32)
+    pool = torch.zeros(40, 16, 2, 64)
+    assert lean_api._decode_sizes("seqused", q, k, None, None, None) == {
+        "batch": 1, "seqlen_q": 128, "seqlen_k": 128, "max_seqlen_q": 128, "max_seqlen_k": 128}
+    assert lean_api._decode_sizes("paged", q, pool, table, None, 70) == {
+        "batch": 1, "seqlen_q": 128, "num_pages": 40, "pages_per_seq": 5, "max_seqlen_q": 128, "max_seqlen_k": 70}
+    assert lean_api._decode_sizes("paged", q, pool, table, None, None)["max_seqlen_k"] == 5 * 16
+    with pytest.raises(lean.Unsupported, match="max_seqlen_k must be an int"):
+        lean_api._decode_sizes("paged", q, pool, table, None, torch.tensor(3))
+
+
+def test_decode_signatures_are_the_planners() -> None:
+    from fa4_aot import variants
+    from fa4_aot.signature import Signature
+    from tests.conftest import ROOT
+
+    matrix = variants.load(ROOT / "tests" / "data" / "lean_variants.toml")
+    decode = next(v for v in matrix.variants if v.name == "lean-decode")
+    planned = {Signature.of(c) for c in decode.calls(matrix.shapes[decode.shapes])}
+    mine = {lean_api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, return_lse=lse,
+                               page_size=16) for layout in ("seqused", "paged") for lse in (False, True)}
+    assert mine == planned
 
 
 @pytest.mark.parametrize("kw,mask,window,pass_", [
@@ -58,3 +107,8 @@ def test_trusted_keys_refuse_the_lean_runtime(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("FA4_AOT_TRUSTED_KEYS", "ssh-ed25519 AAAA test")
     with pytest.raises(Fa4AotError, match="install"):
         lean.runtime(tmp_path / "store")
+
+
+def test_load_paged_needs_the_page_size() -> None:
+    with pytest.raises(ValueError, match="page_size"):
+        fa4_aot.load((4, 1, 32, 128), (4, 2048, 8, 128), layout="paged")

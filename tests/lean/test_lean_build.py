@@ -103,3 +103,41 @@ def test_entries_from_before_linking_parse_and_a_rebuild_links_them(tmp_path: Pa
     doc = _build(tmp_path)
     assert doc["built"] == 0 and doc["present"] >= 1 and doc["lean_failures"] == []
     assert all(host_arch() in e.shared_libs for e in store.entries())
+
+
+DECODE_OPEN = r"""
+import json, sys
+from pathlib import Path
+import torch
+from fa4_aot import config, lean, lean_api, variants
+from fa4_aot.store import Store
+rt = lean.Runtime(Store(Path(sys.argv[1])), variants.load(config.default_variants_file()).skus["h200"])
+sizes = {"seqused": {"batch": 4, "seqlen_q": 1, "seqlen_k": 2048, "max_seqlen_q": 1, "max_seqlen_k": 1000},
+         "paged": {"batch": 4, "seqlen_q": 1, "num_pages": 600, "pages_per_seq": 128, "max_seqlen_q": 1,
+                   "max_seqlen_k": 2048}}
+found = {}
+for layout, at in sizes.items():
+    attn = rt.attention(lean_api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, page_size=16))
+    bound = attn.bound(at, torch.device("cpu"), None)
+    found[layout] = {"inputs": sorted(bound.expected), "functions": sorted(
+        type(rt.libraries.function(k["kernel_key"], k["family"])).__name__ for k in attn.region(at)["kernels"])}
+found["imported"] = sorted({m.split(".")[0] for m in sys.modules} & {"cutlass", "flash_attn", "quack"})
+print(json.dumps(found))
+"""
+
+
+def test_decode_build_records_seqused_and_paged_recipes_the_lean_runtime_binds(tmp_path: Path) -> None:
+    """A build of the GPU suite's decode variant stores, per signature, a region that holds at other sizes than
+    the planned call (a larger shared page pool, a caller's max_seqlen_k) and kernels that open with tvm_ffi."""
+    done = run_cli("build", "--sku", "h200", "--variants", str(ROOT / "tests" / "data" / "lean_variants.toml"),
+                   "--only", "lean-decode", "--json", cache=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["failed"] == 0 and doc["lean_failures"] == [] and doc["recipes"] == 4
+    opened = subprocess.run([sys.executable, "-c", DECODE_OPEN, str(tmp_path)], capture_output=True, text=True,
+                            cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert opened.returncode == 0, opened.stderr[-3000:]
+    report = json.loads(opened.stdout.strip().splitlines()[-1])
+    assert report.pop("imported") == []
+    assert report == {"seqused": {"inputs": ["k", "q", "seqused_k", "v"], "functions": ["Function"]},
+                      "paged": {"inputs": ["k", "page_table", "q", "seqused_k", "v"], "functions": ["Function"]}}

@@ -19,8 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SIG = {"layout": "dense", "pass_": "bwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
        "window": [0, 0], "softcap": 0.0, "sink": False, "num_splits": 1, "heads_q": 8, "heads_kv": 2}
 VARLEN = {**SIG, "layout": "varlen", "heads_kv": 8, "mask": "full"}
+PAGED = {**SIG, "layout": "paged", "pass_": "fwd_lse", "page_size": 16, "heads_q": 32, "heads_kv": 8}
+SEQUSED = {**SIG, "layout": "seqused", "pass_": "bwd", "sink": True}
 PAIRS = [(SIG, {"batch": 2, "seqlen_q": 1000, "seqlen_k": 1000}),
-         (VARLEN, {"batch": 3, "total_q": 1500, "total_k": 2000, "max_seqlen_q": 700, "max_seqlen_k": 900})]
+         (VARLEN, {"batch": 3, "total_q": 1500, "total_k": 2000, "max_seqlen_q": 700, "max_seqlen_k": 900}),
+         (PAGED, {"batch": 4, "seqlen_q": 1, "num_pages": 600, "pages_per_seq": 128, "max_seqlen_q": 1,
+                  "max_seqlen_k": 2048}),
+         (SEQUSED, {"batch": 2, "seqlen_q": 512, "seqlen_k": 700, "max_seqlen_q": 512, "max_seqlen_k": 700}),
+         ({**VARLEN, "sink": True}, {"batch": 2, "total_q": 900, "total_k": 900, "max_seqlen_q": 500,
+                                     "max_seqlen_k": 500})]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +47,8 @@ def _inputs(region: dict, sizes: dict, torch) -> dict:
     return out
 
 
-@pytest.mark.parametrize("case", [0, 1], ids=["dense-gqa-causal-bwd", "varlen-mha-full-bwd"])
+@pytest.mark.parametrize("case", [0, 1, 2, 3], ids=["dense-gqa-causal-bwd", "varlen-mha-full-bwd",
+                                                     "paged16-gqa-causal-fwd-lse", "seqused-gqa-sink-bwd"])
 def test_replay_allocates_what_fa4_allocates(regions, case):
     import torch
 
@@ -53,13 +61,26 @@ def test_replay_allocates_what_fa4_allocates(regions, case):
         slots[region["inputs"][name]] = t
     bound.run(bound.fwd, slots)
     bound.run(bound.bwd, slots)
+    assert all(slot is not None for slot in slots)
     for slot, t in enumerate(slots):
         shape, stride, dtype = recipe.concretize(region["meta"][slot], sizes)
         assert list(t.shape) == shape and list(t.stride()) == stride, (slot, t.shape, shape, t.stride(), stride)
         assert str(t.dtype) == f"torch.{dtype['dtype']}", (slot, t.dtype, dtype)
     launched = [s for s in region["fwd"] + region["bwd"] if "launch" in s]
     assert calls == [(s["launch"], len(s["args"])) for s in launched]
-    assert [k["family"] for k in region["kernels"]][:3] == ["_flash_attn_fwd", "_bwd_preprocess", "_flash_attn_bwd"]
+    families = ["_flash_attn_fwd", "_bwd_preprocess", "_flash_attn_bwd"] if region["bwd"] else ["_flash_attn_fwd"]
+    assert [k["family"] for k in region["kernels"]][:3] == families
+    assert set(region["outputs"]) == ({"out", "lse", "dq", "dk", "dv"} | ({"dsink"} if region["signature"]["sink"]
+                                      else set()) if region["bwd"] else {"out", "lse"})
+
+
+def test_regression_varlen_backward_with_sink_records_dsink(regions):
+    """The recorder took dsink from backward()'s result 17 for varlen (None: it is 16), so a varlen training
+    signature with a learnable sink recorded no recipe at all."""
+    region, sizes = regions[4], PAIRS[4][1]
+    shape, _stride, dtype = recipe.concretize(region["meta"][region["outputs"]["dsink"]], sizes)
+    sink_shape, _s, sink_dtype = recipe.concretize(region["meta"][region["inputs"]["learnable_sink"]], sizes)
+    assert (shape, dtype) == (sink_shape, sink_dtype) == ([VARLEN["heads_q"]], {"dtype": "bfloat16"})
 
 
 def test_autograd_function_returns_input_shaped_gradients(regions):
