@@ -17,7 +17,8 @@ from typing import Any
 
 from . import build_lean, kernel_keys
 from .calls import Call
-from .executors import CompileTask, Executor, LocalExecutor, Outcome
+from .exact import ExactCall
+from .executors import CompileTask, Executor, LocalExecutor, Outcome, Work
 from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
@@ -86,10 +87,9 @@ class Planned:
     ident: str  # canonical compile-key JSON
     kernel_key: str  # the base key (no constants): the compile decides what it consumes
     work_index: int  # the first work item that needs it
-    call: Call  # a concrete call of that item that makes FA4 choose it
+    call: Call | ExactCall  # a concrete call of that item that makes FA4 choose it
 
 
-Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
 Present = Callable[[str], str | None]  # base key -> the key it is held under, or None
 
 
@@ -127,8 +127,9 @@ def work_of(matrix: Matrix, sku: Sku, variants: Sequence[Variant | ModelVariant]
 
 def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Progress | None = None,
                 dry_run: bool = False, executor: Executor | None = None, present: Present | None = None) -> Report:
-    """Build the kernels of explicit (label, Call or Signature) pairs: a Call's kernels at its shapes, a
-    Signature's at every shape (complete.py), e.g. model signatures or the calls clients reported missing.
+    """Build the kernels of explicit (label, Call, ExactCall or Signature) pairs: a Call's kernels at its shapes,
+    an ExactCall's for its recorded arguments, a Signature's at every shape (complete.py), e.g. model signatures
+    or the calls clients reported missing.
     `present(base key)` says under which key a kernel is already held (default: stored_key in `store`).
 
     Ctrl-C (KeyboardInterrupt) stops it within seconds: queued kernels are cancelled, workers are told to
@@ -192,8 +193,8 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 
-def describe(item: Call | Signature) -> str:
-    if isinstance(item, Call):
+def describe(item: Call | ExactCall | Signature) -> str:
+    if isinstance(item, Call | ExactCall):
         return item.describe()
     return item.call(0, 0, 0).describe().replace(" b=0 sq=0 sk=0", " all shapes")
 

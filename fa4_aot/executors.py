@@ -25,18 +25,20 @@ from typing import Any, Protocol
 
 from . import flavours
 from .calls import Call
+from .exact import ExactCall
 from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
 from .worker import PlanOut, Wanted
 
-Work = list[tuple[str, Call | Signature]]  # (label, a concrete call or a shape-complete signature)
+# (label, a concrete call, a client's exact record of one, or a shape-complete signature)
+Work = list[tuple[str, Call | ExactCall | Signature]]
 
 
 @dataclass(frozen=True)
 class CompileTask:
     variant: str
-    call: Call
+    call: Call | ExactCall
     wanted: tuple[Wanted, ...]
 
 

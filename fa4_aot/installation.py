@@ -5,7 +5,7 @@ install() hands the Installation to the FA4 seam, whose compile caches ask it (f
 A kernel missing from the local store is fetched from the server when FA4_AOT_SERVER is set (see remote.py).
 Strict mode never compiles: a kernel neither has raises KernelMissing naming the SKU, the call and the command
 that adds it. Fallback mode lets FA4 compile it, records the miss (locally for `fa4-aot misses`, and on the
-server for `fa4-aot build --from-misses`) and goes on.
+server for `fa4-aot build --from-misses`) with the Call and the exact FA4 arguments that needed it, and goes on.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class Installation:
         call = fa4.current()
         what = call.describe() if call else f"{family} compile key {dumps(canonical(key))[:200]}"
         miss = Miss(kernel_key=kk, family=family, compile_key=canonical(key), sku=self.sku.name,
-                    call=call.to_dict() if call else None)
+                    call=call.to_dict() if call else None, args=fa4.current_record())
         if self.remote is not None:
             self.remote.report_miss(asdict(miss))
         if self.mode == "strict":

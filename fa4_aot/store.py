@@ -135,6 +135,7 @@ class Miss:
     compile_key: Any
     sku: str
     call: dict[str, Any] | None = None  # the Call that needed it, when the client could tell (calls.capture)
+    args: dict[str, Any] | None = None  # its exact FA4 arguments (exact.py): what `build --from-misses` replays
     when: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 

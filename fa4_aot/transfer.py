@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import kernel_keys, lean_transfer, signing
-from .build import Report, Result, build_calls
+from .build import Report, Result, Work, build_calls
 from .calls import Call
 from .errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
+from .exact import ExactCall
 from .remote import Remote
 from .skus import Sku
 from .store import Store
@@ -130,26 +131,38 @@ def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
 
 def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], jobs: int = 1,
                  progress: Callable[..., None] | None = None) -> list[Report]:
-    """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows, by re-planning the Call each
-    miss carries. A missed kernel the rebuild does not produce (no call recorded, or the call no longer selects
-    it) is a failure in its SKU's report, so nothing is left out silently."""
+    """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows: a miss that carries the exact
+    FA4 arguments of its call (`args`, exact.py) is replayed through FA4 with them, an older one re-plans the Call
+    it carries. A missed kernel the rebuild does not produce (no call recorded, or the call no longer selects it)
+    is a failure in its SKU's report, so nothing is left out silently."""
     by_sku: dict[str, dict[str, dict[str, Any]]] = {}
     for miss in misses:
         if miss.get("sku") in matrix.skus:
             by_sku.setdefault(miss["sku"], {})[miss["kernel_key"]] = miss
     reports = []
     for name, wanted in sorted(by_sku.items()):
-        calls = [_call(m.get("call")) for m in wanted.values()]
-        work = list(dict.fromkeys(("from-misses", c) for c in calls if c is not None))
-        report = build_calls(matrix.sku(name), store, list(work), jobs=jobs, progress=progress)
+        items = [_item(m) for m in wanted.values()]
+        work: Work = list(dict.fromkeys(("from-misses", c) for c in items if c is not None))
+        report = build_calls(matrix.sku(name), store, work, jobs=jobs, progress=progress)
         _unreproduced(report, wanted, store)
         reports.append(report)
     return reports
 
 
+def _item(miss: dict[str, Any]) -> Call | ExactCall | None:
+    """What rebuilds a miss: its exact record when it carries a readable one, else its Call, else None (none
+    recorded, or one this fa4-aot cannot read: a server may hold misses from other clients): that miss is then
+    reported as not reproduced, and the others still build."""
+    call = _call(miss.get("call"))
+    if miss.get("args"):
+        try:
+            return ExactCall.from_dict(miss["args"], call)
+        except ValueError:
+            pass
+    return call
+
+
 def _call(doc: Any) -> Call | None:
-    """The Call a miss carries, or None when it carries none or one this fa4-aot cannot read (a server may hold
-    misses from other clients): that miss is then reported as not reproduced, and the others still build."""
     if not doc:
         return None
     try:
@@ -163,11 +176,14 @@ def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Stor
     for key, miss in sorted(wanted.items()):
         if key in done:
             continue
-        why = ("the client could not describe the call (score_mod, block sparsity...)" if not miss.get("call")
-               else "re-planning the recorded call did not select it (was FA4 or the SKU table changed?)")
-        report.results.append(Result(
-            "failed", miss["family"], key, "from-misses",
-            call.describe() if (call := _call(miss.get("call"))) else "", error=f"missed kernel not rebuilt: {why}"))
+        item = _item(miss)
+        why = ("the client could not describe the call (score_mod, block sparsity...)" if item is None
+               else "replaying the recorded arguments did not ask for it (was FA4 or the SKU table changed?)"
+               if isinstance(item, ExactCall) else
+               "re-planning the recorded call did not select it (an older client's miss, without its exact "
+               "arguments: run the workload again with this fa4-aot)")
+        report.results.append(Result("failed", miss["family"], key, "from-misses", item.describe() if item else "",
+                                     error=f"missed kernel not rebuilt: {why}"))
 
 
 def _done_keys(report: Report, store: Store) -> set[str]:

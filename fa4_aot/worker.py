@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,14 @@ from typing import Any
 from . import build_lean, fa4, kernel_keys
 from .calls import Call
 from .errors import DiskFull
+from .exact import ExactCall
 from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
 
 Wanted = tuple[str, str, str]  # (family, canonical compile-key JSON, kernel key)
-Kernels = list[tuple[str, str, str, int, Call]]  # (family, ident, base key, index into the work, a call choosing it)
+# (family, ident, base key, index into the work, a call choosing it)
+Kernels = list[tuple[str, str, str, int, Call | ExactCall]]
 # kernels, rejected items (index, error), recorded recipe regions {recipe key: regions}, lean-runtime errors
 PlanOut = tuple[Kernels, list[tuple[int, str]], dict[str, list[dict[str, Any]]], list[str]]
 Sink = Callable[[list[Entry], bytes], None]
@@ -53,17 +55,19 @@ def configure(sku: Sku) -> None:
     _configured.append(sku)
 
 
-def plan_calls(sku: Sku, work: list[tuple[str, Call | Signature]], store: Store | None = None,
+def plan_calls(sku: Sku, work: list[tuple[str, Call | ExactCall | Signature]], store: Store | None = None,
                record: bool = True) -> PlanOut:
-    """Every kernel the work items need (a Call: at its shapes; a Signature: at every shape), the items FA4
-    rejects, and (with `record`) the recipe regions of the calls planned, skipping those `store` already has."""
+    """Every kernel the work items need (a Call: at its shapes; an ExactCall: for its recorded arguments; a
+    Signature: at every shape), the items FA4 rejects, and (with `record`) the recipe regions of the calls
+    planned, skipping those `store` already has."""
     configure(sku)  # first: planning imports FA4, which must see the SKU's arch
     tools = fa4.toolchain()
     kernels: Kernels = []
     failures: list[tuple[int, str]] = []
     for i, (_name, item) in enumerate(work):
+        found: Mapping[tuple[str, str], tuple[Any, Call | ExactCall]]
         try:
-            if isinstance(item, Call):
+            if isinstance(item, Call | ExactCall):
                 found = {ident: (key, item) for ident, key in fa4.plan(item).items()}
             else:
                 found = fa4.plan_signature(item, sku)
@@ -74,7 +78,24 @@ def plan_calls(sku: Sku, work: list[tuple[str, Call | Signature]], store: Store 
             kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, tools), i, call))
     if not record:
         return kernels, failures, {}, []
-    return (kernels, failures, *build_lean.record_work(_lean_state(sku, store), work, kernels, failures, one_line))
+    return (kernels, failures, *build_lean.record_work(_lean_state(sku, store), *_for_recipes(work, kernels, failures),
+                                                       one_line))
+
+
+def _for_recipes(work: list[tuple[str, Call | ExactCall | Signature]], kernels: Kernels,
+                 failures: list[tuple[int, str]]) -> tuple[list[tuple[str, Call | Signature]], Kernels,
+                                                           list[tuple[int, str]]]:
+    """(work, kernels, failures) as build_lean.record_work takes them: recipes are recorded at a Call's sizes, so
+    an ExactCall stands as the Call its client summarised it as, and one without a Call is left out."""
+    kept: list[tuple[str, Call | Signature]] = []
+    index: dict[int, int] = {}
+    for i, (name, item) in enumerate(work):
+        stand_in = item.call if isinstance(item, ExactCall) else item
+        if stand_in is not None:
+            index[i] = len(kept)
+            kept.append((name, stand_in))
+    return (kept, [(*k[:3], index[k[3]], k[4]) for k in kernels if k[3] in index],
+            [(index[i], e) for i, e in failures if i in index])
 
 
 def relink(sku: Sku, store: Store, keys: list[str]) -> list[str]:
@@ -91,7 +112,7 @@ def _lean_state(sku: Sku, store: Store | None) -> dict[str, Any]:
     return _lean
 
 
-def compile_kernels(sku: Sku, variant: str, call: Call, wanted: list[Wanted], sink: Sink,
+def compile_kernels(sku: Sku, variant: str, call: Call | ExactCall, wanted: list[Wanted], sink: Sink,
                     store: Store | None = None) -> dict[str, str]:
     """Compile the `wanted` kernels of `call` and give each to `sink` (entries, object bytes); with `store`, each
     entry names its linked library, stored there (build_lean.shared_libs).

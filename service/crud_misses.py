@@ -22,8 +22,9 @@ MAX_MISSES_PER_SKU = 10_000  # distinct kernel keys; a real matrix gap is a few 
 
 def record_miss(session: Session, *, miss: schemas.MissIn) -> None:
     """Insert the miss or count one more report of it, atomically (INSERT ... ON CONFLICT DO UPDATE). A
-    report never replaces a call already recorded. Raises NotFound for a SKU the service does not hold and
-    TooMany when the SKU already has MAX_MISSES_PER_SKU distinct misses (a known key is still counted)."""
+    report never replaces a call or exact record (`args`) already recorded. Raises NotFound for a SKU the service
+    does not hold and TooMany when the SKU already has MAX_MISSES_PER_SKU distinct misses (a known key is still
+    counted)."""
     if session.get(models.Sku, miss.sku) is None:
         raise NotFound(f"unknown SKU {miss.sku!r}: misses are recorded only for SKUs this service holds "
                        "(GET /v1/skus lists them)")
@@ -38,11 +39,13 @@ def record_miss(session: Session, *, miss: schemas.MissIn) -> None:
         kernel_key=miss.kernel_key, sku=miss.sku, family=miss.family,
         compile_key=canonical_json(miss.compile_key), count=1, first_seen=now, last_seen=now,
         call=None if miss.call is None else canonical_json(miss.call.model_dump()),
+        args=None if miss.args is None else canonical_json(miss.args),
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=[models.Miss.kernel_key],
         set_={"count": models.Miss.count + 1, "last_seen": stmt.excluded.last_seen,
-              "call": func.coalesce(models.Miss.call, stmt.excluded.call)},
+              "call": func.coalesce(models.Miss.call, stmt.excluded.call),
+              "args": func.coalesce(models.Miss.args, stmt.excluded.args)},
     )
     session.execute(stmt)
     session.commit()
@@ -59,6 +62,7 @@ def list_misses(session: Session, *, offset: int = 0, limit: int = 1000) -> list
             found.append(schemas.MissOut(kernel_key=m.kernel_key, sku=m.sku, family=m.family,
                                          compile_key=json.loads(m.compile_key), count=m.count,
                                          call=None if m.call is None else json.loads(m.call),
+                                         args=None if m.args is None else json.loads(m.args),
                                          first_seen=m.first_seen, last_seen=m.last_seen))
         except (ValueError, RecursionError):
             continue

@@ -135,6 +135,9 @@ class Miss(Base):
     # JSON of the call that needed the kernel (fa4_aot.calls), when the client could describe it: what
     # `fa4-aot build --from-misses` plans from. The latest described call wins.
     call: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # canonical JSON of the exact FA4 arguments of that call (fa4_aot.exact), which `build --from-misses` replays;
+    # NULL for older clients. The first record wins, like `call`.
+    args: Mapped[str | None] = mapped_column(Text, nullable=True)
     count: Mapped[int] = mapped_column(Integer, default=1)
     first_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from fa4_aot import exact
+
 HEX64 = r"^[0-9a-f]{64}$"
 KEY_ID = r"^[0-9a-f]{16}$"
 SKU_NAME = r"^[a-z0-9][a-z0-9-]*$"
@@ -195,9 +197,15 @@ class CallIn(BaseModel):
     page_size: int = Field(default=0, ge=0, lt=1 << 31)
 
 
+def _call_record(value: Any) -> Any:
+    """A miss's `args`: None, or a record fa4_aot.exact.check accepts (bounded: at most 16 KiB as JSON)."""
+    return None if value is None else exact.check(check_depth(value))
+
+
 class MissIn(BaseModel):
     """A kernel a client lacked (fa4_aot.store.Miss). Other top-level fields, such as the client's `when`, are
-    ignored: the server's clock stamps first_seen and last_seen. `call`, when given, must be a whole Call."""
+    ignored: the server's clock stamps first_seen and last_seen. `call`, when given, must be a whole Call;
+    `args`, when given, a whole exact call record (fa4_aot.exact)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -206,6 +214,9 @@ class MissIn(BaseModel):
     family: Text = Field(min_length=1, max_length=128)
     compile_key: BoundedJson
     call: CallIn | None = Field(default=None, description="The call that needed it (fa4_aot.calls.Call)")
+    args: Annotated[dict[str, Any] | None, AfterValidator(_call_record)] = Field(
+        default=None, description="The exact FA4 arguments of that call (fa4_aot.exact): what build --from-misses "
+                                  "replays")
 
 
 class MissOut(MissIn):

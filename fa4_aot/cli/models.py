@@ -45,10 +45,11 @@ def models_(as_json: bool) -> None:
     from .. import models
 
     catalog = models.catalog()
-    rows = [f"{'model':<18}{'kind':<9}{'heads':>6}{'kv':>5}{'dims':>9}  {'dtype':<6}{'attention':<34}source"]
+    w = max([16, *map(len, catalog)]) + 2  # the name column fits the longest name
+    rows = [f"{'model':<{w}}{'kind':<9}{'heads':>6}{'kv':>5}{'dims':>9}  {'dtype':<6}{'attention':<34}source"]
     for m in catalog.values():
         dims = f"{m.head_dim}" if m.head_dim == m.head_dim_v else f"{m.head_dim}/{m.head_dim_v}"
-        rows.append(f"{m.name:<18}{m.kind:<9}{m.heads:>6}{m.kv_heads:>5}{dims:>9}  {m.dtype:<6}"
+        rows.append(f"{m.name:<{w}}{m.kind:<9}{m.heads:>6}{m.kv_heads:>5}{dims:>9}  {m.dtype:<6}"
                     f"{_attention(m):<34}{m.source}")
     rows.append(f"{len(catalog)} models; `fa4-aot build --sku SKU --model NAME --tp 1,2,4,8` builds one")
     emit(as_json, [m.to_dict() for m in catalog.values()], "\n".join(rows))

@@ -9,7 +9,7 @@ Target (build workers, before FA4 is imported):
     configure(sku)                 point FA4 and CuTe at a SKU in a process with no GPU (target.py)
     hardware_calls()               what compiles asked the stand-in HardwareInfo, and its answers
     toolchain()                    versions + CUDA flavour that kernel keys name (versions.py)
-Kernels of a Call, on fake tensors (kernels.py, through dispatch.py and caches.py):
+Kernels of a Call or an ExactCall, on fake tensors (kernels.py, through dispatch.py or exact.py, and caches.py):
     plan(call)                     {(family, canonical key JSON): compile key} FA4 selects for a call
     plan_signature(sig, sku)       {(family, key JSON): (compile key, a Call)} at every shape (complete.py)
     plan_each(calls)               plan() of many calls in one fake mode (None for a call FA4 rejects)
@@ -23,6 +23,7 @@ Serving from the store (caches.py, tracking.py, dispatch.py):
     lookup(family, key)            ask FA4's installed cache of `family` for `key` (loads it, or misses)
     capture()                      make FA4's autograd functions say which Call runs (current())
     current()                      the Call FA4 runs on this thread, or None (imports no FA4)
+    current_record()               the exact record (fa4_aot/exact.py) of that call, or None
     running(call)                  a block in which current() is `call` (imports no FA4)
     attend(call, q, k, v, **kw)    flash_attn_func / flash_attn_varlen_func with the call's flags
 Lean runtime, at build time (record.py, linking.py):
@@ -41,12 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..calls import Call
+    from ..exact import ExactCall
     from ..signature import Signature
     from ..skus import Sku
     from .caches import KernelSource
 
 __all__ = ["configure", "hardware_calls", "toolchain", "plan", "plan_signature", "plan_each", "compile_call",
-           "export", "load_object", "install_store_caches", "store_cache", "lookup", "capture", "current", "running",
+           "export", "load_object", "install_store_caches", "store_cache", "lookup", "capture", "current",
+           "current_record", "running",
            "attend", "record_recipe", "link", "runtime_libraries"]
 
 
@@ -68,7 +71,7 @@ def toolchain() -> dict[str, str]:
     return versions.toolchain()
 
 
-def plan(call: Call) -> dict[tuple[str, str], Any]:
+def plan(call: Call | ExactCall) -> dict[tuple[str, str], Any]:
     from . import kernels
 
     return kernels.plan(call)
@@ -86,7 +89,8 @@ def plan_each(calls: list[Call]) -> list[dict[tuple[str, str], Any] | None]:
     return complete.kernels_for_each(calls)
 
 
-def compile_call(call: Call, wanted: set[tuple[str, str]], done: Callable[[str, Any, Any, float], None]) -> None:
+def compile_call(call: Call | ExactCall, wanted: set[tuple[str, str]],
+                 done: Callable[[str, Any, Any, float], None]) -> None:
     from . import kernels
 
     kernels.compile_call(call, wanted, done)
@@ -132,6 +136,12 @@ def current() -> Call | None:
     from . import tracking
 
     return tracking.current()
+
+
+def current_record() -> dict[str, Any] | None:
+    from . import tracking
+
+    return tracking.current_record()
 
 
 def running(call: Call | None) -> AbstractContextManager[None]:

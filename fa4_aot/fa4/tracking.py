@@ -1,21 +1,24 @@
-"""Which Call is FA4 running? install() wraps FA4's autograd functions so that a kernel missing from the
-store can be reported with the Call that needed it; `fa4-aot build --from-misses` then builds exactly that
-call, and FA4_AOT_RECORD appends it (record.py). Importing this module imports no FA4: only capture() and
-from_arguments() touch FA4 or torch.
+"""Which call is FA4 running? install() wraps FA4's autograd functions so that a kernel missing from the
+store can be reported with the Call that needed it (a summary: FA4_AOT_RECORD appends it, record.py) and the
+exact record of its arguments (fa4_aot/exact.py), which `fa4-aot build --from-misses` replays to build exactly
+the kernels that call asked for. Importing this module imports no FA4: only capture() and from_arguments()
+touch FA4 or torch.
 """
 
 from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
 from .. import record
 from ..calls import Call, dtype_name, mask_of, pass_of
+from . import exact
 
 _current = threading.local()
+Describe = Callable[[], dict[str, Any] | None]  # the exact record of the call in flight, made only when asked
 _UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "mask_mod", "block_sparse_tensors", "aux_tensors")
 
 
@@ -24,13 +27,21 @@ def current() -> Call | None:
     return getattr(_current, "call", None)
 
 
+def current_record() -> dict[str, Any] | None:
+    """The exact record (fa4_aot/exact.py) of the call FA4 runs on this thread, or None. Made when asked, i.e. on
+    a miss: describing every call would cost each one microseconds."""
+    describe = getattr(_current, "describe", None)
+    return describe() if describe is not None else None
+
+
 @contextmanager
-def running(call: Call | None) -> Iterator[None]:
-    previous, _current.call = current(), call
+def running(call: Call | None, describe: Describe | None = None) -> Iterator[None]:
+    previous = current(), getattr(_current, "describe", None)
+    _current.call, _current.describe = call, describe
     try:
         yield
     finally:
-        _current.call = previous
+        _current.call, _current.describe = previous
 
 
 def capture() -> None:
@@ -41,22 +52,33 @@ def capture() -> None:
     for fn, layout in ((FlashAttnFunc, "dense"), (FlashAttnVarlenFunc, "varlen")):
         if getattr(fn.forward, "_fa4_aot_wrapped", False):
             continue
-        fn.forward = staticmethod(_wrap_forward(fn.forward, layout))
+        fn.forward = staticmethod(_wrap_forward(fn.forward, layout, fn.__name__))
         fn.backward = staticmethod(_wrap_backward(fn.backward))
 
 
-def _wrap_forward(forward: Any, layout: str) -> Any:
+def _wrap_forward(forward: Any, layout: str, entry: str) -> Any:
     signature = inspect.signature(forward)
 
     def wrapped(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            call = from_arguments(layout, signature.bind(ctx, *args, **kwargs).arguments)
-        except Exception:  # describing the call must never break it
-            call = None
+        arguments: dict[str, Any] = {}
+        call = None
+        try:  # describing the call must never break it
+            arguments = dict(signature.bind(ctx, *args, **kwargs).arguments)
+            del arguments["ctx"]  # ctx will hold `describe`, which holds these: no reference cycle through ctx
+            call = from_arguments(layout, arguments)
+        except Exception:  # a call a Call cannot summarise (MLA...) may still have an exact record
+            pass
         ctx._fa4_aot_call = call
         if call is not None:
             record.note(call)  # FA4_AOT_RECORD: append each distinct call (no-op when unset)
-        with running(call):
+
+        def describe() -> dict[str, Any] | None:
+            return exact.describe(entry, arguments) if arguments else None
+
+        # a backward needs the forward's record after the forward returned: kept on ctx, for training calls only
+        # (what it holds besides the tensors FA4 saves for backward anyway is small integer metadata)
+        ctx._fa4_aot_describe = describe if _training(arguments) else None
+        with running(call, describe):
             return forward(ctx, *args, **kwargs)
 
     wrapped._fa4_aot_wrapped = True  # type: ignore[attr-defined]
@@ -64,11 +86,22 @@ def _wrap_forward(forward: Any, layout: str) -> Any:
 
 
 def _wrap_backward(backward: Any) -> Any:
-    def wrapped(ctx: Any, *args: Any) -> Any:
-        with running(getattr(ctx, "_fa4_aot_call", None)):
-            return backward(ctx, *args)
+    def wrapped(ctx: Any, dout: Any, dlse: Any) -> Any:
+        forward = getattr(ctx, "_fa4_aot_describe", None)
+
+        def describe() -> dict[str, Any] | None:
+            return exact.with_backward(forward(), dout, dlse) if forward is not None else None
+
+        with running(getattr(ctx, "_fa4_aot_call", None), describe):
+            return backward(ctx, dout, dlse)
 
     return wrapped
+
+
+def _training(a: dict[str, Any]) -> bool:
+    """FA4's own `requires_grad` test: any input requires grad, whatever the grad mode (autograd runs
+    Function.forward with grad disabled)."""
+    return any(getattr(a.get(name), "requires_grad", False) for name in ("q", "k", "v", "qv", "learnable_sink"))
 
 
 def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
@@ -82,9 +115,9 @@ def from_arguments(layout: str, a: dict[str, Any]) -> Call | None:
         return None
     local = window != (None, None)
     # FA4 keeps LSE and compiles the training kernels when any input requires grad (its own `requires_grad`),
-    # whatever the grad mode: autograd runs Function.forward with grad disabled, so is_grad_enabled() is False
-    # here even inside a training step (which recorded training misses as "fwd").
-    training = any(t is not None and t.requires_grad for t in (q, k, v, a.get("learnable_sink")))
+    # whatever the grad mode: is_grad_enabled() is False here even inside a training step (which recorded
+    # training misses as "fwd")
+    training = _training(a)
     layout, batch, sq, sk, page = _layout_shape(layout, a, q, k)
     return Call.from_dict({
         "layout": layout, "dtype": dtype, "head_dim": q.shape[-1], "head_dim_v": v.shape[-1],

@@ -23,8 +23,8 @@ from fa4_aot import models
 
 pytestmark = pytest.mark.gpu
 
-# (catalog model, TP degree): 28 models, every TP degree, GQA ratios 1 to 71, MQA, head dims 64 to 256 and
-# 192/128, sliding windows, softcap, sinks, fp16, encoders
+# (catalog model, TP degree): 38 models, every TP degree, GQA ratios 1 to 71, MQA, head dims 64 to 256 and
+# 192/128, sliding windows, softcap, sinks, fp16 (Llama 2, Whisper), encoders
 SUITE = [
     ("llama-3.1-8b", 1), ("llama-3.1-70b", 8), ("llama-3.1-405b", 8), ("llama-3.2-1b", 2), ("llama-3.2-3b", 8),
     ("mistral-7b-v0.1", 1), ("mixtral-8x22b", 4), ("qwen2.5-7b", 4), ("qwen2.5-72b", 2), ("qwen3-30b-a3b", 1),
@@ -32,6 +32,8 @@ SUITE = [
     ("phi-3-mini-4k", 1), ("phi-4", 2), ("deepseek-v3", 8), ("deepseek-v2-lite", 1), ("gpt-oss-20b", 1),
     ("gpt-oss-120b", 8), ("falcon-7b", 1), ("olmo-2-13b", 8), ("glm-4-9b", 2), ("bert-base", 1), ("vit-h-14", 2),
     ("dit-xl-2", 1), ("sd3-medium", 1),
+    ("llama-2-7b", 1), ("llama-2-70b", 8), ("llama-4-scout", 8), ("qwen2.5-14b", 2), ("qwen2.5-0.5b", 1),
+    ("smollm2-135m", 1), ("gemma-2b", 1), ("starcoder2-3b", 4), ("flux.1-dev", 2), ("whisper-large-v3-decoder", 1),
 ]
 TOLERANCE = 1e-2
 

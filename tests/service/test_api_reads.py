@@ -129,23 +129,28 @@ def test_object_range_ignored(server: Server, blob: tuple[str, bytes], headers: 
 
 
 def test_misses_round_trip(server: Server) -> None:
-    """What fa4_aot's client sends (asdict of store.Miss: with `call` and its own `when`) is accepted for a SKU the
-    server holds; the first described call is kept (a later report cannot replace it), and a report without one
-    does not erase it."""
+    """What fa4_aot's client sends (asdict of store.Miss: with `call`, `args` and its own `when`) is accepted for a
+    SKU the server holds; the first described call and exact record are kept (a later report cannot replace
+    them), and a report without them does not erase them."""
     publish(server, os.urandom(100))  # the SKU must be known to the server
     miss = {"kernel_key": "c" * 64, "sku": "h200", "family": "FlashAttentionForwardSm90",
             "compile_key": ["fwd", 64, {"float": "0x1.0p-3"}], "call": None, "when": "2025-01-01T00:00:00Z"}
     call = {"layout": "dense", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
             "window": [-1, -1], "softcap": 0.0, "sink": False, "num_splits": 1, "batch": 2, "seqlen_q": 4096,
             "seqlen_k": 4096, "heads_q": 32, "heads_kv": 32, "page_size": 0}
+    q = {"tensor": "bfloat16", "shape": [2, 4096, 32, 128], "stride": [4194304, 4096, 128, 1], "offset": 0,
+         "grad": False}
+    args = {"format": 1, "entry": "FlashAttnFunc", "forward": {"q": q, "k": q, "v": {"same_as": "k"}, "causal": True},
+            "backward": None}
     with server.client() as c:
-        for report in (miss, {**miss, "call": call}, {**miss, "call": {**call, "batch": 9}}, miss):
+        for report in (miss, {**miss, "call": call, "args": args}, {**miss, "call": {**call, "batch": 9},
+                       "args": {**args, "forward": {**args["forward"], "causal": False}}}, miss):
             assert c.post("/v1/misses", json=report).status_code == 202
         found = [m for m in c.get("/v1/misses").json() if m["kernel_key"] == miss["kernel_key"]]
     assert len(found) == 1
     assert {k: found[0][k] for k in ("kernel_key", "sku", "family", "compile_key")} == {
         k: miss[k] for k in ("kernel_key", "sku", "family", "compile_key")}
-    assert found[0]["call"] == call and "when" not in found[0]
+    assert found[0]["call"] == call and found[0]["args"] == args and "when" not in found[0]
     assert found[0]["count"] == 4 and found[0]["first_seen"] <= found[0]["last_seen"]
 
 

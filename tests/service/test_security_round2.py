@@ -79,8 +79,14 @@ def test_d3_bad_miss_reports_cannot_break_the_miss_list(server: Server) -> None:
         assert c.post("/v1/misses", json=real).status_code == 202
         deep = c.post("/v1/misses", json={**real, "kernel_key": "d" * 64, "compile_key": _nested(260)})
         extra = c.post("/v1/misses", json={**real, "call": {**call, "evil": 1}})
+        record = {"format": 1, "entry": "FlashAttnFunc", "forward": {"causal": True}, "backward": None}
+        bad_args = [c.post("/v1/misses", json={**real, "kernel_key": "e" * 64, "args": bad}) for bad in (
+            {**record, "entry": "builtins.eval"}, {**record, "forward": {"q": {"tensor": "object"}}},
+            {**record, "forward": {"q": [[[1]]]}}, {**record, "forward": {f"a{i}": i for i in range(65)}},
+            {**record, "forward": {"v": {"same_as": "q"}}}, "not an object")]
         listed = c.get("/v1/misses")
     assert (deep.status_code, extra.status_code, listed.status_code) == (422, 422, 200), (deep.text, extra.text)
+    assert [r.status_code for r in bad_args] == [422] * 6, [r.text for r in bad_args]
     mine = [m for m in listed.json() if m["kernel_key"] == key]
     assert len(mine) == 1 and mine[0]["call"] == {**call, "window": [-1, -1]} and mine[0]["count"] == 1
     with server.client("read") as c:

@@ -151,20 +151,53 @@ def test_build_from_misses_builds_the_reported_call_and_pushes_it(server: Server
     assert any(kernel_key in kernel_keys.entry_keys(built.get_entry(k)) for k in report["kernel_keys"])
 
 
-def planned_keys(call: Call, sku: str) -> list[tuple[str, str]]:
-    """(family, kernel key) of every kernel `call` needs on `sku`, planned in a fresh process configured for it."""
+def test_build_from_misses_replays_the_exact_record_through_the_server(server: Server, tmp_path: Path) -> None:
+    """A miss that carries only the exact FA4 arguments (a float32 sink: a Call would re-plan a bf16 one) travels
+    through the server and `build --from-misses` replays it into exactly the missed kernel."""
+    def tensor(*shape: int, dtype: str = "bfloat16") -> dict:
+        stride = [64 * 16 * 512, 64 * 16, 64, 1][-len(shape):] if len(shape) > 1 else [1]
+        return {"tensor": dtype, "shape": list(shape), "stride": stride, "offset": 0, "grad": False}
+
+    record = {"format": 1, "entry": "FlashAttnFunc", "backward": None,
+              "forward": {"q": tensor(1, 512, 16, 64), "k": tensor(1, 512, 16, 64), "v": tensor(1, 512, 16, 64),
+                          "learnable_sink": tensor(16, dtype="float32"), "causal": True}}
+    [(family, kernel_key)] = planned_keys(record, "h200")
+    sink_call = Call(layout="dense", pass_="fwd", dtype="bf16", head_dim=64, head_dim_v=64, mask="causal",
+                     window=(0, 0), softcap=0.0, sink=True, num_splits=1, batch=1, seqlen_q=512, seqlen_k=512,
+                     heads_q=16, heads_kv=16)
+    assert (family, kernel_key) not in planned_keys(sink_call, "h200")  # what re-planning a Call could not build
+    data = os.urandom(64)
+    with server.client("publish") as c:  # the service takes misses only for SKUs it holds
+        held = kernel_doc(data)
+        assert c.put(f"/v1/objects/{held['object_digest']}", content=data).status_code in (200, 201)
+        assert c.post("/v1/kernels", json=held).status_code in (200, 201)
+    miss = {"kernel_key": kernel_key, "family": family, "compile_key": [], "sku": "h200", "args": record}
+    assert httpx.post(f"{server.url}/v1/misses", json=miss).status_code == 202
+    result = run_cli("build", "--from-misses", "--server", server.url, "--token", server.tokens["publish"],
+                     "--variants", str(TINY_VARIANTS), "--json", cache=tmp_path / "builder")
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    [report] = [r for r in json.loads(result.stdout) if r["sku"] == "h200"]
+    assert report["failed"] == 0 and report["built"] == 1 and Store(tmp_path / "builder").has_entry(kernel_key)
+
+
+def planned_keys(call: Call | dict, sku: str) -> list[tuple[str, str]]:
+    """(family, kernel key) of every kernel `call` (a Call, or an exact record) needs on `sku`, planned in a fresh
+    process configured for it."""
     code = (
         "import json, sys\n"
         "from fa4_aot import fa4, kernel_keys, variants\n"
         "from fa4_aot.calls import Call\n"
+        "from fa4_aot.exact import ExactCall\n"
         f"sku = variants.load({str(TINY_VARIANTS)!r}).sku({sku!r})\n"
         "fa4.configure(sku)\n"
         "tools = fa4.toolchain()\n"
-        "call = Call.from_dict(json.loads(sys.argv[1]))\n"
+        "doc = json.loads(sys.argv[1])\n"
+        "call = ExactCall.from_dict(doc) if 'entry' in doc else Call.from_dict(doc)\n"
         "print(json.dumps(sorted([f, kernel_keys.kernel_key(f, k, sku, tools)] for (f, _), k in "
         "fa4.plan(call).items())))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(call.to_dict())], capture_output=True, text=True,
+    doc = call.to_dict() if isinstance(call, Call) else call
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(doc)], capture_output=True, text=True,
                          cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return [tuple(p) for p in json.loads(out.stdout.strip().splitlines()[-1])]

@@ -160,7 +160,7 @@ def test_misses_json(tmp_path: Path) -> None:
     result = cli(tmp_path, "misses", "--json")
     assert result.exit_code == 0
     assert json.loads(result.output) == [{"kernel_key": "c" * 64, "family": "FlashAttentionBackwardSm90",
-                                          "compile_key": ["bwd", 64], "sku": "h200", "call": None,
+                                          "compile_key": ["bwd", 64], "sku": "h200", "call": None, "args": None,
                                           "when": miss.when}]
     assert "1 miss(es)" in cli(tmp_path, "misses").output
 

@@ -68,6 +68,40 @@ def workload(torch: Any, small: bool = False) -> None:
         flash_attn_func(t(2, 700, 32, 128), t(2, 700, 8, 128), t(2, 700, 8, 128), causal=True, return_lse=True)
 
 
+def lossy_workload(torch: Any) -> None:
+    """Calls a Call summarises lossily (re-planning it selects other kernels): LSE that takes a gradient, a
+    float32 sink, q/k/v as strided views of one packed tensor, unequal varlen lengths, a paged decode whose
+    max_seqlen_k is not pages x page size."""
+    from flash_attn.cute import flash_attn_varlen_func
+    from flash_attn.cute.interface import FlashAttnFunc, FlashAttnVarlenFunc
+
+    from fa4_aot.fa4.dispatch import _Ctx
+
+    def t(*shape: int, grad: bool = False, dtype: Any = torch.bfloat16) -> Any:
+        return torch.empty(*shape, dtype=dtype, device="cuda").requires_grad_(grad)
+
+    def train(cls: Any, *args: Any, dlse: bool = False, **kw: Any) -> None:
+        ctx = _Ctx()
+        with torch.no_grad():
+            out, lse = cls.forward(ctx, *args, **kw)
+        cls.backward(ctx, torch.empty_like(out), torch.empty_like(lse) if dlse else None)
+
+    i32 = torch.int32
+    train(FlashAttnFunc, *(t(2, 512, 8, 128, grad=True) for _ in range(3)), causal=True, return_lse=True, dlse=True)
+    train(FlashAttnFunc, *(t(1, 640, 8, 64, grad=True) for _ in range(3)), softcap=30.0,
+          learnable_sink=t(8, grad=True, dtype=torch.float32))
+    qkv = t(2, 777, 3, 16, 64)
+    train(FlashAttnFunc, *(qkv.as_strided((2, 777, 16, 64), (777 * 3072, 3072, 64, 1), i * 1024).detach()
+                           .requires_grad_(True) for i in range(3)), causal=True)
+    train(FlashAttnVarlenFunc, t(900, 8, 64, grad=True), t(2100, 8, 64, grad=True), t(2100, 8, 64, grad=True),
+          cu_seqlens_q=t(3, dtype=i32), cu_seqlens_k=t(3, dtype=i32), max_seqlen_q=600, max_seqlen_k=2000,
+          deterministic=True)
+    with torch.no_grad():
+        flash_attn_varlen_func(t(16, 1, 32, 128), t(2048, 16, 8, 128), t(2048, 16, 8, 128),
+                               page_table=t(16, 128, dtype=i32), seqused_k=t(16, dtype=i32), max_seqlen_k=1500,
+                               causal=True)
+
+
 def _init() -> None:
     import warnings
 
@@ -77,8 +111,9 @@ def _init() -> None:
     fa4.configure(H200)
 
 
-def record_lookups() -> list[dict[str, Any]]:
-    """Run the workload with caches that record each kernel FA4 looks up and the Call a miss would carry."""
+def record_lookups(lossy: bool = False) -> list[dict[str, Any]]:
+    """Run the workload (and with `lossy`, lossy_workload) with caches that record each kernel FA4 looks up and
+    the Call and exact record (fa4_aot.exact) a miss would carry."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -92,12 +127,14 @@ def record_lookups() -> list[dict[str, Any]]:
         def __contains__(self, key: Any) -> bool:
             call = fa4.current()
             seen.append({"family": self.family, "ident": dumps(canonical(key)),
-                         "call": call.to_dict() if call else None})
+                         "call": call.to_dict() if call else None, "args": fa4.current_record()})
             return True
 
     fa4.capture()
     with FakeTensorMode(), caches.swapped(lambda family, _old: Lookup(family, {})):
         workload(torch)
+        if lossy:
+            lossy_workload(torch)
     return seen
 
 
@@ -115,6 +152,32 @@ def replan(lookups: list[dict[str, Any]]) -> list[str]:
         if (item["family"], item["ident"]) not in fa4.plan(call):
             bad.append(f"{item['family']} {item['ident'][:120]} not selected by {call.describe()}")
     return bad
+
+
+def replay(lookups: list[dict[str, Any]]) -> list[str]:
+    """The lookups whose exact record does not ask for their kernel when replayed."""
+    from fa4_aot import fa4
+    from fa4_aot.exact import ExactCall
+
+    bad = []
+    for item in lookups:
+        if item["args"] is None:
+            bad.append(f"{item['family']}: no exact record")
+        elif (item["family"], item["ident"]) not in fa4.plan(ExactCall.from_dict(item["args"])):
+            bad.append(f"{item['family']} {item['ident'][:120]} not asked for by {item['args']}")
+    return bad
+
+
+def _lookups_and_replay() -> tuple[int, list[str]]:
+    lookups = record_lookups(lossy=True)
+    return len(lookups), replay(lookups)
+
+
+def test_exact_records_replay_to_every_kernel_looked_up() -> None:
+    """Every kernel FA4 looks up, in the workload and in calls whose Call is lossy, is asked for again when the
+    exact record a miss would carry is replayed (what `build --from-misses` compiles from)."""
+    looked_up, bad = _in_h200_process(_lookups_and_replay)
+    assert looked_up > 30 and not bad, "\n".join(bad)
 
 
 def _in_h200_process(fn: Any, *args: Any) -> Any:
