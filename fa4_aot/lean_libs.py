@@ -61,7 +61,7 @@ class Libraries:
         """Fetch, in one request per round, the kernels of `base_keys` this store cannot load yet (base entries
         first; then the builds with this device's constants that they name). Nothing without a fetcher."""
         for _round in range(2):
-            wanted = [k for k in base_keys if self._wanted(k)]
+            wanted = [w for w in map(self._wanted, base_keys) if w] if self.fetcher is not None else []
             if self.fetcher is None or not wanted or not self.fetcher.kernels(wanted):
                 return
 
