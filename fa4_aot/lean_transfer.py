@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import recipe_store
-from .errors import Fa4AotError
+from .errors import Fa4AotError, IntegrityError, RemoteError
 from .remote import Remote
 from .skus import Sku
 from .store import Entry, Store
@@ -73,15 +73,17 @@ def fetch_recipe(store: Store, remote: Remote, sku: str, key: str, trust: Trust,
     data = remote.recipe(sku, key)
     if data is None:
         return False
-    actual = hashlib.sha256(data).hexdigest()
+    actual, source = hashlib.sha256(data).hexdigest(), f"{remote.url}/v1/skus/{sku}/recipes/{key}"
     if digest is not None and actual != digest:
-        raise Fa4AotError(f"{remote.url} listed recipe file {key} with sha256 {digest} but sent {actual}; nothing "
-                          "was stored (retry; a server or proxy is sending other bytes)")
+        raise IntegrityError(f"{source} was listed with sha256 {digest} but sent bytes hashing to {actual}; nothing "
+                             "was stored (retry; a server or proxy is sending other bytes)",
+                             expected=digest, actual=actual, source=source)
     trust.check_recipe(key, data)
     try:
         recipe_store.check_file(data, key, trust.sku.target_facts())
     except ValueError as e:
-        raise Fa4AotError(f"{remote.url} sent recipe file {key} that is not one for {sku}: {e}") from None
+        raise RemoteError(f"{source} is not a recipe file of {sku} ({e}); nothing was stored: republish it with "
+                          f"`fa4-aot push --sku {sku}` from the build store") from None
     store.put_recipes(key, data)
     return True
 
