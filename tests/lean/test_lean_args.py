@@ -6,7 +6,6 @@ import pytest
 
 import fa4_aot
 from fa4_aot import lean, lean_api
-from fa4_aot.errors import Fa4AotError
 
 
 def _qkv(grad: bool = False):
@@ -103,10 +102,37 @@ def test_half_open_window_and_fp32_are_refused() -> None:
         lean_api.signature("dense", "torch.float32", 8, 64, 8, 64)
 
 
-def test_trusted_keys_refuse_the_lean_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setenv("FA4_AOT_TRUSTED_KEYS", "ssh-ed25519 AAAA test")
-    with pytest.raises(Fa4AotError, match="install"):
-        lean.runtime(tmp_path / "store")
+def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> None:
+    """With trusted keys the lean runtime reads a recipe file only if a valid manifest lists its sha256; a
+    manifest signed before the lean runtime (no `recipes`) makes it ask for a re-sign (no blanket refusal)."""
+    import hashlib
+    import json
+
+    from fa4_aot import recipe_store, signing, variants
+    from fa4_aot.config import default_variants_file
+    from fa4_aot.errors import TrustError
+    from fa4_aot.store import Store
+    from fa4_aot.trust import Trust
+
+    sku = variants.load(default_variants_file()).skus["h200"]
+    store = Store(tmp_path / "store")
+    sig = lean_api.signature("dense", "torch.bfloat16", 8, 64, 8, 64, causal=True)
+    key = recipe_store.recipe_key(sig, sku)
+    data = json.dumps({"key": key, "regions": [{"signature": sig.to_dict(), "guards": []}]}).encode()
+    store.put_recipes(key, data)
+    private, public = signing.generate(tmp_path / "keys", "k")
+    old = {"sku": {"name": sku.name, **sku.target_facts()}, "kernels": {}, "toolchain": [],
+           "created": "2026-01-01T00:00:00Z", "expires": "2099-01-01T00:00:00Z"}
+    signing.save(store, signing.sign(old, signing.load_private(private)))
+    trusted = {public.key_id: public}
+    with pytest.raises(TrustError, match="re-sign"):
+        lean.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig)
+    listed = {**old, "created": "2026-02-01T00:00:00Z", "recipes": {key: hashlib.sha256(data).hexdigest()}}
+    signing.save(store, signing.sign(listed, signing.load_private(private)))
+    assert len(lean.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig).regions) == 1
+    store.put_recipes(key, data + b" ")  # other bytes under the same key: not what was signed
+    with pytest.raises(TrustError, match="is listed with sha256"):
+        lean.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig)
 
 
 def test_load_paged_needs_the_page_size() -> None:
