@@ -38,6 +38,7 @@ class Trust:
         self.revoked = revoked or Revocations()
         self._allowed: dict[str, str] | None = None
         self._valid: list[dict[str, Any]] = []
+        self._listings: dict[str, dict[str, Any]] = {}
         self.rejected: list[str] = []  # why manifests were not accepted, for error messages
 
     @classmethod
@@ -103,12 +104,15 @@ class Trust:
             self._refuse_lean(f"recipe file {key} {what}", "recipes")
 
     def _lean(self, field: str) -> dict[str, Any]:
-        """{kernel key or recipe key: listing} over valid manifests, the newest that lists a key deciding."""
-        self.allowed()
-        found: dict[str, Any] = {}
-        for manifest in sorted(self._valid, key=lambda m: str(m["created"])):
-            found.update(manifest.get(field) or {})
-        return found
+        """{kernel key or recipe key: listing} over valid manifests, the newest that lists a key deciding
+        (computed once per field, as allowed() is)."""
+        if field not in self._listings:
+            self.allowed()
+            found: dict[str, Any] = {}
+            for manifest in sorted(self._valid, key=lambda m: str(m["created"])):
+                found.update(manifest.get(field) or {})
+            self._listings[field] = found
+        return self._listings[field]
 
     def _refuse_lean(self, what: str, field: str) -> None:
         if self._valid and not any(field in m for m in self._valid):
