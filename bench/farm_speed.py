@@ -128,8 +128,8 @@ def many_calls(matrix: variants.Matrix, sku: Any, count: int) -> list[tuple[str,
     out: dict[tuple[str, Call], None] = {}
     for scale in range(1, 64):
         for v in matrix.variants:
-            if not v.applies_to(sku):
-                continue
+            if not v.applies_to(sku) or not getattr(v, "shapes", None):  # model and shape-complete variants
+                continue  # plan signatures, not calls: only grid variants widen into calls
             s = matrix.shapes[v.shapes]
             wide = dataclasses.replace(s, batch=tuple(range(1, 1 + 4 * scale)), heads=tuple(sorted({*s.heads, 8, 64})))
             for c in v.calls(wide):
@@ -160,10 +160,20 @@ def main() -> None:
     parser.add_argument("--plan-calls", type=int, default=30000)
     parser.add_argument("--only", action="append", help="build only these variants (default: the whole matrix)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--plan-only", action="store_true", help="only (c): planning of --plan-calls calls")
     args = parser.parse_args()
     matrix = variants.load(config.default_variants_file())
     sku = matrix.sku(args.sku)
     work = build.work_of(matrix, sku, matrix.select(args.only or []) if args.only else None)
+    if args.plan_only:
+        calls = many_calls(matrix, sku, args.plan_calls)
+        plans = [timed_build(kind, args.jobs, sku, calls, dry_run=True) for kind in ("local", "ray")]
+        doc = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {platform.machine()}, no GPU",
+               "sku": args.sku, "planning": [{k: v for k, v in p.items() if k != "keys"} for p in plans]}
+        print(json.dumps(doc), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(doc, indent=1))
+        return
     builds = []
     for _ in range(args.rounds):
         for kind in ("local", "ray"):

@@ -170,13 +170,14 @@ def _count_stored(tasks: list[CompileTask], store: Store, report: Report) -> Non
 
 def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_run: bool) -> list[Planned]:
     """Every distinct kernel of `work`, each attributed to the first work item that needs it; the recipe regions
-    the workers recorded are saved to the store (counted only, in a dry run)."""
+    the workers recorded are saved to the store (none are recorded in a dry run)."""
     n = max(1, min(ex.plan_chunks(len(work)), len(work)))
     offsets = [list(range(i, len(work), n)) for i in range(n)]
     planned: dict[str, Planned] = {}
     recorded: dict[str, list[dict[str, Any]]] = {}
-    for c, (kernels, failures, regions, lean_failures) in ex.plan(
-            sku, store, [[work[i] for i in chunk] for chunk in offsets]):
+    chunks = [[work[i] for i in chunk] for chunk in offsets]
+    # a dry run plans only: recording the lean runtime's recipes replays FA4 per planned call, which costs more
+    for c, (kernels, failures, regions, lean_failures) in ex.plan(sku, store, chunks, record=not dry_run):
         for key, found in regions.items():
             recorded.setdefault(key, []).extend(found)
         report.lean_failures += lean_failures
@@ -189,7 +190,7 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
             name, item = work[offsets[c][local]]
             report.call_failures.append(Result("failed", "", "", name, describe(item), error=error, sku=sku.name))
     report.call_failures.sort(key=lambda r: (r.variant, r.call))
-    report.recipes = sum(len(r) for r in recorded.values()) if dry_run else build_lean.save(store, recorded)
+    report.recipes = build_lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 
 

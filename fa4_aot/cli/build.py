@@ -201,7 +201,8 @@ def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs
                  f"{report.count('built')} built, {report.count('present')} already present, "
                  + (f"{report.count('planned')} to build, " if dry_run else "")
                  + f"{report.failed} failed ({report.seconds:.0f}s); planned with {report.sku}'s dispatch "
-                 f"({report.dispatch_sm_count} SMs); {report.recipes} lean recipe region(s) recorded")
+                 f"({report.dispatch_sm_count} SMs)"
+                 + ("" if dry_run else f"; {report.recipes} lean recipe region(s) recorded"))
     if report.interrupted:
         lines[-1] = (f"INTERRUPTED {lines[-1]}; {report.not_built} not built (the kernels in flight were dropped, "
                      "no partial entry is left): run the same command again to build the rest")
