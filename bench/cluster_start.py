@@ -30,6 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "service")]
 
+from proctree import tree_cpu  # noqa: E402  (bench/, the script's own folder)
+
 NGINX = """
 daemon off; worker_processes %(workers)d; pid %(tmp)s/nginx.pid; error_log %(tmp)s/error.log; user root;
 events { worker_connections 4096; }
@@ -107,23 +109,7 @@ def make_store(root: Path, kernels: int, seed: int = 11) -> list[str]:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of `pid` and all its descendants (Linux /proc), in seconds."""
-    tick, total, todo = os.sysconf("SC_CLK_TCK"), 0.0, [pid]
-    kids: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        kids.setdefault(int(fields[1]), []).append(int(entry))
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except OSError:
-            pass
-        todo += kids.get(p, [])
-    return total
+    return sum(tree_cpu(pid, include_root=True).values())
 
 
 def run(clients: list[subprocess.Popen[str]], url: str, mode: str, keys: list[str], tmp: Path,

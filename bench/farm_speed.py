@@ -27,6 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's fa4_aot, not an installed one
 
+from proctree import tree_cpu  # noqa: E402
+
 from fa4_aot import build, config, variants  # noqa: E402
 from fa4_aot.calls import Call  # noqa: E402
 from fa4_aot.executors import LocalExecutor  # noqa: E402
@@ -58,25 +60,8 @@ class TreeCpu:
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
-            for pid, cpu in _tree_cpu(os.getpid()).items():
+            for pid, cpu in tree_cpu(os.getpid()).items():
                 self.seen[pid] = max(cpu, self.seen.get(pid, 0.0))
-
-
-def _tree_cpu(root: int) -> dict[int, float]:
-    tick, kids, cpu = os.sysconf("SC_CLK_TCK"), {}, {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        kids.setdefault(int(fields[1]), []).append(int(entry))
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    out, todo = {}, list(kids.get(root, []))
-    while todo:
-        pid = todo.pop()
-        out[pid] = cpu.get(pid, 0.0)
-        todo += kids.get(pid, [])
-    return out
 
 
 def executor(kind: str, jobs: int) -> Any:
