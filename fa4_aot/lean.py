@@ -38,6 +38,10 @@ class Runtime:
     def attention(self, sig: Signature) -> Attention:
         found = self._attention.get(sig)
         if found is None:
+            if sig.num_splits > 1 and self.sku.arch == "sm_90a":  # no build can help: FA4 refuses them there
+                raise Unsupported(f"num_splits={sig.num_splits} on SKU {self.sku.name}: FA4 has no split-KV kernels "
+                                  "for sm_90 (it asserts 'SplitKV not supported on SM 9.0'); call with num_splits=1 "
+                                  "(or 0, FA4's heuristic) on this GPU")
             found = self._attention[sig] = Attention(self, sig)
         return found
 

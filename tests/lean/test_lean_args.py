@@ -138,3 +138,17 @@ def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> 
 def test_load_paged_needs_the_page_size() -> None:
     with pytest.raises(ValueError, match="page_size"):
         fa4_aot.load((4, 1, 32, 128), (4, 2048, 8, 128), layout="paged")
+
+
+def test_split_kv_on_sm90_is_refused_with_the_reason_not_a_build_hint(tmp_path) -> None:
+    """Regression (lean2 report): num_splits > 1 on an H200 raised KernelMissing advising a build, which cannot help:
+    FA4 has no split-KV kernels for sm_90. A b200 runtime takes the same signature (its recipes decide)."""
+    from fa4_aot import variants
+    from fa4_aot.store import Store
+    from tests.conftest import ROOT
+
+    matrix = variants.load(ROOT / "variants.toml")
+    sig = lean_api.signature("dense", "torch.bfloat16", 32, 128, 8, 128, causal=True, num_splits=4)
+    with pytest.raises(lean.Unsupported, match="no split-KV kernels for sm_90"):
+        lean.Runtime(Store(tmp_path / "h"), matrix.sku("h200")).attention(sig)
+    assert lean.Runtime(Store(tmp_path / "b"), matrix.sku("b200")).attention(sig).sig == sig
