@@ -238,16 +238,20 @@ def _result(store: Store, task: CompileTask, outcome: Outcome, sku: Sku) -> Resu
 
 
 def commit(store: Store, entries: Sequence[Entry], data: bytes) -> bool:
-    """Store one kernel that a remote worker built: its object first, then its entries (the full key's first,
-    then the base key's signpost if the store has none). Returns False (and stores no entry) when the bytes do
-    not hash to the entries' digest."""
+    """Store one kernel that a remote worker built, under its base key's lock (as the local workers lock it),
+    unless the store has it already; see put_built."""
+    with store.lock(entries[-1].kernel_key):
+        return store.has_entry(entries[0].kernel_key) or put_built(store, entries, data)
+
+
+def put_built(store: Store, entries: Sequence[Entry], data: bytes) -> bool:
+    """Store one built kernel, its caller holding the base key's lock: its object first, then its entries (the
+    full key's first, then the base key's signpost if the store has none; a signpost already there stays).
+    Returns False (and stores no entry) when the bytes do not hash to the entries' digest."""
     full = entries[0]
-    with store.lock(entries[-1].kernel_key):  # the base key, as the local workers lock it
-        if store.has_entry(full.kernel_key):
-            return True
-        if store.put_object(data) != full.object_digest:
-            return False
-        for entry in entries:
-            if entry is full or not store.has_entry(entry.kernel_key):
-                store.put_entry(entry)
-        return True
+    if store.put_object(data) != full.object_digest:
+        return False
+    for entry in entries:
+        if entry is full or not store.has_entry(entry.kernel_key):
+            store.put_entry(entry)
+    return True

@@ -201,17 +201,14 @@ def _relink_task(keys: list[str]) -> list[str]:
 def _compile_task(task: CompileTask) -> list[Outcome]:
     """Compile under the kernels' locks, re-checking first: another builder on this store may have finished."""
     from . import worker
-    from .build import stored_key
+    from .build import put_built, stored_key
 
     store: Store = _state["store"]
     outcomes: list[Outcome] = []
 
-    def sink(entries: list[Entry], data: bytes) -> None:
-        store.put_object(data)
+    def sink(entries: list[Entry], data: bytes) -> None:  # under the lock taken below
+        put_built(store, entries, data)  # True: the worker's digest is the sha256 of these very bytes
         full = entries[0]
-        for entry in entries:
-            if entry is full or not store.has_entry(entry.kernel_key):  # a signpost already there stays
-                store.put_entry(entry)
         outcomes.append(Outcome(full.kernel_key, full.family, "built", seconds=full.compile_seconds, size=full.size))
 
     with ExitStack() as stack:
