@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -73,3 +74,14 @@ def run_cli(*args: str, cache: Path | None = None, env: dict[str, str] | None = 
         full_env["FA4_AOT_CACHE"] = str(cache)
     return subprocess.run([sys.executable, "-m", "fa4_aot", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=ROOT)
+
+
+def build_json(store: Path, sku: str, *only: str, variants: Path = TINY_VARIANTS, jobs: int = 1) -> dict:
+    """`fa4-aot build --json` of the `only` variants (all when none) into `store`: its document; asserts exit 0."""
+    args = ["build", "--sku", sku, "--variants", str(variants), "--json", "-j", str(jobs)]
+    for name in only:
+        args += ["--only", name]
+    result = run_cli(*args, cache=store)
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    return json.loads(result.stdout)
+

@@ -5,7 +5,6 @@ These run FA4's compiler for sm_90a and sm_100a (seconds per kernel); CI runs th
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 
 from fa4_aot import maintenance
 from fa4_aot.store import Store
-from tests.conftest import ROOT, TINY_VARIANTS, run_cli
+from tests.conftest import ROOT, TINY_VARIANTS, build_json, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +28,7 @@ def variants_file() -> Path:
 
 
 def build(store: Path, variants: Path, sku: str, *only: str) -> dict:
-    args = ["build", "--sku", sku, "--variants", str(variants), "--json", "-j", "1"]
-    for name in only:
-        args += ["--only", name]
-    result = run_cli(*args, cache=store)
-    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
-    return json.loads(result.stdout)
+    return build_json(store, sku, *only, variants=variants)
 
 
 def test_host_has_no_gpu() -> None:

@@ -4,7 +4,6 @@ b200/gb200 only in SM count)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -12,19 +11,14 @@ import pytest
 
 from fa4_aot import fa4, kernel_keys
 from fa4_aot.store import Entry, Store
-from tests.conftest import TINY_VARIANTS, run_cli
+from tests.conftest import TINY_VARIANTS, build_json
 
 pytestmark = pytest.mark.slow
 DATA = TINY_VARIANTS.parent
 
 
 def build(store: Path, sku: str, *only: str) -> dict:
-    args = ["build", "--sku", sku, "--variants", str(TINY_VARIANTS), "--json", "-j", "2"]
-    for name in only:
-        args += ["--only", name]
-    result = run_cli(*args, cache=store)
-    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
-    return json.loads(result.stdout)
+    return build_json(store, sku, *only, jobs=2)
 
 
 def kernels(store: Path) -> dict[str, Entry]:
