@@ -38,13 +38,16 @@ from fa4_aot.store import Store  # noqa: E402
 
 class TreeCpu:
     """CPU seconds used by this process's descendants (pool workers; Ray's gcs_server, raylet and workers) while
-    the block runs, sampled from /proc every 0.2 s: on a machine shared with other work, CPU time is the fair
-    measure of what an executor costs, wall time alone is not."""
+    the block runs, sampled from /proc every 0.2 s, less what each had used before it (a cluster started before
+    the timing): on a machine shared with other work, CPU time is the fair measure of what an executor costs,
+    wall time alone is not. `by_role` splits it: compiling workers, Ray's daemons, the rest."""
 
     def __enter__(self) -> TreeCpu:
         import threading
 
+        self.before = tree_cpu(os.getpid())
         self.seen: dict[int, float] = {}
+        self.role: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -58,10 +61,31 @@ class TreeCpu:
     def seconds(self) -> float:
         return sum(self.seen.values())
 
+    def by_role(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, cpu in self.seen.items():
+            out[self.role[pid]] = round(out.get(self.role[pid], 0.0) + cpu, 1)
+        return out
+
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             for pid, cpu in tree_cpu(os.getpid()).items():
-                self.seen[pid] = max(cpu, self.seen.get(pid, 0.0))
+                self.seen[pid] = max(cpu - self.before.get(pid, 0.0), self.seen.get(pid, 0.0))
+                if pid not in self.role:
+                    self.role[pid] = _role(pid)
+
+
+def _role(pid: int) -> str:
+    """"workers" (a pool's or Ray's worker processes), "ray" (Ray's daemons) or "other" (a linker, a shell)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    if cmd.startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent")):
+        return "ray"
+    if "multiprocessing" in cmd or "default_worker.py" in cmd or cmd.startswith("ray::"):
+        return "workers"
+    return "ray" if "/ray/" in cmd or "raylet" in cmd or "gcs_server" in cmd else "other"
 
 
 def executor(kind: str, jobs: int) -> Any:
@@ -86,7 +110,8 @@ def timed_build(kind: str, jobs: int, sku: Any, work: list[tuple[str, Call]], dr
     built = report.count("planned" if dry_run else "built")
     cpu = [e.compile_seconds for e in store.entries()]
     return {"executor": kind, "jobs": jobs, "calls": len(work), "kernels": built, "seconds": round(seconds, 2),
-            "cpu_seconds": round(cpu_seconds, 1), "store": str(store.root),
+            "cpu_seconds": round(cpu_seconds, 1), "cpu_by_role": {**tree.by_role(), "driver": round(
+                time.process_time() - cpu0, 1)}, "store": str(store.root),
             "kernels_per_min": round(built / seconds * 60, 1) if built and not dry_run else None,
             "kernels_per_cpu_min": round(built / cpu_seconds * 60, 1) if built and not dry_run else None,
             "compile_seconds_sum": round(sum(cpu), 1), "compile_seconds_median": round(statistics.median(cpu), 2)

@@ -10,8 +10,9 @@ the signpost. Failures are reported per call and per kernel while the rest goes 
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -231,17 +232,32 @@ def _compile(ex: Executor, sku: Sku, store: Store, tasks: list[CompileTask], rep
 
 def _result(store: Store, task: CompileTask, outcome: Outcome, sku: Sku) -> Result:
     """The outcome as a report line; bytes that came back are committed here, object first, entries last."""
-    if outcome.data is not None and outcome.entries and not commit(store, outcome.entries, outcome.data):
+    if outcome.data is not None and outcome.entries and not commit(store, outcome.entries, outcome.data,
+                                                                   outcome.objects):
         outcome.status, outcome.error = "failed", "the bytes that came back do not hash to the worker's digest"
     return Result(outcome.status, outcome.family, outcome.kernel_key, task.variant, task.call.describe(),
                   seconds=outcome.seconds, size=outcome.size, error=outcome.error, sku=sku.name)
 
 
-def commit(store: Store, entries: Sequence[Entry], data: bytes) -> bool:
-    """Store one kernel that a remote worker built, under its base key's lock (as the local workers lock it),
-    unless the store has it already; see put_built."""
+def commit(store: Store, entries: Sequence[Entry], data: bytes,
+           libraries: Mapping[str, bytes] | None = None) -> bool:
+    """Store one kernel that a remote worker built, with the `libraries` it linked ({digest: bytes}), under its
+    base key's lock (as the local workers lock it), unless the store has it already; see put_built. An entry
+    names only the libraries the store then holds with every runtime library they need: the others are linked
+    again on this host afterwards (build_lean.unlinked), never named without their bytes."""
     with store.lock(entries[-1].kernel_key):
-        return store.has_entry(entries[0].kernel_key) or put_built(store, entries, data)
+        if store.has_entry(entries[0].kernel_key):
+            return True
+        for digest, lib in (libraries or {}).items():
+            if store.put_object(lib) != digest:
+                return False
+        return put_built(store, [_with_held_libraries(store, e) for e in entries], data)
+
+
+def _with_held_libraries(store: Store, entry: Entry) -> Entry:
+    held = {arch: lib for arch, lib in entry.shared_libs.items()
+            if all(store.has_object(d) for d in entry.lib_digests(arch))}
+    return entry if held == entry.shared_libs else dataclasses.replace(entry, shared_libs=held)
 
 
 def put_built(store: Store, entries: Sequence[Entry], data: bytes) -> bool:

@@ -1,8 +1,10 @@
 """What a build adds for the lean runtime: a linked library per kernel and a recipe region per planned call.
 
 Worker side (in worker.py's processes, through the FA4 seam): `shared_libs` links an exported object
-(fa4.link) and stores it with, once, the CuTe runtime it needs; `record_recipe` records the region of a call
-(fa4.record_recipe) unless one already covers it; `relink` adds libraries to entries built before linking.
+(fa4.link) and stores it with, once, the CuTe runtime it needs (`runtime_needs`), into the store, or into
+`Held` in a worker without one (Ray's: the library travels back with its kernel); `record_recipe` records the
+region of a call (fa4.record_recipe) unless one already covers it; `relink` adds libraries to entries built
+before linking.
 `record_work` records the regions of a planning worker's work items. Parent side: `unlinked` lists the entries
 to relink, `save` merges the recorded regions into the store.
 """
@@ -10,6 +12,7 @@ to relink, `save` merges the recorded regions into the store.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 from . import fa4, kernel_keys, recipe, recipe_store
@@ -21,20 +24,33 @@ from .skus import Sku
 from .store import Store
 
 
+class Held:
+    """Where a worker without a store (a Ray worker) keeps the objects it links, until they travel."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def put_object(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        self.data[digest] = data
+        return digest
+
+
+def runtime_needs(worker: dict[str, Any]) -> dict[str, str]:
+    """{SONAME: digest} of the runtime libraries a linked kernel needs, each put once into worker["objects"]
+    ("" for libtvm_ffi.so, which comes from the apache-tvm-ffi wheel, a base dependency of fa4-aot)."""
+    if "runtime_digests" not in worker:
+        worker["runtime_digests"] = {
+            name: "" if name == "libtvm_ffi.so" else worker["objects"].put_object(path.read_bytes())
+            for name, path in fa4.runtime_libraries().items()}
+    return dict(worker["runtime_digests"])
+
+
 def shared_libs(worker: dict[str, Any], data: bytes) -> dict[str, Any]:
     """Entry.shared_libs for one exported object: {host arch: {digest, size, needs}}."""
-    store: Store = worker["store"]
     lib = fa4.link(data)
-    needs = {}
-    for name, path in fa4.runtime_libraries().items():
-        if name == "libtvm_ffi.so":  # from the apache-tvm-ffi wheel, a base dependency of fa4-aot
-            needs[name] = ""
-        else:
-            cached = worker.setdefault("runtime_digests", {})
-            if name not in cached:
-                cached[name] = store.put_object(path.read_bytes())
-            needs[name] = cached[name]
-    return {host_arch(): {"digest": store.put_object(lib), "size": len(lib), "needs": needs}}
+    needs = runtime_needs(worker)
+    return {host_arch(): {"digest": worker["objects"].put_object(lib), "size": len(lib), "needs": needs}}
 
 
 def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[dict[str, Any]]]) -> None:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,9 +44,9 @@ class CompileTask:
 
 @dataclass
 class Outcome:
-    """How one kernel of a task ended. `entries` (full key first, then the base key's signpost if any) and `data`
-    come back when the executor's workers do not write the store themselves; the orchestrator then commits them
-    (object first, entries last)."""
+    """How one kernel of a task ended. `entries` (full key first, then the base key's signpost if any), `data`
+    and `objects` (its linked libraries, {digest: bytes}) come back when the executor's workers do not write the
+    store themselves; the orchestrator then commits them (objects first, entries last)."""
 
     kernel_key: str
     family: str
@@ -56,6 +56,7 @@ class Outcome:
     size: int = 0
     entries: tuple[Entry, ...] = ()
     data: bytes | None = None
+    objects: dict[str, bytes] = field(default_factory=dict)
 
 
 class Executor(Protocol):

@@ -3,15 +3,17 @@
 Each Ray task plans a chunk of calls or compiles one kernel, in a Ray worker process configured for the task's
 SKU exactly as local workers are (worker.configure). Ray keeps a separate pool of worker processes per
 runtime_env, so every SKU gets its own runtime_env (FA4_AOT_WORKER_SKU), and a SKU of another CUDA flavour
-names that flavour's interpreter as py_executable (flavours.python_for). The object bytes come back to the
-driver, whose orchestrator writes them (object first, entry last), or the workers publish them straight to a
-server (`--push URL`). A task whose worker dies is retried by Ray (max_retries); a kernel that fails to compile
-is an outcome, not an exception, so the rest go on. Only the driver side imports ray; `import fa4_aot` never does.
+names that flavour's interpreter as py_executable (flavours.python_for). Workers link each kernel's lean-runtime
+library as local workers do; the object and library bytes come back to the driver, whose orchestrator writes
+them (objects first, entries last; the CuTe runtime library they need is fetched once per SKU), or the workers
+publish them straight to a server (`--push URL`). A task whose worker dies is retried by Ray (max_retries); a
+kernel that fails to compile is an outcome, not an exception, so the rest go on. Only the driver side imports
+ray; `import fa4_aot` never does.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +24,6 @@ from .skus import Sku
 from .store import Entry, Store
 from .worker import PlanOut
 
-PLAN_CALLS_PER_TASK = 200  # planning costs about 1.5 ms a call: chunks of 200 keep a task well above Ray's overhead
 MAX_RETRIES = 3  # attempts after a worker dies (a kernel that fails to compile is not retried)
 
 
@@ -50,10 +51,13 @@ class RayExecutor:
         self._retries = max_retries
         self._push = (push, token) if push else None
         self._envs: dict[Sku, dict[str, Any]] = {}
+        self._runtimes: set[tuple[Sku, str]] = set()  # (SKU, store root) holding the workers' runtime libraries
 
     def plan_chunks(self, calls: int) -> int:
-        cpus = int(self._ray.cluster_resources().get("CPU", 1))
-        return max(1, min(cpus, math.ceil(calls / PLAN_CALLS_PER_TASK)))
+        """One chunk per CPU of the cluster, as the local pool has one per process: a work item costs from 1.5 ms
+        (a call) to seconds (a model signature, planned at every shape, with its recipes recorded), against
+        about 1 ms of Ray's own cost per task, so even a chunk of one item is worth a task."""
+        return max(1, min(int(self._ray.cluster_resources().get("CPU", 1)), calls))
 
     def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
         refs = [self._submit(sku, "plan", (chunk, record)) for chunk in chunks]
@@ -65,6 +69,8 @@ class RayExecutor:
 
     def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
         index = {self._submit(sku, "compile", task): i for i, task in enumerate(tasks)}
+        if tasks and not self._push:
+            self._fetch_runtime(sku, store)
         pending = list(index)
         try:
             while pending:
@@ -75,8 +81,24 @@ class RayExecutor:
             for ref in pending:  # the orchestrator stopped early (DiskFull, an interrupt): drop the rest
                 self._ray.cancel(ref, force=True)
 
+    def _fetch_runtime(self, sku: Sku, store: Store) -> None:
+        """Store the runtime libraries the workers' linked libraries need (43 MB: once per SKU and store, and only
+        those the store lacks), so that their entries can name them. If this fails, the entries are stored
+        without libraries and the driver links them afterwards (relink)."""
+        if (sku, str(store.root)) in self._runtimes:
+            return
+        try:
+            missing = [d for d in self._ray.get(self._submit(sku, "runtime", None)) if not store.has_object(d)]
+            if missing:
+                for data in self._ray.get(self._submit(sku, "runtime", missing)).values():
+                    store.put_object(data)
+        except self._ray.exceptions.RayError:
+            return
+        self._runtimes.add((sku, str(store.root)))
+
     def relink(self, sku: Sku, store: Store, keys: list[str]) -> list[str]:
-        """On the driver: the libraries link against this host's CuTe runtime into the driver's store."""
+        """On the driver, for entries stored without this host's library (built before linking existed, or by
+        workers of another host arch): link them against this host's CuTe runtime into the driver's store."""
         linker = LocalExecutor(1)
         try:
             return linker.relink(sku, store, keys)
@@ -116,16 +138,22 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
     if kind == "plan":
         work, record = payload
         return worker.plan_calls(sku, work, None, record)
+    if kind == "runtime":  # None: the digests of the runtime libraries; a list of digests: their bytes
+        digests = worker.runtime_digests(sku)
+        return digests if payload is None else worker.lean_objects(sku, [d for d in payload if d in digests])
     task: CompileTask = payload
     outcomes: list[Outcome] = []
 
     def sink(entries: list[Entry], data: bytes) -> None:
         full = entries[0]
         built = Outcome(full.kernel_key, full.family, "built", seconds=full.compile_seconds, size=full.size)
+        libraries = [lib["digest"] for lib in full.shared_libs.values()]
         if push is None:
             built.entries, built.data = tuple(entries), data
+            built.objects = worker.lean_objects(sku, libraries)
         else:
-            _publish(push, entries, data)
+            needed = [d for arch in full.shared_libs for d in full.lib_digests(arch)]
+            _publish(push, entries, data, worker.lean_objects(sku, needed))
         outcomes.append(built)
 
     errors = worker.compile_kernels(sku, task.variant, task.call, list(task.wanted), sink)
@@ -133,12 +161,15 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
     return outcomes + [Outcome(kk, families[kk], "failed", error=error) for kk, error in errors.items()]
 
 
-def _publish(push: tuple[str, str | None], entries: list[Entry], data: bytes) -> None:
-    """The full key's entry, then the base key's signpost (the server accepts either key: has_valid_key)."""
+def _publish(push: tuple[str, str | None], entries: list[Entry], data: bytes, libraries: dict[str, bytes]) -> None:
+    """The libraries (each unless the server has it), then the object and the full key's entry, then the base
+    key's signpost (the server accepts either key: has_valid_key)."""
     from .remote import Remote
 
     remote = Remote(push[0], token=push[1])
     try:
+        for digest, lib in libraries.items():
+            remote.put_object(digest, functools.partial(bytes, lib))
         for entry in entries:
             remote.publish(entry, lambda: data)
     finally:

@@ -5,9 +5,9 @@ kernels of some work items (calls, or signatures planned at every shape); `compi
 kernels of one call and hands each one, as its index entries (full key first, then the base key's signpost when
 the kernel consumed SKU constants) plus its object bytes, to a sink: the local pool's sink writes the shared
 store under a lock, Ray's returns the bytes to the driver or publishes them to a server. Given the store,
-planning also records the lean runtime's recipe regions and compiling links each kernel's library
-(build_lean.py); Ray's workers have no store, so their driver links afterwards (executors.relink). FA4 is reached
-only through the seam, fa4_aot.fa4.
+planning also records the lean runtime's recipe regions; compiling links each kernel's library (build_lean.py)
+into the store, or, in a worker without one (Ray's), holds it until it travels with the kernel (`lean_objects`).
+FA4 is reached only through the seam, fa4_aot.fa4.
 """
 
 from __future__ import annotations
@@ -105,17 +105,38 @@ def relink(sku: Sku, store: Store, keys: list[str]) -> list[str]:
 
 
 def _lean_state(sku: Sku, store: Store | None) -> dict[str, Any]:
-    """build_lean's state for `store` (None: Ray workers, which record recipes without checking a store)."""
-    if _lean.get("store_root") != (store.root if store else None):
+    """build_lean's state for `store`; None (Ray workers): recipes are recorded without checking a store and
+    linked libraries are held in memory (build_lean.Held) until `lean_objects` hands them over."""
+    if _lean.get("store_root") != (store.root if store else None) or not _lean:
         _lean.clear()
-        _lean.update(sku=sku, store=store, store_root=store.root if store else None, tools=fa4.toolchain())
+        _lean.update(sku=sku, store=store, store_root=store.root if store else None, tools=fa4.toolchain(),
+                     objects=store if store is not None else build_lean.Held())
     return _lean
+
+
+def lean_objects(sku: Sku, digests: list[str], keep: bool = False) -> dict[str, bytes]:
+    """In a worker without a store: {digest: bytes} of the held objects among `digests` (linked libraries and
+    the runtime libraries they need), which then leave this worker's memory unless `keep`. The runtime
+    libraries are always kept: every later library needs them too."""
+    held: build_lean.Held = _lean_state(sku, None)["objects"]
+    runtime = set(build_lean.runtime_needs(_lean).values())
+    found = {d: held.data[d] for d in digests if d in held.data}
+    for d in found:
+        if not keep and d not in runtime:
+            del held.data[d]
+    return found
+
+
+def runtime_digests(sku: Sku) -> list[str]:
+    """Digests of the runtime libraries this worker's linked libraries need (those a store must hold too)."""
+    configure(sku)
+    return [d for d in build_lean.runtime_needs(_lean_state(sku, None)).values() if d]
 
 
 def compile_kernels(sku: Sku, variant: str, call: Call | ExactCall, wanted: list[Wanted], sink: Sink,
                     store: Store | None = None) -> dict[str, str]:
-    """Compile the `wanted` kernels of `call` and give each to `sink` (entries, object bytes); with `store`, each
-    entry names its linked library, stored there (build_lean.shared_libs).
+    """Compile the `wanted` kernels of `call` and give each to `sink` (entries, object bytes). Each entry names
+    its linked library, stored in `store` or, without one, held for `lean_objects` (build_lean.shared_libs).
     Returns {kernel key: error} for the wanted kernels that did not reach the sink; raises DiskFull only."""
     configure(sku)  # first: FA4 must see the SKU's arch when it is imported
     by_ident = {(f, ident): kk for f, ident, kk in wanted}
@@ -133,7 +154,7 @@ def compile_kernels(sku: Sku, variant: str, call: Call | ExactCall, wanted: list
             sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
             toolchain=fa4.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
             hardware_queries=[list(q) for q in queries],
-            shared_libs=build_lean.shared_libs(_lean_state(sku, store), data) if store is not None else {},
+            shared_libs=build_lean.shared_libs(_lean_state(sku, store), data),
         )
         full = kernel_keys.entry_keys(base)[1]
         # stored under the full key (the constants it consumed); the base entry is the signpost saying which

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot import flavours, kernel_keys
+from fa4_aot.config import host_arch
 from fa4_aot.errors import BuildError
 from fa4_aot.maintenance import verify
 from fa4_aot.store import Store
@@ -63,12 +64,22 @@ def _objects(store: Path) -> dict[str, tuple[str, str, str]]:
             for e in Store(store).entries()}
 
 
+def _libraries(store: Path) -> dict[str, dict[str, int | None]]:
+    """Per entry: the lean-runtime library linked for this host and the runtime libraries it needs."""
+    return {e.kernel_key: e.lib_digests(host_arch()) for e in Store(store).entries()}
+
+
 def test_ray_build_equals_local_build_for_two_skus_and_flavours(cluster: RayCluster, tmp_path: Path) -> None:
     _need_cu12()
     local = _docs(run_cli("build", "--sku", TWO_SKUS, "--variants", str(TINY_VARIANTS), "--only", "full-fwd",
                           "--json", cache=tmp_path / "local"))
-    farm = _docs(run_cli(*_args(cluster, TWO_SKUS, "full-fwd"), cache=tmp_path / "ray", env=CLUSTER_ENV))
+    # the driver has no linker (no gcc on its PATH): the workers link each kernel's library, the driver only stores
+    no_linker = {**CLUSTER_ENV, "PATH": str(Path(sys.executable).parent)}
+    farm = _docs(run_cli(*_args(cluster, TWO_SKUS, "full-fwd"), cache=tmp_path / "ray", env=no_linker))
     assert [d["sku"] for d in farm] == ["h200", "h200-cu12"]
+    assert [d["lean_failures"] for d in farm] == [[], []]
+    libraries = _libraries(tmp_path / "ray")
+    assert all(libraries.values()) and libraries == _libraries(tmp_path / "local")
     assert [d["kernel_keys"] for d in farm] == [d["kernel_keys"] for d in local]
     assert all(d["failed"] == 0 and d["built"] == d["kernels"] >= 1 for d in farm + local)
     objects = _objects(tmp_path / "ray")

@@ -1,0 +1,48 @@
+"""build.commit: how a kernel built by a remote (Ray) worker enters the driver's store with the library the
+worker linked for the lean runtime, objects first and entries last, never naming bytes the store lacks."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+from fa4_aot import build
+from fa4_aot.maintenance import verify
+from fa4_aot.store import Entry, Store
+from tests.unit.test_store import make_entry
+
+OBJECT, LIBRARY, RUNTIME = b"exported kernel object", b"linked kernel library", b"CuTe runtime library"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _built_remotely(tmp_path: Path, key: str) -> Entry:
+    """An entry as a Ray worker returns it: its library for x86_64 needs the runtime library."""
+    entry = make_entry(Store(tmp_path / "worker"), OBJECT, key=key)
+    needs = {"libcute_dsl_runtime.so": _sha(RUNTIME), "libtvm_ffi.so": ""}
+    return dataclasses.replace(entry, shared_libs={"x86_64": {"digest": _sha(LIBRARY), "size": len(LIBRARY),
+                                                               "needs": needs}})
+
+
+def test_a_returned_library_is_named_once_the_runtime_it_needs_is_stored(tmp_path: Path) -> None:
+    store = Store(tmp_path / "driver")
+    first = _built_remotely(tmp_path, "a" * 64)
+    assert build.commit(store, [first], OBJECT, {_sha(LIBRARY): LIBRARY})
+    assert store.has_object(_sha(LIBRARY))
+    assert store.get_entry(first.kernel_key).shared_libs == {}  # runtime absent: relinked on this host later
+    store.put_object(RUNTIME)
+    second = _built_remotely(tmp_path, "b" * 64)
+    assert build.commit(store, [second], OBJECT, {_sha(LIBRARY): LIBRARY})
+    assert store.get_entry(second.kernel_key).shared_libs == second.shared_libs
+    assert verify(store).ok
+
+
+def test_returned_library_bytes_that_do_not_hash_to_their_digest_store_no_entry(tmp_path: Path) -> None:
+    store = Store(tmp_path / "driver")
+    store.put_object(RUNTIME)
+    entry = _built_remotely(tmp_path, "c" * 64)
+    assert not build.commit(store, [entry], OBJECT, {_sha(LIBRARY): b"something else"})
+    assert store.get_entry(entry.kernel_key) is None
