@@ -24,7 +24,7 @@ SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads", "page_size")
 VARIANT_FIELDS = {
     "name": None, "shapes": None, "passes": PASSES, "head_dims": None, "dtypes": DTYPES, "masks": MASKS,
     "window": None, "gqa": None, "softcap": None, "sink": None, "layouts": LAYOUTS, "num_splits": None,
-    "heads": None, "page_size": None, "archs": None, "description": None,
+    "heads": None, "heads_kv": None, "page_size": None, "archs": None, "description": None,
 }
 DEFAULTS: dict[str, Any] = {
     "dtypes": ["bf16"], "masks": ["causal"], "window": [1024, 0], "gqa": [1], "softcap": [0.0],
@@ -66,6 +66,7 @@ class Variant:
     archs: tuple[str, ...]
     description: str = ""
     heads: tuple[int, ...] = ()  # query head counts of a shape-complete variant
+    heads_kv: tuple[int, ...] = ()  # or its KV head counts: each ratio r then runs r x heads_kv query heads
     page_size: int = 128  # page size of a shape-complete variant's paged layout
 
     def applies_to(self, sku: Sku) -> bool:
@@ -79,18 +80,25 @@ class Variant:
     def signatures(self, heads: tuple[int, ...] = (), page_size: int = 0) -> list[Signature]:
         """Every signature of this variant (for a grid variant, pass the grid's heads and page size)."""
         out: dict[Signature, None] = {}
-        for p, (d, dv), dt, m, r, sc, sk, lay, ns, h in itertools.product(
+        for p, (d, dv), dt, m, r, sc, sk, lay, ns, (hq, hkv) in itertools.product(
             self.passes, self.head_dims, self.dtypes, self.masks, self.gqa, self.softcap, self.sink,
-            self.layouts, self.num_splits, heads or self.heads,
+            self.layouts, self.num_splits, self._head_counts(heads),
         ):
             if lay == "paged" and p in ("bwd", "bwd_det"):
                 continue  # FA4 has no paged backward; training variants list dense/varlen layouts
+            q, kv = (hq, 1 if r == "mqa" else hq // int(r)) if hq else (int(r) * hkv, hkv)
             out[Signature(
                 layout=lay, pass_=p, dtype=dt, head_dim=d, head_dim_v=dv, mask=m, window=self.window, softcap=sc,
-                sink=sk, num_splits=ns, heads_q=h, heads_kv=1 if r == "mqa" else h // int(r),
+                sink=sk, num_splits=ns, heads_q=q, heads_kv=kv,
                 page_size=(page_size or self.page_size) if lay == "paged" else 0,
             )] = None
         return list(out)
+
+    def _head_counts(self, heads: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(query heads, 0) per query head count, or (0, KV heads) per KV head count of `heads_kv`."""
+        if heads or self.heads:
+            return [(h, 0) for h in heads or self.heads]
+        return [(0, kv) for kv in self.heads_kv]
 
     def calls(self, shapes: Shapes) -> list[Call]:
         """Every concrete call of this variant over the shape grid (duplicates removed, order kept)."""
@@ -203,14 +211,16 @@ def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[
         dtypes=_choices(src, i, "dtypes", t["dtypes"], DTYPES),
         masks=_choices(src, i, "masks", t["masks"], MASKS),
         window=_window(fail, t["window"]),
-        gqa=_gqa(fail, t["gqa"], grid.heads if grid else tuple(t["heads"]), grid.name if grid else ""),
+        gqa=_gqa(fail, t["gqa"], grid.heads if grid else tuple(t.get("heads") or ()), grid.name if grid else "",
+                 by_kv=not grid and t.get("heads_kv") is not None),
         softcap=_floats(fail, "softcap", t["softcap"]),
         sink=_bools(fail, t["sink"]),
         layouts=_choices(src, i, "layouts", t["layouts"], LAYOUTS),
         num_splits=_int_list(src, "[[variants]]", "num_splits", t["num_splits"], i, minimum=0),
         archs=_choices(src, i, "archs", t["archs"], ARCHS) if t["archs"] else (),
         description=str(t["description"]),
-        heads=() if grid else tuple(t["heads"]),
+        heads=() if grid else tuple(t.get("heads") or ()),
+        heads_kv=() if grid else tuple(t.get("heads_kv") or ()),
         page_size=t["page_size"],
     )
 
@@ -218,17 +228,20 @@ def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[
 def _grid(fail: Any, t: dict[str, Any], table: dict[str, Any], shapes: dict[str, Shapes]) -> Shapes | None:
     """The variant's shape grid, or None for a shape-complete variant (which then needs `heads`)."""
     if "shapes" not in t:
-        heads = t.get("heads")
-        if heads is None:
-            raise fail(None, "a shape-complete variant (no 'shapes') needs field 'heads', the query head counts "
-                             "such as [32, 64]; or name a shape grid with shapes = \"...\"")
+        given = [f for f in ("heads", "heads_kv") if t.get(f) is not None]
+        if len(given) != 1:
+            raise fail(None, "a shape-complete variant (no 'shapes') needs one of field 'heads', the query head "
+                             "counts such as [32, 64], or 'heads_kv', the KV head counts such as [1, 8] (each GQA "
+                             "ratio then runs ratio x heads_kv query heads); or name a shape grid with shapes = "
+                             "\"...\"" + (": not both" if given else ""))
+        heads = t[given[0]]
         if not isinstance(heads, list) or not heads or not all(_is_int(h) and h >= 1 for h in heads):
-            raise fail("heads", f"expected a non-empty list of positive integers, got {heads!r}")
+            raise fail(given[0], f"expected a non-empty list of positive integers, got {heads!r}")
         page = t["page_size"]
         if not _is_int(page) or page <= 0:
             raise fail("page_size", f"expected a positive integer, got {page!r}")
         return None
-    for field in ("heads", "page_size"):
+    for field in ("heads", "heads_kv", "page_size"):
         if field in table:
             raise fail(field, f"comes from the shape grid {t['shapes']!r} here; drop it, or drop 'shapes' to "
                               "make the variant shape-complete")
@@ -260,11 +273,14 @@ def _window(fail: Any, value: Any) -> tuple[int, int]:
     return value[0], value[1]
 
 
-def _gqa(fail: Any, value: Any, heads: tuple[int, ...], grid: str) -> tuple[int | str, ...]:
+def _gqa(fail: Any, value: Any, heads: tuple[int, ...], grid: str, by_kv: bool = False) -> tuple[int | str, ...]:
     if not isinstance(value, list) or not value:
         raise fail("gqa", "expected a non-empty list of query heads per KV head (1, 2, 4, 8...) or \"mqa\"")
     for r in value:
         if r == "mqa":
+            if by_kv:
+                raise fail("gqa", "\"mqa\" needs the query head counts ('heads'), not 'heads_kv': with one KV "
+                                  "head, the ratio is the query head count (write it as a number)")
             continue
         if not isinstance(r, int) or isinstance(r, bool) or r < 1:
             raise fail("gqa", f"bad ratio {r!r}; allowed: positive integers or \"mqa\"")

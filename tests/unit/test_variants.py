@@ -242,8 +242,23 @@ def test_a_variant_without_shapes_is_shape_complete(tmp_path: Path) -> None:
     assert all(s.page_size == 0 for s in sigs if s.layout != "paged")
 
 
+def test_a_shape_complete_variant_by_kv_heads_runs_every_ratio_on_them(tmp_path: Path) -> None:
+    variant = load(tmp_path, COMPLETE.replace("heads = [32, 40]", "heads_kv = [1, 8]").replace(
+        "gqa = [1, 8]", "gqa = [3, 11, 16]")).variants[0]
+    assert variant.heads == () and variant.heads_kv == (1, 8)
+    sigs = variant.signatures()
+    assert {(s.heads_q, s.heads_kv) for s in sigs} == {(3, 1), (11, 1), (16, 1), (24, 8), (88, 8), (128, 8)}
+    assert len(sigs) == 12  # (fwd, bwd) x 6 head counts
+
+
 @pytest.mark.parametrize(("case", "text", "parts"), [
-    ("complete-missing-heads", COMPLETE.replace("heads = [32, 40]\n", ""), ["needs field 'heads'", "shapes ="]),
+    ("complete-missing-heads", COMPLETE.replace("heads = [32, 40]\n", ""), ["needs one of field 'heads'",
+                                                                            "'heads_kv'", "shapes ="]),
+    ("complete-heads-and-kv", COMPLETE.replace("heads = [32, 40]", "heads = [32, 40]\nheads_kv = [8]"),
+     ["'heads'", "'heads_kv'", "not both"]),
+    ("complete-bad-kv-heads", COMPLETE.replace("heads = [32, 40]", "heads_kv = [0]  # HERE"), ["'heads_kv'", "[0]"]),
+    ("complete-kv-heads-mqa", COMPLETE.replace("heads = [32, 40]", "heads_kv = [8]").replace(
+        "gqa = [1, 8]", "gqa = [1, \"mqa\"]  # HERE"), ["'gqa'", "\"mqa\" needs the query head counts"]),
     ("complete-bad-heads", COMPLETE.replace("heads = [32, 40]", "heads = [0]  # HERE"), ["'heads'", "[0]"]),
     ("complete-gqa-not-dividing", COMPLETE.replace("gqa = [1, 8]", "gqa = [3]  # HERE"),
      ["'gqa'", "ratio 3 does not divide heads [32, 40]"]),
