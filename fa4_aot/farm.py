@@ -51,7 +51,6 @@ class RayExecutor:
         self._retries = max_retries
         self._push = (push, token) if push else None
         self._envs: dict[Sku, dict[str, Any]] = {}
-        self._runtimes: set[tuple[Sku, str]] = set()  # (SKU, store root) holding the workers' runtime libraries
 
     def plan_chunks(self, calls: int) -> int:
         """One chunk per CPU of the cluster, as the local pool has one per process: a work item costs from 1.5 ms
@@ -68,9 +67,10 @@ class RayExecutor:
                 raise BuildError(f"planning {sku.name} on Ray failed: {_reason(e)}") from e
 
     def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
+        runtime = self._submit(sku, "runtime", None, cpus=0) if tasks and not self._push else None
         index = {self._submit(sku, "compile", task): i for i, task in enumerate(tasks)}
-        if tasks and not self._push:
-            self._fetch_runtime(sku, store)
+        if runtime is not None:
+            self._store_runtime(runtime, store)
         pending = list(index)
         try:
             while pending:
@@ -81,20 +81,15 @@ class RayExecutor:
             for ref in pending:  # the orchestrator stopped early (DiskFull, an interrupt): drop the rest
                 self._ray.cancel(ref, force=True)
 
-    def _fetch_runtime(self, sku: Sku, store: Store) -> None:
-        """Store the runtime libraries the workers' linked libraries need (43 MB: once per SKU and store, and only
-        those the store lacks), so that their entries can name them. If this fails, the entries are stored
-        without libraries and the driver links them afterwards (relink)."""
-        if (sku, str(store.root)) in self._runtimes:
-            return
+    def _store_runtime(self, ref: Any, store: Store) -> None:
+        """Store the runtime libraries the workers' linked libraries need (43 MB, from a task that takes no CPU
+        so that it runs beside the compiles, not after them), before any entry naming them is committed. If this
+        fails, those entries are stored without libraries and the driver links them afterwards (relink)."""
         try:
-            missing = [d for d in self._ray.get(self._submit(sku, "runtime", None)) if not store.has_object(d)]
-            if missing:
-                for data in self._ray.get(self._submit(sku, "runtime", missing)).values():
-                    store.put_object(data)
+            for data in self._ray.get(ref).values():
+                store.put_object(data)
         except self._ray.exceptions.RayError:
-            return
-        self._runtimes.add((sku, str(store.root)))
+            pass
 
     def relink(self, sku: Sku, store: Store, keys: list[str]) -> list[str]:
         """On the driver, for entries stored without this host's library (built before linking existed, or by
@@ -108,8 +103,8 @@ class RayExecutor:
     def close(self, stop: bool = False) -> None:
         self._ray.shutdown()  # in-flight tasks were cancelled by compile() when the orchestrator stopped
 
-    def _submit(self, sku: Sku, kind: str, payload: Any) -> Any:
-        return self._task.options(num_cpus=1, max_retries=self._retries, retry_exceptions=False,
+    def _submit(self, sku: Sku, kind: str, payload: Any, cpus: int = 1) -> Any:
+        return self._task.options(num_cpus=cpus, max_retries=self._retries, retry_exceptions=False,
                                   runtime_env=self._env(sku)).remote(kind, sku, payload, self._push)
 
     def _env(self, sku: Sku) -> dict[str, Any]:
@@ -138,9 +133,8 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
     if kind == "plan":
         work, record = payload
         return worker.plan_calls(sku, work, None, record)
-    if kind == "runtime":  # None: the digests of the runtime libraries; a list of digests: their bytes
-        digests = worker.runtime_digests(sku)
-        return digests if payload is None else worker.lean_objects(sku, [d for d in payload if d in digests])
+    if kind == "runtime":
+        return worker.lean_objects(sku, worker.runtime_digests(sku))
     task: CompileTask = payload
     outcomes: list[Outcome] = []
 

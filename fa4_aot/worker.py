@@ -114,15 +114,15 @@ def _lean_state(sku: Sku, store: Store | None) -> dict[str, Any]:
     return _lean
 
 
-def lean_objects(sku: Sku, digests: list[str], keep: bool = False) -> dict[str, bytes]:
+def lean_objects(sku: Sku, digests: list[str]) -> dict[str, bytes]:
     """In a worker without a store: {digest: bytes} of the held objects among `digests` (linked libraries and
-    the runtime libraries they need), which then leave this worker's memory unless `keep`. The runtime
-    libraries are always kept: every later library needs them too."""
+    the runtime libraries they need). Libraries then leave this worker's memory; the runtime libraries stay, as
+    every later library needs them too."""
     held: build_lean.Held = _lean_state(sku, None)["objects"]
     runtime = set(build_lean.runtime_needs(_lean).values())
     found = {d: held.data[d] for d in digests if d in held.data}
     for d in found:
-        if not keep and d not in runtime:
+        if d not in runtime:
             del held.data[d]
     return found
 
