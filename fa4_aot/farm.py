@@ -67,7 +67,7 @@ class RayExecutor:
                 raise BuildError(f"planning {sku.name} on Ray failed: {_reason(e)}") from e
 
     def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
-        runtime = self._submit(sku, "runtime", None, cpus=0) if tasks and not self._push else None
+        runtime = self._submit(sku, "runtime", None) if tasks and not self._push else None
         index = {self._submit(sku, "compile", task): i for i, task in enumerate(tasks)}
         if runtime is not None:
             self._store_runtime(runtime, store)
@@ -82,9 +82,10 @@ class RayExecutor:
                 self._ray.cancel(ref, force=True)
 
     def _store_runtime(self, ref: Any, store: Store) -> None:
-        """Store the runtime libraries the workers' linked libraries need (43 MB, from a task that takes no CPU
-        so that it runs beside the compiles, not after them), before any entry naming them is committed. If this
-        fails, those entries are stored without libraries and the driver links them afterwards (relink)."""
+        """Store the runtime libraries the workers' linked libraries need (43 MB, from a task submitted before the
+        compiles, so that it runs first, on a worker that then compiles), before any entry naming them is
+        committed. If this fails, those entries are stored without libraries and the driver links them afterwards
+        (relink)."""
         try:
             for data in self._ray.get(ref).values():
                 store.put_object(data)
@@ -103,8 +104,8 @@ class RayExecutor:
     def close(self, stop: bool = False) -> None:
         self._ray.shutdown()  # in-flight tasks were cancelled by compile() when the orchestrator stopped
 
-    def _submit(self, sku: Sku, kind: str, payload: Any, cpus: int = 1) -> Any:
-        return self._task.options(num_cpus=cpus, max_retries=self._retries, retry_exceptions=False,
+    def _submit(self, sku: Sku, kind: str, payload: Any) -> Any:
+        return self._task.options(num_cpus=1, max_retries=self._retries, retry_exceptions=False,
                                   runtime_env=self._env(sku)).remote(kind, sku, payload, self._push)
 
     def _env(self, sku: Sku) -> dict[str, Any]:
