@@ -97,7 +97,8 @@ def workload():
         flash_attn_func(t(2, 300, 16, 64), t(2, 100, 16, 64), t(2, 100, 16, 64), causal=True)
     # more: unequal varlen lengths in fwd+bwd, a paged decode whose max_seqlen_k is not pages x page size,
     # seqused_k without paging, LSE that takes a gradient, q/k/v as views of one packed tensor (strides), a float32
-    # sink with softcap, MQA decode against a long cache (no split-KV: FA4 asserts it is not supported on sm_90)
+    # sink with softcap, MQA decode against a long cache (no split-KV: FA4 asserts it is not supported on sm_90),
+    # varlen queries over a paged cache
     train(FlashAttnVarlenFunc, *(t(1300, h, 128, grad=True) for h in (12, 2, 2)), cu_seqlens_q=lens(1000, 200, 100),
           cu_seqlens_k=lens(1000, 200, 100), max_seqlen_q=1000, max_seqlen_k=1000, causal=True)
     train(FlashAttnVarlenFunc, t(900, 8, 64, grad=True), t(2100, 8, 64, grad=True), t(2100, 8, 64, grad=True),
@@ -116,6 +117,11 @@ def workload():
                                seqused_k=t(3, dtype=i32), causal=True)
         flash_attn_func(t(1, 1, 64, 128), t(1, 70000, 8, 128), t(1, 70000, 8, 128))
         flash_attn_func(t(2, 256, 16, 128), t(2, 256, 16, 128), t(2, 256, 16, 128), return_lse=True)
+        # vLLM's call: packed (varlen) queries of a mixed prefill/decode batch over a paged cache, which no Call
+        # layout describes (a Call's paged layout has one query length per sequence)
+        flash_attn_varlen_func(t(37, 32, 128), t(64, 16, 8, 128), t(64, 16, 8, 128), cu_seqlens_q=lens(1, 1, 35),
+                               max_seqlen_q=35, seqused_k=t(3, dtype=i32), page_table=t(3, 20, dtype=i32),
+                               max_seqlen_k=320, causal=True)
 
 with FakeTensorMode(), caches.swapped(lambda family, _old: Probe(family, inst)):
     workload()
