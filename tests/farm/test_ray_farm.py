@@ -22,6 +22,7 @@ from fa4_aot.maintenance import verify
 from fa4_aot.store import Store
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.farm.ray_cluster import CLUSTER_ENV, RayCluster
+from tests.service.service_helpers import Server, prepare_database
 
 pytest.importorskip("ray", reason="the farm extra is not installed: pip install -e '.[farm]'")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -86,6 +87,30 @@ def test_ray_build_equals_local_build_for_two_skus_and_flavours(cluster: RayClus
     assert objects == _objects(tmp_path / "local")  # same keys, same object bytes (digests)
     assert {sku: flavour for sku, _digest, flavour in objects.values()} == {"h200": "cu13", "h200-cu12": "cu12"}
     assert verify(Store(tmp_path / "ray")).ok
+
+
+def test_workers_push_kernels_with_their_libraries_to_a_server(cluster: RayCluster, tmp_path: Path) -> None:
+    """--push: the workers publish each kernel, its library and the runtime library it needs; a client that pulls
+    the SKU gets what a local build makes, libraries included."""
+    db_url = f"sqlite:///{tmp_path / 'server.db'}"
+    server = Server(cache_dir=tmp_path / "server-store", db_url=db_url, log=tmp_path / "server.log",
+                    tokens=prepare_database(db_url)).start()
+    try:
+        [doc] = _docs(run_cli(*_args(cluster, "h200", "full-fwd"), "--push", server.url, "--token",
+                              server.tokens["publish"], cache=tmp_path / "driver", env=CLUSTER_ENV))
+        assert doc["failed"] == 0 and doc["built"] == doc["kernels"] >= 1
+        pulled = run_cli("pull", "--server", server.url, "--sku", "h200", "--json", cache=tmp_path / "client",
+                         env={"FA4_AOT_INSECURE": "1"})
+        assert pulled.returncode == 0 and json.loads(pulled.stdout)["failures"] == [], pulled.stderr[-2000:]
+    finally:
+        server.kill()
+    local = _docs(run_cli("build", "--sku", "h200", "--variants", str(TINY_VARIANTS), "--only", "full-fwd", "--json",
+                          cache=tmp_path / "local"))
+    assert local[0]["kernel_keys"] == doc["kernel_keys"]
+    assert _objects(tmp_path / "client") == _objects(tmp_path / "local")
+    libraries = _libraries(tmp_path / "client")
+    assert all(libraries.values()) and libraries == _libraries(tmp_path / "local")
+    assert verify(Store(tmp_path / "client")).ok
 
 
 def _start(cluster: RayCluster, store: Path) -> subprocess.Popen[str]:
