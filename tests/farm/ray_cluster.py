@@ -29,29 +29,50 @@ def free_port() -> int:
 
 
 class RayCluster:
-    def __init__(self, cpus_per_node: tuple[int, ...] = (1, 1), env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        # 127.0.1.1, not 127.0.0.1: Ray swaps "127.0.0.1" for the host's network address; traffic stays on loopback
-        self.address = f"127.0.1.1:{self.port}"
+    """Started with fresh ports up to `attempts` times: a port found free can be taken before Ray binds it (by
+    another process, or by the last cluster's processes still going away), and a node that cannot bind exits."""
+
+    def __init__(self, cpus_per_node: tuple[int, ...] = (1, 1), env: dict[str, str] | None = None,
+                 attempts: int = 3) -> None:
         self.env = {**os.environ, **CLUSTER_ENV, **(env or {})}
-        self.nodes: list[subprocess.Popen[bytes]] = []
-        self.dirs: list[str] = []
-        try:
-            for i, cpus in enumerate(cpus_per_node):
-                self._start_node(head=i == 0, cpus=cpus)
-            self.wait_for_nodes(len(cpus_per_node))
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(attempts):
+            self.nodes: list[subprocess.Popen[bytes]] = []
+            self.dirs: list[str] = []
+            self.taken: set[int] = set()
+            self.port = self._port()
+            # 127.0.1.1, not 127.0.0.1: Ray swaps "127.0.0.1" for the host's network address; traffic stays on
+            # loopback
+            self.address = f"127.0.1.1:{self.port}"
+            try:
+                for i, cpus in enumerate(cpus_per_node):
+                    self._start_node(head=i == 0, cpus=cpus)
+                self.wait_for_nodes(len(cpus_per_node))
+                return
+            except RuntimeError:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+
+    def _port(self, span: int = 1) -> int:
+        """A free port (the first of `span` consecutive ones) that no other node of this cluster was given."""
+        while True:
+            port = free_port()
+            wanted = set(range(port, port + span))
+            if port + span < 65536 and not wanted & self.taken:
+                self.taken |= wanted
+                return port
 
     def _start_node(self, head: bool, cpus: int) -> None:
         temp = tempfile.mkdtemp(prefix="rayf-", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.dirs.append(temp)
         args = [RAY, "start", "--block", "--disable-usage-stats", f"--num-cpus={cpus}", f"--temp-dir={temp}",
                 "--node-ip-address=127.0.0.1"]
-        args += [f"{flag}={free_port()}" for flag in PORT_FLAGS]
-        low = free_port()
-        args += [f"--min-worker-port={low}", f"--max-worker-port={low + 200}"] if low < 65000 else []
+        args += [f"{flag}={self._port()}" for flag in PORT_FLAGS]
+        low = self._port(span=201)
+        args += [f"--min-worker-port={low}", f"--max-worker-port={low + 200}"]
         if head:
             args += [f"--port={self.port}", "--head", "--include-dashboard=false"]
         else:
