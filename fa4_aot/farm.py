@@ -69,10 +69,10 @@ class RayExecutor:
     def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
         runtime = self._submit(sku, "runtime", None) if tasks and not self._push else None
         index = {self._submit(sku, "compile", task): i for i, task in enumerate(tasks)}
-        if runtime is not None:
-            self._store_runtime(runtime, store)
         pending = list(index)
         try:
+            if runtime is not None:
+                self._store_runtime(runtime, store)
             while pending:
                 ready, pending = self._ray.wait(pending, num_returns=1)
                 for ref in ready:
