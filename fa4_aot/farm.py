@@ -13,7 +13,6 @@ ray; `import fa4_aot` never does.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,7 +134,7 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
         work, record = payload
         return worker.plan_calls(sku, work, None, record)
     if kind == "runtime":
-        return worker.lean_objects(sku, worker.runtime_digests(sku))
+        return worker.runtime_objects(sku)
     task: CompileTask = payload
     outcomes: list[Outcome] = []
 
@@ -157,15 +156,14 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
 
 
 def _publish(push: tuple[str, str | None], entries: list[Entry], data: bytes, libraries: dict[str, bytes]) -> None:
-    """The libraries (each unless the server has it), then the object and the full key's entry, then the base
-    key's signpost (the server accepts either key: has_valid_key)."""
+    """Each entry as Remote.push_entry publishes it (libraries, object, then the entry), the full key's first,
+    then the base key's signpost (the server accepts either key: has_valid_key)."""
     from .remote import Remote
 
+    objects = {**libraries, entries[0].object_digest: data}
     remote = Remote(push[0], token=push[1])
     try:
-        for digest, lib in libraries.items():
-            remote.put_object(digest, functools.partial(bytes, lib))
         for entry in entries:
-            remote.publish(entry, lambda: data)
+            remote.push_entry(entry, objects.__getitem__)
     finally:
         remote.close()

@@ -261,18 +261,15 @@ class Remote:
         raise AssertionError("unreachable")
 
     # -- writes -------------------------------------------------------------------------------
-    def push_entry(self, entry: Entry, store: Store) -> bool:
-        """Publish one local kernel: upload its object and its linked libraries (with the runtime libraries they
-        need) unless the server has them (HEAD first), then its entry. Returns True if the object was uploaded."""
+    def push_entry(self, entry: Entry, read: Callable[[str], bytes]) -> bool:
+        """Publish one kernel: upload its linked libraries (with the runtime libraries they need), then its object,
+        each unless the server has it (HEAD first), then the entry that makes it visible; `read(digest)` gives an
+        object's bytes (Store.read_object, or bytes a worker holds). Returns True if the kernel's object was
+        uploaded. The server re-hashes every upload (422 on a mismatch)."""
         for arch in sorted(entry.shared_libs):
             for digest in entry.lib_digests(arch):
-                self.put_object(digest, functools.partial(store.read_object, digest))
-        return self.publish(entry, lambda: store.read_object(entry.object_digest))
-
-    def publish(self, entry: Entry, data: Callable[[], bytes]) -> bool:
-        """Upload the object `data()` returns unless the server has it (HEAD first), then the entry that makes it
-        visible. Returns True if the object was uploaded. The server re-hashes the upload (422 on a mismatch)."""
-        uploaded = self.put_object(entry.object_digest, data)
+                self.put_object(digest, functools.partial(read, digest))
+        uploaded = self.put_object(entry.object_digest, functools.partial(read, entry.object_digest))
         self._request("POST", "/v1/kernels", ok=(200, 201), json=entry.published())
         return uploaded
 

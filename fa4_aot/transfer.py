@@ -45,7 +45,7 @@ def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, pr
     result = Transfer(kernels=len(entries))
 
     def one(entry: Any) -> tuple[Any, bool]:
-        return entry, remote.push_entry(entry, store)
+        return entry, remote.push_entry(entry, store.read_object)
 
     def count(r: Transfer, out: tuple[Any, bool]) -> None:
         entry, uploaded = out

@@ -127,10 +127,11 @@ def lean_objects(sku: Sku, digests: list[str]) -> dict[str, bytes]:
     return found
 
 
-def runtime_digests(sku: Sku) -> list[str]:
-    """Digests of the runtime libraries this worker's linked libraries need (those a store must hold too)."""
+def runtime_objects(sku: Sku) -> dict[str, bytes]:
+    """In a worker without a store: {digest: bytes} of the runtime libraries its linked libraries need (those the
+    driver's store must hold too)."""
     configure(sku)
-    return [d for d in build_lean.runtime_needs(_lean_state(sku, None)).values() if d]
+    return lean_objects(sku, [d for d in build_lean.runtime_needs(_lean_state(sku, None)).values() if d])
 
 
 def compile_kernels(sku: Sku, variant: str, call: Call | ExactCall, wanted: list[Wanted], sink: Sink,
