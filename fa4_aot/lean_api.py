@@ -67,17 +67,30 @@ def signature(layout: str, dtype: str, heads_q: int, head_dim: int, heads_kv: in
     arguments FA4 takes but no recipe can describe (a half-open window, a dtype other than bf16/fp16)."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype} is not supported: FA4 kernels here are bf16 or fp16")
-    local = tuple(window_size) != (None, None)
-    if local and None in tuple(window_size):
-        raise ValueError(f"window_size={tuple(window_size)}: give both sides as integers for a local window")
+    mask, window = _mask_and_window(bool(causal), tuple(window_size))
     return Signature(
         layout=layout,
         pass_=("bwd_det" if deterministic else "bwd") if training else ("fwd_lse" if return_lse else "fwd"),
-        dtype=_DTYPES[dtype], head_dim=head_dim, head_dim_v=head_dim_v,
-        mask="causal" if causal else "local" if local else "full",
-        window=(int(window_size[0]), int(window_size[1])) if local and not causal else (0, 0),
+        dtype=_DTYPES[dtype], head_dim=head_dim, head_dim_v=head_dim_v, mask=mask, window=window,
         softcap=float(softcap or 0.0), sink=sink, num_splits=num_splits, heads_q=heads_q, heads_kv=heads_kv,
         page_size=page_size if layout == "paged" else 0)
+
+
+def _mask_and_window(causal: bool, window_size: tuple[Any, Any]) -> tuple[str, tuple[int, int]]:
+    """The mask and window FA4 runs for `causal` and `window_size`, read as its interface reads them
+    (_resolve_causal_local_window): two negative sides are no window, causal sets the right side to 0, and
+    (None, 0) is causal; any other window is local, so a causal call with a window is a local one (issue 17:
+    reading it as causal dropped the window). Raises ValueError for a half-open local window."""
+    left, right = window_size
+    if left is not None and right is not None and left < 0 and right < 0:
+        left = right = None
+    if causal:
+        right = 0
+    if left is None and right in (None, 0):
+        return ("full" if right is None else "causal"), (0, 0)
+    if left is None or right is None:
+        raise ValueError(f"window_size={window_size}: give both sides as integers for a local window")
+    return "local", (int(left), int(right))
 
 
 def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, causal: bool = False,
