@@ -16,7 +16,7 @@ from pathlib import Path
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    from fa4_aot import config, fa4, variants
+    from fa4_aot import config, fa4, hosts, variants
     from fa4_aot.signature import Signature
     from fa4_aot.store import Store
 
@@ -44,10 +44,10 @@ def main() -> None:
     for entry in list(store.entries())[:10]:
         data = store.read_object(entry.object_digest)
         t0 = time.perf_counter()
-        lib = fa4.link(data)
+        lib = fa4.link(data, hosts.get(entry.host or hosts.DEFAULT))
         link.append(time.perf_counter() - t0)
         sizes_out.append((len(data), len(lib)))
-    runtime = fa4.runtime_libraries()
+    runtime = {k: p for k, p in fa4.runtime_libraries(hosts.get(hosts.DEFAULT)).items() if p is not None}
     doc = {"date": time.strftime("%Y-%m-%d"), "record_region": record,
            "link_seconds_median": round(statistics.median(link), 3) if link else None,
            "object_and_library_bytes": sizes_out,

@@ -22,6 +22,7 @@ if [ "${FA4_AOT_FARM:-0}" = 1 ]; then extra+=("ray==2.60.0"); fi
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0 "$cutlass" flash-attn-4==4.0.0b36 apache-tvm-ffi==0.1.15.post2 \
   quack-kernels==0.6.5 torch-c-dlpack-ext==0.1.5 triton numpy "click>=8.1" "cryptography>=42" "httpx>=0.27" \
+  ziglang==0.17.0 \
   "${extra[@]}"
 "$venv/bin/pip" install -q --no-deps -e "$root"
 if [ "$major" = 12 ] && "$venv/bin/pip" show -q nvidia-cutlass-dsl-libs-cu13 2>/dev/null; then

@@ -17,7 +17,6 @@ from typing import Any
 
 from . import fa4, kernel_keys, recipe, recipe_store
 from .calls import Call
-from .config import host_arch
 from .errors import DiskFull
 from .signature import Signature
 from .skus import Sku
@@ -37,20 +36,23 @@ class Held:
 
 
 def runtime_needs(worker: dict[str, Any]) -> dict[str, str]:
-    """{SONAME: digest} of the runtime libraries a linked kernel needs, each put once into worker["objects"]
-    ("" for libtvm_ffi.so, which comes from the apache-tvm-ffi wheel, a base dependency of fa4-aot)."""
+    """{SONAME: digest} of the runtime libraries a linked kernel needs, for the SKU's host architecture, each
+    put once into worker["objects"] ("" for libtvm_ffi.so, which comes from the apache-tvm-ffi wheel, a base
+    dependency of fa4-aot)."""
     if "runtime_digests" not in worker:
         worker["runtime_digests"] = {
-            name: "" if name == "libtvm_ffi.so" else worker["objects"].put_object(path.read_bytes())
-            for name, path in fa4.runtime_libraries().items()}
+            name: "" if path is None else worker["objects"].put_object(path.read_bytes())
+            for name, path in fa4.runtime_libraries(worker["sku"].host_target).items()}
     return dict(worker["runtime_digests"])
 
 
 def shared_libs(worker: dict[str, Any], data: bytes) -> dict[str, Any]:
-    """Entry.shared_libs for one exported object: {host arch: {digest, size, needs}}."""
-    lib = fa4.link(data)
+    """Entry.shared_libs for one exported object: {host arch: {digest, size, needs}}, linked for the SKU's host
+    target (whatever the build host's own architecture)."""
+    host = worker["sku"].host_target
+    lib = fa4.link(data, host)
     needs = runtime_needs(worker)
-    return {host_arch(): {"digest": worker["objects"].put_object(lib), "size": len(lib), "needs": needs}}
+    return {host.arch: {"digest": worker["objects"].put_object(lib), "size": len(lib), "needs": needs}}
 
 
 def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[dict[str, Any]]]) -> None:
@@ -108,7 +110,7 @@ def relink(worker: dict[str, Any], keys: list[str], one_line: Any) -> list[str]:
 
 
 def unlinked(store: Store, base_keys: list[str], sku: Sku) -> list[str]:
-    """Stored entries of the kernels with `base_keys` without a library for this host's architecture: each base
+    """Stored entries of the kernels with `base_keys` without a library for `sku`'s host architecture: each base
     entry and, for a kernel that consumed SKU constants, its full entry for `sku`'s values (both entries point at
     one object, so both carry its libraries)."""
     keys = []
@@ -117,7 +119,7 @@ def unlinked(store: Store, base_keys: list[str], sku: Sku) -> list[str]:
         if entry is not None:
             keys += [base] + ([kernel_keys.variant_key(entry, sku.constants())] if entry.hardware_queries else [])
     entries = [store.get_entry(kk) for kk in dict.fromkeys(keys)]
-    return [e.kernel_key for e in entries if e is not None and host_arch() not in e.shared_libs]
+    return [e.kernel_key for e in entries if e is not None and sku.host_target.arch not in e.shared_libs]
 
 
 def save(store: Store, recorded: dict[str, list[dict[str, Any]]]) -> int:

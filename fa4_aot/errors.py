@@ -15,6 +15,11 @@ class UnknownSku(Fa4AotError, LookupError):
     """A SKU name or a detected device matches no entry of the SKU table."""
 
 
+class HostMismatch(UnknownSku):
+    """This host's CPU cannot run the host code its SKU's kernels were built for (hosts.py): another
+    architecture, or an instruction-set baseline beyond the CPU."""
+
+
 class KernelMissing(Fa4AotError, LookupError):
     """Strict mode met a kernel that the store does not hold."""
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import config, fa4, kernel_keys
+from . import config, fa4, hosts, kernel_keys
 from .errors import Fa4AotError, KernelMissing, TrustError
 from .kernel_keys import canonical, dumps, kernel_key
 from .skus import Constants, Sku, detect_device, select
@@ -199,7 +199,8 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     matrix = variants.load(variants_file or config.default_variants_file())
     forced = os.environ.get("FA4_AOT_SKU")
     device = None if forced and not has_cuda() else detect_device()
-    sku, constants, trace = select(matrix.skus, device, forced=forced)
+    # a host that loads kernels must run their host code (hosts.py); a CPU host checking a store loads none
+    sku, constants, trace = select(matrix.skus, device, forced=forced, cpu=hosts.detect() if has_cuda() else None)
     if not has_cuda():  # a CPU host checking a SKU's store: FA4 plans for the SKU, as a build worker does
         fa4.configure(sku)
     remote = _remote_from_env()

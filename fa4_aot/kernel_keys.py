@@ -40,16 +40,18 @@ def dumps(value: Any) -> str:
 
 
 def key_of(family: str, compile_key: Any, *, arch: str, cuda_major: int, toolchain: dict[str, str],
-           consumed: dict[str, int] | None = None) -> str:
+           consumed: dict[str, int] | None = None, host: str = "") -> str:
     """THE kernel key: sha256 hex of the canonical JSON of what determines the bytes. `compile_key` is already
     canonical (as index entries store it); `consumed` maps each SKU constant the compile read (the names of
     hardware_queries: sm_count, max_active_clusters(N), l2_bytes, l2_budget, prepare_l2_budget) to its value.
-    With `consumed` empty this is the kernel's base key, shared by every SKU of the arch and CUDA major.
+    With `consumed` empty this is the kernel's base key, shared by every SKU of the arch, CUDA major and host.
+    `host` is the host target its host code was generated for (hosts.py); "" only in entries built before host
+    targets existed (for the build machine's own CPU), whose keys stay what they were.
     Every other key function, and the service, goes through this one."""
     doc = {
         "family": family,
         "compile_key": compile_key,
-        "target": {"arch": arch, "cuda_major": cuda_major},
+        "target": {"arch": arch, "cuda_major": cuda_major, **({"host": host} if host else {})},
         "toolchain": toolchain,
         "consumed": dict(sorted((consumed or {}).items())),
     }
@@ -61,7 +63,7 @@ def kernel_key(family: str, compile_key: Any, sku: Sku, tools: dict[str, str],
     """The key of FA4 kernel (family, raw compile key) built for `sku`'s arch and CUDA major by `tools` (the
     toolchain, `fa4_aot.fa4.toolchain()`), having consumed `consumed` (default: nothing, i.e. the base key)."""
     return key_of(family, canonical(compile_key), arch=sku.arch, cuda_major=sku.cuda_major, toolchain=tools,
-                  consumed=consumed)
+                  consumed=consumed, host=sku.host)
 
 
 def consumed_of(hardware_queries: list[Any]) -> dict[str, int]:
@@ -79,7 +81,7 @@ def entry_keys(entry: Entry) -> tuple[str, str]:
     learns which constants it depends on. A valid entry's kernel_key is one of the two."""
     def key(consumed: dict[str, int]) -> str:
         return key_of(entry.family, entry.compile_key, arch=entry.arch, cuda_major=entry.cuda_major,
-                      toolchain=entry.toolchain, consumed=consumed)
+                      toolchain=entry.toolchain, consumed=consumed, host=entry.host)
 
     return key({}), key(consumed_of(entry.hardware_queries))
 
@@ -104,7 +106,7 @@ def variant_key(base: Entry, constants: Constants) -> str:
     constant this version does not know."""
     names = consumed_of(base.hardware_queries)
     return key_of(base.family, base.compile_key, arch=base.arch, cuda_major=base.cuda_major,
-                  toolchain=base.toolchain, consumed=constants.values(names))
+                  toolchain=base.toolchain, consumed=constants.values(names), host=base.host)
 
 
 def differing(entry: Entry, constants: Constants) -> dict[str, tuple[int, int]]:
@@ -114,8 +116,8 @@ def differing(entry: Entry, constants: Constants) -> dict[str, tuple[int, int]]:
 
 
 def serves(entry: Entry, sku: Sku) -> bool:
-    """Whether a client of `sku` may need `entry`: same arch and CUDA major, and either its full key with
+    """Whether a client of `sku` may need `entry`: same arch, CUDA major and host target, and either its full key with
     constants equal to the SKU's, or the base entry a client reads to learn which constants matter."""
-    if (entry.arch, entry.cuda_major) != (sku.arch, sku.cuda_major):
+    if (entry.arch, entry.cuda_major, entry.host) != (sku.arch, sku.cuda_major, sku.host):
         return False
     return entry.kernel_key == entry_keys(entry)[0] or not differing(entry, sku.constants())

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import config, recipe, recipe_store
+from . import config, hosts, recipe, recipe_store
 from .errors import Fa4AotError, KernelMissing
 from .lean_fetch import Fetcher
 from .lean_libs import Libraries
@@ -57,7 +57,8 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
         from . import variants
 
         matrix = variants.load(config.default_variants_file())
-        sku, constants, _trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"))
+        sku, constants, _trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"),
+                                        cpu=hosts.detect())
         remote = None
         if config.server_url() is not None:
             from .remote import server_from_env

@@ -24,7 +24,7 @@ def sku_of_entries(name: str, entries: list[Entry]) -> Sku | None:
     """The SKU `name` as its kernels describe it (its target facts), or None when none of them is of it."""
     for e in entries:
         if e.sku == name:
-            return Sku(name, e.arch, e.sm_count, e.l2_bytes, e.cuda_major)
+            return Sku(name, e.arch, e.sm_count, e.l2_bytes, e.cuda_major, host=e.host)
     return None
 
 

@@ -16,15 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UnknownSku
+from . import hosts
+from .errors import HostMismatch, UnknownSku
 from .tomlsrc import TomlSource
 
 _ARCH = re.compile(r"sm_(\d+)(\d)a")
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_110a", "sm_120a")  # the arch targets FA4 has kernels for
 MIB = 1 << 20
 SKU_FIELDS = {"arch": str, "sm_count": int, "l2_bytes": int, "cuda_major": int, "description": str,
-              "l2_budget": bool}
-_OPTIONAL = {"description": "", "l2_budget": False}
+              "l2_budget": bool, "host": str}
+_OPTIONAL = {"description": "", "l2_budget": False, "host": hosts.DEFAULT}
 CUDA_MAJORS = (12, 13)
 # FA4's hard-coded L2 budgets (flash_attn/cute/tile_scheduler.py head swizzle, prepare_scheduler.py): what a
 # kernel consumes as l2_budget / prepare_l2_budget unless its SKU turns `l2_budget` on.
@@ -41,6 +42,11 @@ class Sku:
     cuda_major: int
     description: str = ""
     l2_budget: bool = False  # FA4's L2 budgets follow this SKU's L2 (off: FA4's 50 / 32 MiB)
+    host: str = hosts.DEFAULT  # the host target (hosts.py) of its GPU hosts' CPUs: what host code is built for
+
+    @property
+    def host_target(self) -> hosts.HostTarget:
+        return hosts.get(self.host)
 
     @property
     def capability(self) -> tuple[int, int]:
@@ -53,8 +59,10 @@ class Sku:
         return self.arch.removesuffix("a")
 
     def target_facts(self) -> dict[str, Any]:
-        """What goes into every kernel key: the facts, not the name (two names with equal facts share kernels)."""
-        return {"arch": self.arch, "sm_count": self.sm_count, "l2_bytes": self.l2_bytes, "cuda_major": self.cuda_major}
+        """What goes into recipe keys and signed manifests: the facts, not the name (two names with equal facts
+        share kernels). `host` is left out only when "" (SKUs of stores built before host targets existed)."""
+        return {"arch": self.arch, "sm_count": self.sm_count, "l2_bytes": self.l2_bytes, "cuda_major": self.cuda_major,
+                **({"host": self.host} if self.host else {})}
 
     def constants(self) -> Constants:
         return Constants(self.sm_count, self.l2_bytes, self.l2_budget)
@@ -119,7 +127,7 @@ def parse_skus(src: TomlSource) -> dict[str, Sku]:
                 raise src.fail(f"[skus.{name}]", "cuda_major", f"SKU {full!r} is defined twice")
             skus[full] = Sku(name=full, arch=table["arch"], sm_count=table["sm_count"], l2_bytes=table["l2_bytes"],
                              cuda_major=major, description=table.get("description", ""),
-                             l2_budget=table.get("l2_budget", False))
+                             l2_budget=table.get("l2_budget", False), host=table.get("host", hosts.DEFAULT))
     return skus
 
 
@@ -143,6 +151,8 @@ def _check_table(src: TomlSource, name: str, table: dict[str, Any]) -> list[int]
         raise src.fail(header, "arch", f"{table['arch']!r} is not an arch target like 'sm_90a' or 'sm_100a'")
     if table["arch"] not in ARCHS:
         raise src.fail(header, "arch", f"{table['arch']!r}: FA4 targets {', '.join(ARCHS)}")
+    if table.get("host", hosts.DEFAULT) not in hosts.TARGETS:
+        raise src.fail(header, "host", f"{table['host']!r} is not a host target; known: {', '.join(hosts.TARGETS)}")
     for key in ("sm_count", "l2_bytes"):
         if table[key] <= 0:
             raise src.fail(header, key, "must be positive")
@@ -189,18 +199,22 @@ def unknown(name: str, known: Iterable[str], what: str = "SKU") -> UnknownSku:
                       "(`fa4-aot skus` lists them; names are lowercase)")
 
 
-def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None = None
-           ) -> tuple[Sku, Constants, list[str]]:
+def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None = None,
+           cpu: hosts.HostCpu | None = None) -> tuple[Sku, Constants, list[str]]:
     """Match `device` by need: (the table row whose manifests and dispatch the client uses, the constants
     kernels must have consumed to load here, a trace). Any row of the device's arch and CUDA major serves:
     kernels that consumed no constant are shared by all of them, and a kernel that consumed one loads only
     where the device's own value (in the returned Constants) equals it. The row with the device's exact
     figures is preferred, then one with its SM count, then the first by name. `forced` (FA4_AOT_SKU) picks a
     row by name and takes its figures as the device's (no device needed). Raises UnknownSku with the fix when
-    no row has the device's arch and CUDA major, or when several rows have its exact figures."""
+    no row has the device's arch and CUDA major, or when several rows have its exact figures. With `cpu` (a
+    host that will load kernels) only rows whose host target that CPU runs are candidates; HostMismatch names
+    the host target when none is (it would die of SIGILL, or not load at all)."""
     if forced:
         if forced not in skus:
             raise UnknownSku(f"FA4_AOT_SKU={forced!r}: {unknown(forced, skus)}")
+        if cpu is not None:
+            check_host(skus[forced], cpu)
         return skus[forced], skus[forced].constants(), [f"{forced}: forced by FA4_AOT_SKU"]
     if device is None:
         raise UnknownSku("no CUDA device is visible to torch: set FA4_AOT_SKU=NAME (`fa4-aot skus`) to plan and "
@@ -213,6 +227,8 @@ def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None =
             f"no SKU has this device's arch and CUDA major ({_described(device)}); known: "
             f"{', '.join(sorted(skus))}. Add a [skus.NAME] table to variants.toml with these figures and run "
             "`fa4-aot build --sku NAME`, or set FA4_AOT_SKU to use one anyway")
+    if cpu is not None:
+        same = _runnable(same, cpu)
     exact = [s for s in same if not _mismatch(s, device)]
     if len(exact) > 1:
         names = ", ".join(s.name for s in exact)
@@ -222,6 +238,30 @@ def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None =
         trace.append(f"{row.name}: serves this device by arch and CUDA major ({_described(device)}); kernels "
                      "that consumed a constant load only where the device's value equals it")
     return row, Constants(device.sm_count, device.l2_bytes, row.l2_budget), trace
+
+
+def check_host(sku: Sku, cpu: hosts.HostCpu) -> None:
+    """Raise HostMismatch when `cpu` cannot run the host code of `sku`'s kernels."""
+    _runnable([sku], cpu)
+
+
+def _runnable(rows: list[Sku], cpu: hosts.HostCpu) -> list[Sku]:
+    """The rows whose host target `cpu` runs; HostMismatch, naming each row's target and what it lacks, if none."""
+    fine = [s for s in rows if not hosts.lacks(s.host_target, cpu)]
+    if rows and not fine:
+        why = "; ".join(f"{s.name} is built for host {s.host} ({s.host_target.description}), which needs "
+                        f"{', '.join(hosts.lacks(s.host_target, cpu))}" for s in rows)
+        raise HostMismatch(
+            f"this host's CPU ({cpu.arch}) cannot run the kernels built for this device: {why}. Add a SKU row "
+            f"with the same figures and host = \"{_host_for(cpu)}\" to variants.toml and build it "
+            "(`fa4-aot hosts` lists host targets), or run on a host of the SKU's host target")
+    return fine
+
+
+def _host_for(cpu: hosts.HostCpu) -> str:
+    """The most capable known host target `cpu` runs (a suggestion for error messages)."""
+    fits = [t.name for t in hosts.TARGETS.values() if not hosts.lacks(t, cpu)]
+    return fits[-1] if fits else "?"
 
 
 def _raise_cuda_mismatch(skus: dict[str, Sku], device: DeviceInfo) -> None:

@@ -95,6 +95,9 @@ class Entry:
     # The kernel linked for the lean runtime, per host architecture (link.py): {"x86_64": {"digest", "size",
     # "needs": {SONAME: object digest, or "" for a library the client finds itself}}}. Absent in older entries.
     shared_libs: dict[str, Any] = field(default_factory=dict)
+    # The host target (hosts.py) its host code and libraries were generated for; part of the key. "" in entries
+    # built before host targets existed: for the build machine's CPU, whatever it was.
+    host: str = ""
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     def to_json(self) -> str:

@@ -115,7 +115,8 @@ def _sku_of(listing: dict[str, Any], name: str, url: str) -> Sku:
     """The SKU a server's manifest describes (its facts are what signed manifests must match)."""
     facts: Any = listing.get("sku")
     try:
-        return Sku(name, facts["arch"], int(facts["sm_count"]), int(facts["l2_bytes"]), int(facts["cuda_major"]))
+        return Sku(name, facts["arch"], int(facts["sm_count"]), int(facts["l2_bytes"]), int(facts["cuda_major"]),
+                   host=str(facts.get("host", "")))
     except (TypeError, KeyError, ValueError):
         raise RemoteError(f"{url} describes SKU {name} without its facts; is it an fa4-aot server?") from None
 

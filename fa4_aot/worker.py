@@ -148,13 +148,13 @@ def compile_kernels(sku: Sku, variant: str, call: Call | ExactCall, wanted: list
         kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
         queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
-        data = fa4.export(fn)
+        data = fa4.export(fn, sku.host_target)
         base = Entry(
             kernel_key=kk, object_digest=hashlib.sha256(data).hexdigest(), size=len(data), family=family,
             compile_key=kernel_keys.canonical(key),
             sku=sku.name, arch=sku.arch, sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
             toolchain=fa4.toolchain(), variant=variant, call=call.describe(), compile_seconds=round(seconds, 3),
-            hardware_queries=[list(q) for q in queries],
+            hardware_queries=[list(q) for q in queries], host=sku.host,
             shared_libs=build_lean.shared_libs(_lean_state(sku, store), data),
         )
         full = kernel_keys.entry_keys(base)[1]

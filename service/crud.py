@@ -236,7 +236,7 @@ def _kernel_out(kernel: models.Kernel, sku: models.Sku, size: int) -> schemas.Ke
     return schemas.KernelOut(
         kernel_key=kernel.kernel_key, object_digest=kernel.object_digest, size=size, family=kernel.family,
         compile_key=json.loads(kernel.compile_key), sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
-        l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain=json.loads(kernel.toolchain),
+        l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, host=sku.host, toolchain=json.loads(kernel.toolchain),
         variant=kernel.variant, call=kernel.call, compile_seconds=kernel.compile_seconds,
         hardware_queries=json.loads(kernel.hardware_queries), shared_libs=json.loads(kernel.shared_libs or "{}"),
         created=kernel.created,
@@ -262,11 +262,12 @@ def ensure_sku(session: Session, *, facts: schemas.SkuFacts) -> models.Sku:
 
 def sku_facts(kernel: schemas.KernelIn) -> schemas.SkuFacts:
     return schemas.SkuFacts(name=kernel.sku, arch=kernel.arch, sm_count=kernel.sm_count, l2_bytes=kernel.l2_bytes,
-                            cuda_major=kernel.cuda_major)
+                            cuda_major=kernel.cuda_major, host=kernel.host)
 
 
 def _facts_text(facts: schemas.SkuFacts) -> str:
-    return f"arch={facts.arch} sm_count={facts.sm_count} l2_bytes={facts.l2_bytes} cuda_major={facts.cuda_major}"
+    return (f"arch={facts.arch} sm_count={facts.sm_count} l2_bytes={facts.l2_bytes} cuda_major={facts.cuda_major} "
+            f"host={facts.host or '(none)'}")
 
 
 def publish_kernel(session: Session, *, kernel: schemas.KernelIn, actor: str,

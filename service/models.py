@@ -71,6 +71,8 @@ class Sku(Base):
     sm_count: Mapped[int] = mapped_column(Integer)
     l2_bytes: Mapped[int] = mapped_column(BigInteger)
     cuda_major: Mapped[int] = mapped_column(Integer)
+    # the host target (fa4_aot/hosts.py) of its kernels' host code; "" for SKUs published before host targets
+    host: Mapped[str] = mapped_column(String(32), default="", server_default="")
 
 
 class Kernel(Base):

@@ -73,6 +73,9 @@ class Health(BaseModel):
     db: str = Field(examples=["ok"])
 
 
+HostTargetName = Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_.-]*)?$", max_length=32, examples=["x86-64-v3"])]
+
+
 class SkuFacts(BaseModel):
     """A SKU's target facts: what is baked into its kernels."""
 
@@ -83,6 +86,7 @@ class SkuFacts(BaseModel):
     sm_count: int = Field(gt=0, lt=2**31)
     l2_bytes: int = Field(gt=0, lt=2**53)
     cuda_major: int = Field(gt=0, lt=1000)
+    host: HostTargetName = ""
 
 
 class SkuSummary(SkuFacts):
@@ -133,6 +137,8 @@ class KernelIn(BaseModel):
     sm_count: int = Field(gt=0, lt=2**31)
     l2_bytes: int = Field(gt=0, lt=2**53)
     cuda_major: int = Field(gt=0, lt=1000)
+    # the host target its host code was built for (fa4_aot/hosts.py); part of the key, "" for older entries
+    host: HostTargetName = ""
     toolchain: dict[str, str]
     variant: Text = Field(max_length=4096)
     call: Text = Field(max_length=65536)

@@ -39,10 +39,10 @@ def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
     found = sources(TomlSource(matrix.path).lines)  # by table: NAME-cu12 comes from [skus.NAME]
     source = {s.name: found.get(s.name) or found.get(s.name.removesuffix(f"-cu{s.cuda_major}"), "")
               for s in matrix.skus.values()}
-    rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  description"]
+    rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  {'host':<13}description"]
     for s in matrix.skus.values():
         rows.append(f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  "
-                    f"{s.description}")
+                    f"{s.host:<13}{s.description}")
         rows += [f"{'':14}source: {source[s.name]}"] if source.get(s.name) else []
     doc = [{**s.target_facts(), "name": s.name, "description": s.description, "source": source.get(s.name, "")}
            for s in matrix.skus.values()]

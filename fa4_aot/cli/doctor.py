@@ -20,6 +20,7 @@ def _check(name: str, status: str, detail: str, next_step: str = "") -> Check:
 
 
 def _device() -> tuple[list[Check], str | None]:
+    from .. import hosts
     from ..installation import has_cuda
     from ..skus import detect_device, select
 
@@ -31,7 +32,7 @@ def _device() -> tuple[list[Check], str | None]:
             return [_check("device", "ok", f"no CUDA device; FA4_AOT_SKU={sku.name} ({sku.arch})",
                            "this host can build and check kernels for it; load them on a GPU host")], sku.name
         device = detect_device()
-        sku, _, trace = select(skus, device, forced=forced)
+        sku, _, trace = select(skus, device, forced=forced, cpu=hosts.detect())
         return [_check("device", "ok", f"{device.name} matches SKU {sku.name} ({'; '.join(trace)})")], sku.name
     except Fa4AotError as e:
         step = "a build host needs no GPU: `fa4-aot build --sku NAME`" if not has_cuda() else ""

@@ -15,7 +15,7 @@ Kernels of a Call or an ExactCall, on fake tensors (kernels.py, through dispatch
     plan_each(calls)               plan() of many calls in one fake mode (None for a call FA4 rejects)
     compile_call(call, wanted, done)  compile only `wanted`, handing each kernel to done(...)
 Objects (objects.py):
-    export(fn) -> bytes            a compiled kernel as object-file bytes
+    export(fn, host) -> bytes      a compiled kernel as object-file bytes, host code for a host target
     load_object(path)              an exported object loaded back, callable as FA4 calls kernels
 Serving from the store (caches.py, tracking.py, dispatch.py):
     install_store_caches(source)   every FA4 compile cache asks `source` (a caches.KernelSource) from now on
@@ -29,8 +29,9 @@ Serving from the store (caches.py, tracking.py, dispatch.py):
 Lean runtime, at build time (record.py, linking.py):
     record_recipe(sig, sizes, sku) the launch recipe of a signature for the region of sizes holding `sizes`
                                    (symbolic=False: FA4 at exactly `sizes`, `defaults` left to FA4)
-    link(object_bytes) -> bytes    an exported object linked into a library that loads with tvm_ffi alone
-    runtime_libraries()            {SONAME: path} of the runtime libraries such a library needs
+    link(object_bytes, host)       an exported object linked, for a host target, into a library that loads
+                                   with tvm_ffi alone
+    runtime_libraries(host)        {SONAME: path or None} of the runtime libraries such a library needs
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..calls import Call
     from ..exact import ExactCall
+    from ..hosts import HostTarget
     from ..signature import Signature
     from ..skus import Sku
     from .caches import KernelSource
@@ -96,10 +98,10 @@ def compile_call(call: Call | ExactCall, wanted: set[tuple[str, str]],
     kernels.compile_call(call, wanted, done)
 
 
-def export(fn: Any) -> bytes:
+def export(fn: Any, host: HostTarget) -> bytes:
     from . import objects
 
-    return objects.export(fn)
+    return objects.export(fn, host)
 
 
 def load_object(path: Path) -> Any:
@@ -165,13 +167,13 @@ def record_recipe(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: boo
     return record.record(sig, sizes, sku, symbolic, defaults)
 
 
-def link(object_bytes: bytes) -> bytes:
+def link(object_bytes: bytes, host: HostTarget) -> bytes:
     from . import linking
 
-    return linking.link(object_bytes)
+    return linking.link(object_bytes, host)
 
 
-def runtime_libraries() -> dict[str, Path]:
+def runtime_libraries(host: HostTarget) -> dict[str, Path | None]:
     from . import linking
 
-    return linking.runtime_libraries()
+    return linking.runtime_libraries(host)

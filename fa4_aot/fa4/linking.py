@@ -1,29 +1,50 @@
-"""Link an exported kernel object (export_to_c, TVM-FFI ABI) into a shared library that loads with tvm_ffi alone.
+"""Link an exported kernel object (TVM-FFI ABI) into a shared library that loads with tvm_ffi alone, for the
+SKU's host target (fa4_aot/hosts.py), from any build host.
 
 The object's undefined symbols are resolved by the two runtime libraries CuTe DSL names for loading TVM-FFI
 modules (cutlass.runtime.find_runtime_libraries): libtvm_ffi.so (from the apache-tvm-ffi wheel, which a lean
 GPU host has) and libcute_dsl_runtime.so (CuTe's C runtime, which statically includes the CUDA runtime; it is
-only in the 237 MB nvidia-cutlass-dsl-libs-cu13 wheel, so the store carries it as an object of its own).
-The library records both only by SONAME (DT_NEEDED, no RPATH): the lean client loads them first (lean.py).
+only in the nvidia-cutlass-dsl-libs-cu* wheel, so the store carries it as an object of its own). The library
+records both only by SONAME (DT_NEEDED, no RPATH): the lean client loads them first (lean_libs.py).
+
+Linking is hermetic: zig's linker (the ziglang wheel) for the target's triple, against empty stand-ins that
+carry only those SONAMEs, so the bytes depend on the object and the zig version, not on the build host's gcc,
+binutils or CPU. The runtime library the store carries must be the target architecture's real one: this
+environment's own when the target runs on the build host's architecture, else the target's wheel, fetched
+once (`pip download`) into the host-library cache (FA4_AOT_HOST_LIBS, default ~/.cache/fa4-aot/host-libs).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tempfile
+import zipfile
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
-from ..config import host_arch as host_arch  # the architecture of what this host links
+from ..config import host_arch
 from ..errors import BuildError
+from ..fsutil import atomic_write
+from ..hosts import HostTarget, elf_arch
+from .versions import cutlass_cuda_flavor
 
 # SONAMEs a linked kernel needs, in the order the client loads them.
 NEEDED = ("libtvm_ffi.so", "libcute_dsl_runtime.so")
+# The wheel platforms pip may take the target's runtime library from, per architecture
+_PLATFORMS = {"aarch64": ("manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux2014_aarch64"),
+              "x86_64": ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux2014_x86_64")}
+
+
+def host_libs_dir() -> Path:
+    """$FA4_AOT_HOST_LIBS, else ~/.cache/fa4-aot/host-libs: runtime libraries of other architectures."""
+    return Path(os.environ.get("FA4_AOT_HOST_LIBS") or Path.home() / ".cache" / "fa4-aot" / "host-libs").expanduser()
 
 
 @lru_cache(maxsize=1)
-def runtime_libraries() -> dict[str, Path]:
-    """{SONAME: path} of the runtime libraries in this build environment."""
+def _local_libraries() -> dict[str, Path]:
     from cutlass.runtime import find_runtime_libraries
 
     found = {Path(p).name: Path(p) for p in find_runtime_libraries(enable_tvm_ffi=True)}
@@ -34,20 +55,83 @@ def runtime_libraries() -> dict[str, Path]:
     return {name: found[name] for name in NEEDED}
 
 
-def link(object_bytes: bytes, compiler: str = "gcc") -> bytes:
-    """The shared library of one exported kernel object. Raises BuildError with the linker's message."""
-    libs = runtime_libraries()
+def runtime_libraries(host: HostTarget) -> dict[str, Path | None]:
+    """{SONAME: path} of the runtime libraries a library for `host` needs, in NEEDED order: CuTe's runtime for
+    `host`'s architecture (the store carries it), and None for libtvm_ffi.so (a lean client has its own)."""
+    cute = _local_libraries()["libcute_dsl_runtime.so"] if host.arch == host_arch() else foreign_runtime(host.arch)
+    return {"libtvm_ffi.so": None, "libcute_dsl_runtime.so": cute}
+
+
+def foreign_runtime(arch: str) -> Path:
+    """libcute_dsl_runtime.so for `arch` from the nvidia-cutlass-dsl-libs wheel of this environment's version
+    and CUDA flavour, fetched once into host_libs_dir(). Raises BuildError naming what to download by hand."""
+    flavor, version = cutlass_cuda_flavor(), metadata.version("nvidia-cutlass-dsl")
+    dist = f"nvidia-cutlass-dsl-libs-{flavor}=={version}"
+    path = host_libs_dir() / arch / f"{flavor}-{version}" / "libcute_dsl_runtime.so"
+    if not path.is_file():
+        with tempfile.TemporaryDirectory(prefix="fa4-aot-wheel-") as tmp:
+            wheel = _download(dist, arch, Path(tmp))
+            with zipfile.ZipFile(wheel) as z:
+                data = z.read(f"nvidia_cutlass_dsl/{flavor}/lib/libcute_dsl_runtime.so")
+        if elf_arch(data) != arch:
+            raise BuildError(f"{wheel.name} holds a {elf_arch(data)} libcute_dsl_runtime.so, not {arch}")
+        atomic_write(path, data)
+    return path
+
+
+def _download(dist: str, arch: str, into: Path) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(into),
+               "--python-version", f"{sys.version_info.major}.{sys.version_info.minor}", dist]
+    for platform in _PLATFORMS.get(arch, ()):
+        command += ["--platform", platform]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    wheels = list(into.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        raise BuildError(
+            f"fetching {dist} for {arch} failed ({done.stderr.strip()[-300:]}); the {arch} host target needs the "
+            f"runtime library of that wheel: download it elsewhere and put its nvidia_cutlass_dsl/*/lib/"
+            f"libcute_dsl_runtime.so at {host_libs_dir() / arch}/<flavour>-<version>/")
+    return wheels[0]
+
+
+def zig() -> list[str]:
+    """The command that runs zig (the ziglang wheel). Raises BuildError with the install command."""
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        raise BuildError("the lean runtime's libraries are linked by zig; install it on the build host: "
+                         "pip install 'fa4-aot[build]' (or ziglang==0.17.0)") from None
+    return [sys.executable, "-m", "ziglang"]
+
+
+@lru_cache(maxsize=4)
+def _stand_ins(target: str) -> Path:
+    """A folder of empty shared libraries for zig target `target`, one per NEEDED SONAME: what the linker
+    records as DT_NEEDED, with nothing of the real libraries' contents in the result."""
+    folder = Path(tempfile.mkdtemp(prefix=f"fa4-aot-needed-{target}-"))
+    source = folder / "empty.c"
+    source.write_text("")
+    for name in NEEDED:
+        _run([*zig(), "cc", "-target", target, "-shared", "-nostdlib", f"-Wl,-soname,{name}", "-o",
+              str(folder / name), str(source)])
+    return folder
+
+
+def link(object_bytes: bytes, host: HostTarget) -> bytes:
+    """The shared library of one exported kernel object, for `host`. Raises BuildError with the linker's
+    message, or when the object is for another architecture than `host`."""
+    if elf_arch(object_bytes) != host.arch:
+        raise BuildError(f"a {elf_arch(object_bytes)} object cannot be linked for host target {host.name}")
+    needed = _stand_ins(host.zig)
     with tempfile.TemporaryDirectory(prefix="fa4-aot-link-") as tmp:
         obj, out = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
         obj.write_bytes(object_bytes)
-        command = [compiler, "-shared", "-o", str(out), str(obj)]
-        for path in libs.values():
-            command += [f"-L{path.parent}", f"-l:{path.name}"]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        except FileNotFoundError:
-            raise BuildError(f"{compiler} is not installed: the build host links kernels for the lean runtime; "
-                             "install it (apt-get install gcc)") from None
-        if done.returncode != 0:
-            raise BuildError(f"linking a kernel failed ({' '.join(command)}): {done.stderr.strip()[:500]}")
+        _run([*zig(), "cc", "-target", host.zig, "-shared", "-o", str(out), str(obj), f"-L{needed}",
+              "-Wl,--no-as-needed", *(f"-l:{name}" for name in NEEDED)])
         return out.read_bytes()
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise BuildError(f"linking failed ({' '.join(command)}): {done.stderr.strip()[:500]}")

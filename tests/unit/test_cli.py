@@ -70,7 +70,7 @@ def test_skus_json(tmp_path: Path) -> None:
     (h200,) = [s for s in doc if s["name"] == "h200"]
     assert "measured on our H200" in h200.pop("source")
     assert h200 == {"name": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13,
-                    "description": "H200 SXM 141GB"}
+                    "host": "x86-64-v3", "description": "H200 SXM 141GB"}
 
 
 def test_skus_reads_variants_option_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,7 +37,7 @@ def _publish(store: Store, key: tuple, data: bytes) -> Entry:
     entry = Entry(kernel_key=kk, object_digest=digest, size=len(data),
                   family="_flash_attn_fwd", compile_key=kernel_keys.canonical(key), sku=SKU.name, arch=SKU.arch,
                   sm_count=SKU.sm_count, l2_bytes=SKU.l2_bytes, cuda_major=SKU.cuda_major, toolchain=TOOLS,
-                  variant="t", call="c", compile_seconds=0.0)
+                  variant="t", call="c", compile_seconds=0.0, host=SKU.host)
     store.put_entry(entry)
     return entry
 
@@ -90,7 +90,7 @@ def _publish_consuming(store: Store, sm_count: int, data: bytes) -> Entry:
     entry = Entry(kernel_key="", object_digest=store.put_object(data), size=len(data), family="_flash_attn_fwd",
                   compile_key=kernel_keys.canonical(KEY), sku="b200", arch="sm_100a", sm_count=sm_count,
                   l2_bytes=B200.l2_bytes, cuda_major=13, toolchain=TOOLS, variant="t", call="c",
-                  compile_seconds=0.0, hardware_queries=[["sm_count", sm_count]])
+                  compile_seconds=0.0, hardware_queries=[["sm_count", sm_count]], host=B200.host)
     base, full = kernel_keys.entry_keys(entry)
     store.put_entry(dataclasses.replace(entry, kernel_key=full))
     if not store.has_entry(base):

@@ -35,8 +35,8 @@ COMPILE_KEY = ("fwd", 128, 128, True, None, 0.125, Mask.CAUSAL, int)
 # sha256 of (written out by hand, checked against hashlib when set):
 # {"compile_key":["fwd",128,128,true,null,{"float":"0x1.0000000000000p-3"},{"enum":"test_kernel_keys.Mask.CAUSAL"},
 #  {"type":"builtins.int"}],"consumed":{},"family":"FlashAttentionForwardSm90","target":{"arch":"sm_90a",
-#  "cuda_major":13},"toolchain":{"cutlass-dsl-cuda":"cu13","flash-attn-4":"4.0.0b36","nvidia-cutlass-dsl":"4.8.1"}}
-GOLDEN = "36cdce2d87f2e929ce4e269bcc8c3606c07a5e6dcc1a0d1fb3dbfd578e8f026b"
+#  "cuda_major":13,"host":"x86-64-v3"},"toolchain":{"cutlass-dsl-cuda":"cu13","flash-attn-4":"4.0.0b36","nvidia-cutlass-dsl":"4.8.1"}}
+GOLDEN = "15b2dcdf44952bcb729ff4a1b8b7d26d6679a0063e7dfabacd62562779f6bd55"
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,8 @@ def test_consumed_constants_are_keyed_by_value_and_name() -> None:
 
 def test_golden_key() -> None:
     """Changes only deliberately (it invalidates every store: `fa4-aot migrate` converts them). Issue 13 made
-    the key hold arch + CUDA major and the consumed constants instead of all four SKU figures."""
+    the key hold arch + CUDA major and the consumed constants instead of all four SKU figures; issue 19 added
+    the host target (hosts.py)."""
     assert _key() == GOLDEN
 
 
@@ -159,11 +160,13 @@ def test_golden_key() -> None:
         {"compile_key": ("fwd", 128, 128, 1, None, 0.125, Mask.CAUSAL, int)},  # True -> 1
         {"compile_key": ("fwd", 128, 128, True, None, 0.25, Mask.CAUSAL, int)},
         {"tools": {**TOOLS, "flash-attn-4": "4.0.0b37"}},
+        {"sku": Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, host="x86-64-v4")},
+        {"sku": Sku(name="gh200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, host="neoverse-v2")},
         {"tools": {**TOOLS, "cutlass-dsl-cuda": "cu12"}},
         {"tools": {**TOOLS, "quack-kernels": "0.6.5"}},
     ],
     ids=["family", "compile-key-type", "compile-key-bool-vs-int", "compile-key-float", "fa4-version",
-         "cuda-flavour", "extra-package"],
+         "host-isa", "host-arch", "cuda-flavour", "extra-package"],
 )
 def test_kernel_key_changes_with_family_compile_key_and_toolchain(kwargs: dict[str, object]) -> None:
     assert _key(**kwargs) != _key()  # type: ignore[arg-type]
@@ -186,7 +189,7 @@ def test_malformed_hardware_queries_make_no_valid_key() -> None:
     from fa4_aot import kernel_keys
 
     entry = SimpleNamespace(kernel_key="0" * 64, family="f", compile_key=[1], arch="sm_90a", cuda_major=13,
-                            toolchain={}, hardware_queries=[{}])
+                            toolchain={}, hardware_queries=[{}], host="x86-64-v3")
     assert kernel_keys.has_valid_key(entry) is False  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="hardware_queries"):
         kernel_keys.entry_keys(entry)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ def _entry(store: Store, data: bytes, sku: Sku = SKU) -> Entry:
     entry = Entry(kernel_key=hashlib.sha256(b"k" + data).hexdigest(), object_digest=digest, size=len(data),
                   family="_flash_attn_fwd", compile_key=[1], sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
                   l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain={"flash-attn-4": "x"}, variant="v",
-                  call="c", compile_seconds=0.0)
+                  call="c", compile_seconds=0.0, host=sku.host)
     store.put_entry(entry)
     return entry
 

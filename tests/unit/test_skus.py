@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import variants
-from fa4_aot.errors import ConfigError, UnknownSku
+from fa4_aot import hosts, variants
+from fa4_aot.errors import ConfigError, HostMismatch, UnknownSku
 from fa4_aot.skus import MIB, Constants, DeviceInfo, Sku, l2_budgets, select
 from tests.conftest import assert_located
 
@@ -30,7 +30,9 @@ def device_like(name: str, **change: object) -> DeviceInfo:
 
 def test_real_table_has_the_known_skus() -> None:
     assert set(KNOWN) <= set(SKUS)
-    assert SKUS["h200"].target_facts() == {"arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13}
+    assert SKUS["h200"].target_facts() == {"arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13,
+                                           "host": "x86-64-v3"}
+    assert SKUS["gb200"].host == "neoverse-v2"  # Grace hosts: AArch64 host code (issue 19)
 
 
 @pytest.mark.parametrize("name", KNOWN)
@@ -274,3 +276,43 @@ def test_derived_flavour_name_may_not_shadow_a_table(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         variants.load(path)
     assert_located(e.value, path, 5, ["'cuda_major'", "'h200-cu12' is defined twice"])
+
+
+# Issue 19: a host that loads kernels must run their host code. The CPUs below are what /proc/cpuinfo says.
+ZEN3 = hosts.HostCpu("x86_64", frozenset(("cx16 popcnt sse4_1 sse4_2 ssse3 avx avx2 bmi1 bmi2 f16c fma movbe").split()))
+SANDY = hosts.HostCpu("x86_64", frozenset("cx16 popcnt sse4_1 sse4_2 ssse3 avx".split()))
+GRACE = hosts.HostCpu("aarch64", frozenset("fp asimd atomics asimddp sve sve2 bf16 i8mm".split()))
+GH = dataclasses.replace(SKUS["h200"], name="gh200", host="neoverse-v2")
+
+
+@pytest.mark.parametrize(
+    ("table", "cpu", "expected"),
+    [
+        ({"h200": SKUS["h200"], "gh200": GH}, ZEN3, "h200"),  # same GPU figures, told apart by the host CPU
+        ({"h200": SKUS["h200"], "gh200": GH}, GRACE, "gh200"),
+        ({"h200": SKUS["h200"]}, ZEN3, "h200"),
+    ],
+)
+def test_select_takes_the_row_whose_host_target_the_cpu_runs(table: dict, cpu: hosts.HostCpu, expected: str) -> None:
+    sku, _, _ = select(table, DeviceInfo("H200", (9, 0), 132, 62914560, 13), cpu=cpu)
+    assert sku.name == expected
+
+
+@pytest.mark.parametrize(
+    ("cpu", "named"),
+    [(SANDY, "avx2, bmi1, bmi2, f16c, fma, movbe"), (GRACE, "architecture x86_64 (this CPU is aarch64)")],
+)
+def test_a_cpu_that_cannot_run_the_host_code_gets_host_mismatch_naming_the_target(cpu: hosts.HostCpu,
+                                                                                   named: str) -> None:
+    with pytest.raises(HostMismatch, match="x86-64-v3") as info:
+        select({"h200": SKUS["h200"]}, DeviceInfo("H200", (9, 0), 132, 62914560, 13), cpu=cpu)
+    assert named in str(info.value) and "host =" in str(info.value)
+    with pytest.raises(HostMismatch):  # forcing the SKU does not make its code run
+        select({"h200": SKUS["h200"]}, None, forced="h200", cpu=cpu)
+
+
+def test_unknown_host_target_in_variants_names_the_known_ones(tmp_path: Path) -> None:
+    path = tmp_path / "v.toml"
+    path.write_text('[skus.x]\narch = "sm_90a"\nsm_count = 1\nl2_bytes = 1\ncuda_major = 13\nhost = "avx9"\n')
+    with pytest.raises(ConfigError, match="'avx9' is not a host target; known: x86-64-v2"):
+        variants.load(path)

@@ -15,7 +15,8 @@ from fa4_aot.skus import Sku
 from fa4_aot.store import Store
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-H200 = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
+# The SKU as the old store knew it: before host targets (issue 19), kernels were built for the build CPU
+H200 = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, host="")
 
 
 @pytest.fixture
@@ -42,8 +43,8 @@ def test_old_entries_recompute_their_kernel_keys(store: Store) -> None:
     """The key is sha256 of the canonical dump of family, compile key (stored canonical), target facts and
     toolchain: recomputed from the entry's own fields it must name the entry."""
     for entry in store.entries("h200"):
-        target = Sku(name=entry.sku, arch=entry.arch, sm_count=entry.sm_count, l2_bytes=entry.l2_bytes,
-                     cuda_major=entry.cuda_major).target_facts()
+        target = {"arch": entry.arch, "sm_count": entry.sm_count, "l2_bytes": entry.l2_bytes,
+                  "cuda_major": entry.cuda_major}  # the target facts of the time (no host target yet)
         doc = {"family": entry.family, "compile_key": entry.compile_key, "target": target,
                "toolchain": entry.toolchain}
         assert hashlib.sha256(kernel_keys.dumps(doc).encode()).hexdigest() == entry.kernel_key
@@ -73,7 +74,7 @@ def test_migrate_refiles_the_old_store_under_todays_keys(store: Store) -> None:
         base, full = kernel_keys.entry_keys(entry)
         assert entry.kernel_key == base == full  # these kernels consumed no constant
         assert build.stored_key(store, base, H200) == base
-        twin = Sku(name="h100-sxm", arch="sm_90a", sm_count=132, l2_bytes=52428800, cuda_major=13)
+        twin = Sku(name="h100-sxm", arch="sm_90a", sm_count=132, l2_bytes=52428800, cuda_major=13, host="")
         assert build.stored_key(store, base, twin) == base  # shared now
     again = migrate.migrate(store)
     assert (again.migrated, again.current) == (0, 5)
