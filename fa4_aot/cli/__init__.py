@@ -1,7 +1,7 @@
 """`fa4-aot`: a thin click shell over the library, one module per concern.
 
     common.py      the --cache-dir store option and pass_store, --json/--variants options, output, error mapping
-    build.py       skus, build
+    build.py       skus, hosts, build
     models.py      models, coverage
     store_cmds.py  list, verify, gc, prune, misses, migrate
     server.py      serve, token, push, pull
@@ -45,8 +45,8 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
 
 
 COMMANDS = (
-    build.skus, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify, store_cmds.gc,
-    store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve, server.token, server.push, server.pull,
+    build.skus, build.hosts, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify,
+    store_cmds.gc, store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve, server.token, server.push, server.pull,
     account.login, account.logout, trust.keys, trust.sign, trust.revoke, doctor.doctor,
 )
 for _command in COMMANDS:

@@ -22,6 +22,23 @@ if TYPE_CHECKING:
 
 
 @click.command()
+@json_option()
+def hosts(as_json: bool) -> None:
+    """List the host targets a SKU's `host` can name: the CPU its GPU hosts run, which every object's host code
+    and every lean library is built for (whatever the build machine's CPU), and whether this machine's CPU
+    runs code built for each."""
+    from .. import hosts as host_targets
+
+    cpu = host_targets.detect()
+    doc = [{"name": t.name, "arch": t.arch, "llvm_triple": t.triple, "llvm_cpu": t.cpu, "needs": list(t.needs),
+            "description": t.description, "runs_here": not host_targets.lacks(t, cpu)}
+           for t in host_targets.TARGETS.values()]
+    rows = [f"{'host':<13}{'arch':<9}{'runs here':<11}description"]
+    rows += [f"{d['name']:<13}{d['arch']:<9}{'yes' if d['runs_here'] else 'no':<11}{d['description']}" for d in doc]
+    emit(as_json, doc, "\n".join(rows))
+
+
+@click.command()
 @variants_option("Variants file holding the SKU table (default: variants.toml).")
 @click.option("--detect", is_flag=True, help="On a GPU host: the table row for the local device, with sources, "
                                              "and which row serves it now.")

@@ -35,7 +35,8 @@ COMPILE_KEY = ("fwd", 128, 128, True, None, 0.125, Mask.CAUSAL, int)
 # sha256 of (written out by hand, checked against hashlib when set):
 # {"compile_key":["fwd",128,128,true,null,{"float":"0x1.0000000000000p-3"},{"enum":"test_kernel_keys.Mask.CAUSAL"},
 #  {"type":"builtins.int"}],"consumed":{},"family":"FlashAttentionForwardSm90","target":{"arch":"sm_90a",
-#  "cuda_major":13,"host":"x86-64-v3"},"toolchain":{"cutlass-dsl-cuda":"cu13","flash-attn-4":"4.0.0b36","nvidia-cutlass-dsl":"4.8.1"}}
+#  "cuda_major":13,"host":"x86-64-v3"},"toolchain":{"cutlass-dsl-cuda":"cu13","flash-attn-4":"4.0.0b36",
+#  "nvidia-cutlass-dsl":"4.8.1"}}
 GOLDEN = "15b2dcdf44952bcb729ff4a1b8b7d26d6679a0063e7dfabacd62562779f6bd55"
 
 
