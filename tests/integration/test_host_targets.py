@@ -4,18 +4,23 @@
   x86-64-v3 SKU has an instruction beyond that baseline (objdump, scanned for AVX-512 operands), although this
   build host has AVX-512, and the bytes equal those built on another CPU (tests/data/store_h200_xeon).
 - A Grace SKU (host neoverse-v2) built on this x86 host stores AArch64 objects and libraries, each library
-  needing exactly libtvm_ffi.so and libcute_dsl_runtime.so, with CuTe's AArch64 runtime beside them.
+  needing exactly libtvm_ffi.so and libcute_dsl_runtime.so, with CuTe's AArch64 runtime beside them; under an
+  AArch64 emulator (qemu-user) such a library opens with every symbol bound.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from fa4_aot import hosts
+from fa4_aot.fa4 import linking
 from fa4_aot.store import Entry, Store
 from tests.conftest import TINY_VARIANTS, build_json
 
@@ -76,3 +81,41 @@ def test_a_grace_sku_stores_aarch64_objects_and_libraries(tmp_path: Path) -> Non
             "libtvm_ffi.so", RUNTIME]
         assert lib["needs"]["libtvm_ffi.so"] == ""  # the client's own apache-tvm-ffi
         assert hosts.elf_arch(store.read_object(lib["needs"][RUNTIME])) == "aarch64"
+
+
+AARCH64_ROOT = Path("/usr/aarch64-linux-gnu")  # Debian's libc6-arm64-cross and libstdc++6-arm64-cross
+LOADER = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {  /* dlopen each library in turn, then find the kernel's entry in the last */
+  void *h = 0;
+  for (int i = 1; i < argc; i++)
+    if (!(h = dlopen(argv[i], RTLD_NOW | RTLD_GLOBAL))) { printf("dlopen %s: %s\n", argv[i], dlerror()); return 1; }
+  printf("__tvm_ffi_func %s\n", dlsym(h, "__tvm_ffi_func") ? "found" : "missing");
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None or not (AARCH64_ROOT / "lib" / "libstdc++.so.6").exists(),
+                    reason="needs qemu-user and Debian's arm64 cross libc and libstdc++ (.ci/run installs them)")
+def test_a_grace_library_loads_under_an_aarch64_emulator(tmp_path: Path) -> None:
+    """The AArch64 library a Grace build stores opens (every symbol bound: RTLD_NOW) in an AArch64 process, with
+    the AArch64 libtvm_ffi.so of its wheel and the CuTe runtime the store carries, as a lean client opens them."""
+    build_json(tmp_path / "gh200", "gh200", "full-fwd", jobs=1)
+    store = Store(tmp_path / "gh200")
+    lib = next(iter(store.entries())).shared_libs["aarch64"]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
+                    str(tmp_path), "--platform", "manylinux_2_28_aarch64", "--python-version",
+                    f"{sys.version_info.major}.{sys.version_info.minor}",
+                    f"apache-tvm-ffi=={metadata.version('apache-tvm-ffi')}"], check=True, timeout=600)
+    with zipfile.ZipFile(next(tmp_path.glob("apache_tvm_ffi-*.whl"))) as wheel:
+        (tmp_path / "libtvm_ffi.so").write_bytes(wheel.read("tvm_ffi/lib/libtvm_ffi.so"))
+    shutil.copy(store.object_path(lib["needs"][RUNTIME]), tmp_path / RUNTIME)
+    shutil.copy(store.object_path(lib["digest"]), tmp_path / "kernel.so")
+    (tmp_path / "load.c").write_text(LOADER)
+    subprocess.run([*linking.zig(), "cc", "-target", "aarch64-linux-gnu", "-o", str(tmp_path / "load"),
+                    str(tmp_path / "load.c")], check=True, timeout=300)
+    done = subprocess.run(["qemu-aarch64", "-L", str(AARCH64_ROOT), "./load", "./libtvm_ffi.so", f"./{RUNTIME}",
+                           "./kernel.so"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert (done.returncode, done.stdout.strip()) == (0, "__tvm_ffi_func found"), done.stdout + done.stderr
