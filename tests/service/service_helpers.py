@@ -26,7 +26,7 @@ from fa4_aot import kernel_keys
 from service import crud, db, models
 
 ROOT = Path(__file__).resolve().parents[2]
-H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13}
+H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13, "host": "x86-64-v3"}
 
 
 def free_port() -> int:
