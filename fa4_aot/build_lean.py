@@ -18,6 +18,7 @@ from typing import Any
 from . import fa4, kernel_keys, recipe, recipe_store
 from .calls import Call
 from .errors import DiskFull
+from .lean_libs import has_library
 from .signature import Signature
 from .skus import Sku
 from .store import Store
@@ -92,8 +93,10 @@ def record_work(worker: dict[str, Any], work: list[tuple[str, Call | Signature]]
 
 
 def relink(worker: dict[str, Any], keys: list[str], one_line: Any) -> list[str]:
-    """Add this host's library to entries that lack it (built before linking): no recompiling. Returns errors."""
+    """Add this host's library to entries that lack it (built before linking, or whose library or runtime
+    bytes went missing: `unlinked`): no recompiling. Returns errors."""
     store: Store = worker["store"]
+    worker.pop("runtime_digests", None)  # put the runtime libraries into the store again: one may be gone
     errors = []
     for kk in keys:
         try:
@@ -110,16 +113,17 @@ def relink(worker: dict[str, Any], keys: list[str], one_line: Any) -> list[str]:
 
 
 def unlinked(store: Store, base_keys: list[str], sku: Sku) -> list[str]:
-    """Stored entries of the kernels with `base_keys` without a library for `sku`'s host architecture: each base
-    entry and, for a kernel that consumed SKU constants, its full entry for `sku`'s values (both entries point at
-    one object, so both carry its libraries)."""
+    """Stored entries of the kernels with `base_keys` without a library for `sku`'s host architecture, or whose
+    library or a runtime library it needs is not in the store (deleted, quarantined, or never received): each
+    base entry and, for a kernel that consumed SKU constants, its full entry for `sku`'s values (both entries
+    point at one object, so both carry its libraries)."""
     keys = []
     for base in base_keys:
         entry = store.get_entry(base)
         if entry is not None:
             keys += [base] + ([kernel_keys.variant_key(entry, sku.constants())] if entry.hardware_queries else [])
     entries = [store.get_entry(kk) for kk in dict.fromkeys(keys)]
-    return [e.kernel_key for e in entries if e is not None and sku.host_target.arch not in e.shared_libs]
+    return [e.kernel_key for e in entries if e is not None and not has_library(store, e, sku.host_target.arch)]
 
 
 def save(store: Store, recorded: dict[str, list[dict[str, Any]]]) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -34,6 +33,12 @@ if TYPE_CHECKING:
 EXPORT_FUNCTION = "func"  # build.EXPORT_FUNCTION (not imported: build pulls in the build machinery)
 
 
+def has_library(store: Store, entry: Entry, arch: str) -> bool:
+    """Whether `entry` names a library for host `arch` and `store` holds it and every runtime library it needs
+    (an entry can name bytes that verify quarantined, a bundle left out, or someone deleted)."""
+    return arch in entry.shared_libs and all(store.has_object(d) for d in entry.lib_digests(arch))
+
+
 class Libraries:
     """Kernel functions by kernel key, loaded once per process from one store."""
 
@@ -47,7 +52,6 @@ class Libraries:
         self._runtimes: dict[str, Any] = {}
         self._modules: list[Any] = []  # a tvm_ffi module unloads when collected; kernels live for the process
         self._lock = threading.Lock()
-        self._dir: str | None = None
 
     def function(self, kernel_key: str, family: str = "") -> Any:
         fn = self._functions.get(kernel_key)
@@ -68,7 +72,7 @@ class Libraries:
     def _wanted(self, base_key: str) -> str:
         """The key to fetch for `base_key` ('' when its kernel loads from the store as it is)."""
         entry, _why = self._entry(base_key)
-        if entry is not None and self.arch in entry.shared_libs:
+        if entry is not None and has_library(self.store, entry, self.arch):
             return ""
         base = self.store.get_entry(base_key)
         if base is None or self.arch not in base.shared_libs or not base.hardware_queries or self.constants is None:
@@ -82,12 +86,14 @@ class Libraries:
         import tvm_ffi
 
         entry, why = self._entry(kernel_key)
-        if (entry is None or self.arch not in entry.shared_libs) and self.fetcher is not None:
-            self.prefetch([kernel_key])
+        if (entry is None or not has_library(self.store, entry, self.arch)) and self.fetcher is not None:
+            self.prefetch([kernel_key])  # a library whose bytes are missing is fetched again, with its kernel
             entry, why = self._entry(kernel_key)
         lib = entry.shared_libs.get(self.arch) if entry is not None else None
-        if entry is None or lib is None:
-            why = (why or "is not in") if entry is None else f"has no {self.arch} library (built before linking) in"
+        if entry is None or lib is None or not has_library(self.store, entry, self.arch):
+            why = (why or "is not in") if entry is None else (
+                f"has no {self.arch} library (built before linking) in" if lib is None else
+                f"names an {self.arch} library or runtime library that is missing from")
             server = f" nor on the server ({self.fetcher.error})" if self.fetcher is not None else ""
             raise KernelMissing(
                 f"kernel {kernel_key[:16]}… ({family}) for SKU {self.sku_name} {why} {self.store.root}{server}; run "
@@ -126,17 +132,10 @@ class Libraries:
                                                 lambda p: ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL))
 
     def _open(self, digest: str, suffix: str, loader: Any) -> Any:
-        """loader(path) where path reaches the verified bytes of object `digest` through their descriptor."""
-        if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="fa4-aot-lean-")
-        link = Path(self._dir) / f"{digest}{suffix}"
-        with self.store.verified_file(digest) as f:
+        """loader(path) where path reaches the verified bytes of object `digest` through their descriptor. The
+        link lives in a private folder only while the loader runs: once mapped, a library needs no path, and a
+        process that is never closed (the runtime lives as long as it) leaves nothing in the temp folder."""
+        with self.store.verified_file(digest) as f, tempfile.TemporaryDirectory(prefix="fa4-aot-lean-") as folder:
+            link = Path(folder) / f"{digest}{suffix}"
             os.symlink(f"/proc/self/fd/{f.fileno()}", link)
-            try:
-                return loader(str(link))
-            finally:
-                link.unlink()
-
-    def close(self) -> None:
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            return loader(str(link))

@@ -4,6 +4,7 @@ module decides what is wrong and what goes; store.py owns every path and follows
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .errors import StoreError
 from .fsutil import shown
-from .store import Found, Store
+from .store import Entry, Found, Store
 
 
 @dataclass
@@ -23,13 +24,17 @@ class VerifyReport:
     dangling_entries: list[str] = field(default_factory=list)  # kernel keys whose object is absent
     bad_entries: list[tuple[str, str]] = field(default_factory=list)  # (path under the root, why)
     symlinks: list[str] = field(default_factory=list)  # paths under the root; never followed
+    # (kernel key, host arch, why): a linked library, or a runtime library it needs, is absent or corrupt
+    broken_libraries: list[tuple[str, str, str]] = field(default_factory=list)
+    unlinked: list[str] = field(default_factory=list)  # "key arch": libraries dropped from entries (repaired)
     unexpected: list[str] = field(default_factory=list)  # names no reader opens: ignored, not a problem
     quarantined: dict[str, str] = field(default_factory=dict)  # path under the root -> where it went
     quarantine_dir: str | None = None
 
     @property
     def ok(self) -> bool:
-        return not (self.bad_objects or self.dangling_entries or self.bad_entries or self.symlinks)
+        return not (self.bad_objects or self.dangling_entries or self.bad_entries or self.symlinks
+                    or self.broken_libraries)
 
 
 @dataclass
@@ -41,15 +46,18 @@ class GcReport:
 
 def verify(store: Store, quarantine: bool = False,
            progress: Callable[[int, int, str], None] | None = None) -> VerifyReport:
-    """Re-hash every object and check every index entry (readable, names its own key, object present with its
-    size and digest). Symlinks are reported, never followed. With `quarantine`, every bad object, bad or
-    dangling entry and symlink is moved to quarantine/<time>/ (entries first), so no load sees it. Entries
-    whose object was not seen in the object pass (a build running meanwhile) are checked against the object
-    directly, so a concurrent build's fresh entry is never taken for dangling. `progress(done, total,
+    """Re-hash every object and check every index entry (readable, names its own key, and every object it
+    refers to, Entry.digests(), present with its size and digest: the kernel's object, its linked libraries
+    and the runtime libraries they need). Symlinks are reported, never followed. With `quarantine`, every bad
+    object, bad or dangling entry and symlink is moved to quarantine/<time>/ (entries first), so no load sees
+    it, and an entry whose library for a host arch is broken first loses that arch's library
+    (`shared_libs`), so that the next `fa4-aot build` links it again and a lean client fetches it again.
+    Entries whose object was not seen in the object pass (a build running meanwhile) are checked against the
+    object directly, so a concurrent build's fresh entry is never taken for dangling. `progress(done, total,
     status)` is called after each object is hashed ("ok" or "corrupt <digest>")."""
     report, doomed = VerifyReport(), list[Found]()
     good = _verify_objects(store, report, doomed, progress)
-    doomed[:0] = _verify_entries(store, report, good)
+    doomed[:0] = _verify_entries(store, report, _States(store, good), repair=quarantine)
     if quarantine and doomed:
         report.quarantine_dir, report.quarantined = store.quarantine(doomed)
     return report
@@ -90,7 +98,23 @@ def _verify_object(store: Store, report: VerifyReport, doomed: list[Found], good
     return f"corrupt {found.name}"
 
 
-def _verify_entries(store: Store, report: VerifyReport, good: dict[str, int]) -> list[Found]:
+class _States:
+    """"ok", "missing" or "corrupt" per (digest, size), from the object pass where it saw the object, else by
+    hashing it once (an object many entries need, such as the 43 MB CuTe runtime, is hashed once)."""
+
+    def __init__(self, store: Store, good: dict[str, int]) -> None:
+        self.store, self.good = store, good
+        self._seen: dict[tuple[str, int | None], str] = {}
+
+    def __call__(self, digest: str, size: int | None = None) -> str:
+        if digest in self.good:
+            return "ok" if size is None or self.good[digest] == size else "corrupt"
+        if (digest, size) not in self._seen:
+            self._seen[digest, size] = self.store.object_state(digest, size)  # StoreError for a symlink
+        return self._seen[digest, size]
+
+
+def _verify_entries(store: Store, report: VerifyReport, states: _States, repair: bool) -> list[Found]:
     doomed = []
     for found in store.scan("index"):
         if found.kind == "unexpected":
@@ -101,31 +125,58 @@ def _verify_entries(store: Store, report: VerifyReport, good: dict[str, int]) ->
             doomed.append(found)
             continue
         report.entries_checked += 1
-        problem = _entry_problem(store, found.name, good)
+        entry, problem = _entry_problem(store, found.name, states)
         if problem == "dangling":
             report.dangling_entries.append(found.name)
         elif problem:
             report.bad_entries.append((shown(found.where), problem))
         if problem:
             doomed.append(found)
+        elif entry is not None:
+            _check_libraries(store, entry, states, report, repair)
     return doomed
 
 
-def _entry_problem(store: Store, kernel_key: str, good: dict[str, int]) -> str | None:
-    """None for a sound entry, "dangling" when its object is absent, else why it cannot be served."""
+def _entry_problem(store: Store, kernel_key: str, states: _States) -> tuple[Entry | None, str | None]:
+    """(the entry, None) for an entry whose object is sound, (entry, "dangling") when its object is absent,
+    else (entry or None, why it cannot be served)."""
     try:
         entry = store.get_entry(kernel_key)
         if entry is None:  # removed since the scan
-            return None
-        digest, size = entry.object_digest, entry.size
-        state = ("ok" if good[digest] == size else "corrupt") if digest in good else store.object_state(digest, size)
+            return None, None
+        state = states(entry.object_digest, entry.size)
     except StoreError as e:
-        return str(e)
+        return None, str(e)
     if state == "missing":
-        return "dangling"
+        return entry, "dangling"
     if state == "corrupt":
-        return f"its object {digest} is corrupt or not {size} bytes"
-    return None
+        return entry, f"its object {entry.object_digest} is corrupt or not {entry.size} bytes"
+    return entry, None
+
+
+def _check_libraries(store: Store, entry: Entry, states: _States, report: VerifyReport, repair: bool) -> None:
+    """Report each host arch whose linked library or a runtime library it needs is absent or corrupt; with
+    `repair`, drop those arches from the entry (under the key's lock, as build_lean.relink writes it)."""
+    broken = {}
+    for arch in sorted(entry.shared_libs):
+        try:
+            bad = [f"{d} {s}" for d, size in entry.lib_digests(arch).items() if (s := states(d, size)) != "ok"]
+        except StoreError as e:  # a symlink in an object's place (reported by the object pass)
+            bad = [str(e)]
+        except (KeyError, TypeError, AttributeError):
+            bad = ["malformed shared_libs"]
+        if bad:
+            broken[arch] = entry.shared_libs[arch]
+            report.broken_libraries.append((entry.kernel_key, arch, "; ".join(bad)))
+    if repair and broken:
+        with store.lock(entry.kernel_key):
+            now = store.get_entry(entry.kernel_key)
+            if now is None:
+                return
+            keep = {a: lib for a, lib in now.shared_libs.items() if broken.get(a) != lib}
+            if keep != now.shared_libs:
+                store.put_entry(dataclasses.replace(now, shared_libs=keep))
+                report.unlinked += [f"{entry.kernel_key} {a}" for a in sorted(set(now.shared_libs) - set(keep))]
 
 
 TEMP_MAX_AGE = 6 * 3600.0  # seconds a temp file may go unwritten before gc takes its writer for stuck

@@ -74,12 +74,14 @@ def _summary_lines(per_sku: list[dict[str, Any]]) -> list[str]:
 @click.command()
 @click.option("--quarantine/--no-quarantine", default=True, show_default=True,
               help="Move every bad object, bad or dangling entry and symlink to <cache>/quarantine/<time>/ so no "
-                   "load sees it (--no-quarantine: only report).")
+                   "load sees it, and drop broken linked libraries from their entries (--no-quarantine: only "
+                   "report).")
 @json_option("Print the report as JSON on stdout; one JSON line per object on stderr.")
 @quiet_option
 @pass_store
 def verify(store: Store, quarantine: bool, as_json: bool, quiet: bool) -> None:
-    """Re-hash every object and check every index entry; quarantine what fails. Exits 1 on any problem."""
+    """Re-hash every object and check every index entry and the objects it names (kernel, linked libraries,
+    runtime libraries); quarantine what fails. Exits 1 on any problem."""
     with Progress("verify", quiet=quiet, as_json=as_json) as bar:
         def step(done: int, total: int, status: str) -> None:
             if bar.mode != "lines" or status != "ok" or done == total or done % 100 == 0:
@@ -91,6 +93,8 @@ def verify(store: Store, quarantine: bool, as_json: bool, quiet: bool) -> None:
            "dangling_entries": report.dangling_entries,
            "bad_entries": [{"path": p, "reason": r} for p, r in report.bad_entries],
            "symlinks": report.symlinks, "unexpected": report.unexpected,
+           "broken_libraries": [{"kernel_key": k, "arch": a, "reason": r} for k, a, r in report.broken_libraries],
+           "unlinked": report.unlinked,
            "quarantined": [{"path": p, "to": to} for p, to in report.quarantined.items()],
            "quarantine_dir": report.quarantine_dir}
     emit(as_json, doc, "\n".join(_verify_lines(store, report)))
@@ -111,6 +115,9 @@ def _verify_lines(store: Store, report: VerifyReport) -> list[str]:
               for k in report.dangling_entries]
     lines += [f"BAD entry {p}: {why}{went(p)}" for p, why in report.bad_entries]
     lines += [f"SYMLINK {p}: refused, never followed{went(p)}" for p in report.symlinks]
+    lines += [f"BROKEN {arch} library of {k}: {why}" + (
+        " -> dropped from the entry (`fa4-aot build` links it again)" if f"{k} {arch}" in report.unlinked else "")
+        for k, arch, why in report.broken_libraries]
     problems = len(lines)
     lines += [f"UNEXPECTED {p}: not a store name; no reader opens it (ignored)" for p in report.unexpected]
     lines.append(f"{report.objects_checked} objects, {report.entries_checked} entries checked: "
