@@ -258,7 +258,7 @@ def test_d14_manifest_flood_is_bounded(server: Server, tmp_path: Path) -> None:
 
     with server.client("publish") as c:
         doc = _publish(c, os.urandom(100), sku="d14")
-    facts = {k: doc[k] for k in ("arch", "sm_count", "l2_bytes", "cuda_major")}
+    facts = {k: doc[k] for k in ("arch", "sm_count", "l2_bytes", "cuda_major", "host")}
     key = signing.load_private(signing.generate(tmp_path, "flood")[0])
 
     def envelope(kernels: dict[str, object], n: int, **extra: object) -> dict[str, object]:
