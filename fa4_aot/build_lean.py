@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
-from . import fa4, kernel_keys, recipe, recipe_store
+from . import fa4, kernel_keys, recipe, recipe_format, recipe_store
 from .calls import Call
 from .errors import DiskFull
 from .lean_libs import has_library
@@ -69,6 +69,7 @@ def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[d
     sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size)
     if recipe_store.find(known[key], sizes) is None:
         region = fa4.record_recipe(sig, sizes, sku)
+        recipe_format.check_region(region)  # what clients would refuse is a failure here, never a stored file
         known[key].append(region)
         recorded.setdefault(key, []).append(region)
 

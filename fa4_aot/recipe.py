@@ -19,6 +19,18 @@ from typing import Any
 from . import symexpr
 
 RECIPE_FORMAT = 1
+# What FA4's host path issues between its kernel launches, as the recorder's dispatch mode sees it (issue 18, D26:
+# a recipe file is data, never a way to reach any other torch op). The first five are every op in about 5,000
+# regions recorded on the h200 and the b200 (dense, varlen, seqused, paged; every pass, mask, sink, split and
+# head dim); the last five are FA4's forward on empty inputs (`out.zero_()`, `lse.fill_(-inf)`,
+# `lse.copy_(learnable_sink[:, None])`). recipe_format.check_region refuses a file naming any other.
+ATEN_OPS = frozenset({
+    "aten.empty.memory_format", "aten.empty_like.default", "aten.zeros.default", "aten.detach.default",
+    "aten.transpose.int",
+    "aten.zero_.default", "aten.fill_.Scalar", "aten.copy_.default", "aten.slice.Tensor", "aten.unsqueeze.default",
+})
+DTYPES = frozenset({"bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"})
+TORCH_NAMES = frozenset({"contiguous_format", "preserve_format", "strided"})  # memory formats and layouts
 SIZE_NAMES = {
     "dense": ("batch", "seqlen_q", "seqlen_k"),
     "varlen": ("batch", "total_q", "total_k", "max_seqlen_q", "max_seqlen_k"),
@@ -95,9 +107,9 @@ def bind(doc: Mapping[str, Any], sizes: Mapping[str, int], functions: list[Any],
         if "in" in x:
             return softmax_scale
         if "dtype" in x:
-            return getattr(torch, x["dtype"])
+            return getattr(torch, _allowed(x["dtype"], DTYPES, "dtype"))
         if "torch" in x:
-            return getattr(torch, x["torch"])
+            return getattr(torch, _allowed(x["torch"], TORCH_NAMES, "torch name"))
         if "device" in x:
             return device
         if "kw" in x:
@@ -137,10 +149,17 @@ def _slots(args: Any) -> set[int]:
     return set()
 
 
+def _allowed(name: Any, allowed: frozenset[str], what: str) -> str:
+    if not isinstance(name, str) or name not in allowed:
+        raise ValueError(f"recipe names {what} {str(name)[:80]!r}, which recipes may not use; rebuild it with "
+                         "this fa4-aot")
+    return name
+
+
 def _aten(name: str) -> Any:
     import torch
 
-    namespace, op, overload = name.split(".")
+    namespace, op, overload = _allowed(name, ATEN_OPS, "op").split(".")
     return getattr(getattr(getattr(torch.ops, namespace), op), overload)
 
 

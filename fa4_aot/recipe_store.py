@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import kernel_keys, symexpr
+from . import kernel_keys, recipe_format, symexpr
 from .errors import StoreError
 from .signature import Signature
 from .skus import Sku
@@ -34,7 +34,8 @@ def key_of(signature: Any, target: dict[str, Any]) -> str:
 def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
     """ValueError unless `data` is a recipe file a server may keep under `key` for a SKU with facts `target`:
     at most MAX_BYTES of JSON {"key": key, "regions": [...]} whose every region's signature hashes, with
-    `target`, to `key` (so a file cannot sit under another signature's or SKU's key)."""
+    `target`, to `key` (so a file cannot sit under another signature's or SKU's key) and whose every region
+    holds only what recipe_format admits (FA4's host ops, bounded arithmetic)."""
     if len(data) > MAX_BYTES:
         raise ValueError(f"recipe file of {len(data)} bytes is over the {MAX_BYTES}-byte limit")
     try:
@@ -50,11 +51,14 @@ def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
         if key_of(region.get("signature"), target) != key:
             raise ValueError(f"a region's signature and the SKU's facts {kernel_keys.dumps(target)} do not hash "
                              f"to recipe key {key}; publish the file under the SKU it was built for")
+    recipe_format.check_regions(regions)
 
 
 def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[dict[str, Any]]:
     """The recorded regions under `key` ([] when none). `check(key, bytes)` may refuse the file by raising
-    (the client's trust policy: trust.Trust.check_recipe) before a byte of it is parsed."""
+    (the client's trust policy: trust.Trust.check_recipe) before a byte of it is parsed; StoreError for a file
+    that is not JSON, holds another key, or holds what recipe_format refuses (signed or not: a recipe runs
+    only FA4's host ops)."""
     data = store.recipes(key)
     if data is None:
         return []
@@ -65,8 +69,14 @@ def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = No
     except ValueError as e:
         raise StoreError(f"unreadable recipe file {key} in {store.root}: {e}; rerun `fa4-aot build` (it rewrites "
                          "the file)") from e
-    if doc.get("key") != key:
-        raise StoreError(f"recipe file {key} in {store.root} holds key {doc.get('key')!r}; rerun `fa4-aot build`")
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        held = doc.get("key") if isinstance(doc, dict) else None
+        raise StoreError(f"recipe file {key} in {store.root} holds key {str(held)[:80]!r}; rerun `fa4-aot build`")
+    try:
+        recipe_format.check_regions(doc.get("regions"))
+    except ValueError as e:
+        raise StoreError(f"recipe file {key} in {store.root} is refused: {e}; rerun `fa4-aot build` (it rewrites "
+                         "the file) or pull it again from a server that holds a good one") from None
     return list(doc["regions"])
 
 

@@ -118,7 +118,9 @@ def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> 
     store = Store(tmp_path / "store")
     sig = lean_api.signature("dense", "torch.bfloat16", 8, 64, 8, 64, causal=True)
     key = recipe_store.recipe_key(sig, sku)
-    data = json.dumps({"key": key, "regions": [{"signature": sig.to_dict(), "guards": []}]}).encode()
+    region = {"format": 1, "signature": sig.to_dict(), "guards": [], "inputs": {}, "tensors": 0, "meta": [],
+              "fwd": [], "bwd": [], "outputs": {}, "kernels": [], "softmax_scale": 0.125}
+    data = json.dumps({"key": key, "regions": [region]}).encode()
     store.put_recipes(key, data)
     private, public = signing.generate(tmp_path / "keys", "k")
     old = {"sku": {"name": sku.name, **sku.target_facts()}, "kernels": {}, "toolchain": [],

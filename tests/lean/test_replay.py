@@ -125,3 +125,11 @@ def test_inputs_are_checked_as_fa4_asserts(regions):
         bound.check({**inputs, "k": inputs["k"][:1]})
     with pytest.raises(ValueError, match="float16"):
         bound.check({**inputs, "q": inputs["q"].half()})
+
+
+def test_recorded_regions_are_admitted_by_the_recipe_format(regions):
+    """Issue 18, D26: every region the recorder writes (dense, varlen, paged, seqused, sinks) passes the format
+    that clients apply on load and the server at upload."""
+    from fa4_aot import recipe_format
+
+    recipe_format.check_regions(regions)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from service_helpers import H200, Launch, Server, kernel_doc
 
 from fa4_aot import kernel_keys, recipe_store, transfer
@@ -40,10 +41,16 @@ def lean_store(root: Path, kernels: int = 2) -> tuple[Store, list[Entry], dict[s
     return store, entries, {key: data for key, data in (recipe_file(store, n) for n in range(2))}
 
 
+def region(signature: dict[str, Any], note: str = "") -> dict[str, Any]:
+    """The smallest region recipe_format admits: no steps, `note` in its toolchain (so files differ)."""
+    return {"format": 1, "signature": signature, "guards": [], "inputs": {}, "tensors": 0, "meta": [], "fwd": [],
+            "bwd": [], "outputs": {}, "kernels": [], "softmax_scale": 0.125, "toolchain": {"note": note}}
+
+
 def recipe_file(store: Store, n: int, extra: str = "") -> tuple[str, bytes]:
     signature: dict[str, Any] = {"layout": "dense", "head_dim": 64 * (n + 1), "causal": True}
     key = recipe_store.key_of(signature, SKU.target_facts())
-    data = json.dumps({"key": key, "regions": [{"signature": signature, "guards": [], "note": extra}]}).encode()
+    data = json.dumps({"key": key, "regions": [region(signature, extra)]}).encode()
     store.put_recipes(key, data)
     return key, data
 
@@ -123,3 +130,25 @@ def test_recipe_files_are_validated_capped_and_the_newest_wins(server: Server, t
         listed = c.get("/v1/skus/h200/recipes").json()["recipes"]
         assert {r["key"]: r["digest"] for r in listed}[key] == hashlib.sha256(newer).hexdigest()
         assert c.get(url).content == newer
+
+
+@pytest.mark.bad_input("HTTP")
+def test_d26_server_refuses_recipe_with_foreign_op_or_unbounded_power(server: Server, tmp_path: Path) -> None:
+    """Issue 18, D26: the server accepted a recipe whose step reached torch.ops.load_library (a dlopen of any
+    path on every client that ran it) and a guard ["pow", 10, 10**9]; it now applies the client's recipe format
+    (fa4_aot.recipe_format, through recipe_store.check_file) at upload."""
+    store, [entry], _ = lean_store(tmp_path, kernels=1)
+    signature: dict[str, Any] = {"layout": "dense", "head_dim": 80, "causal": True}
+    key = recipe_store.key_of(signature, SKU.target_facts())
+    url = f"/v1/skus/h200/recipes/{key}"
+    step = {"op": "load_library.__call__.__call__", "args": [str(tmp_path / "evil.so")], "kwargs": {"kw": {}},
+            "out": [0], "tuple": False}
+    foreign = {**region(signature), "tensors": 1, "meta": [[[1], [1], {"dtype": "int32"}]], "fwd": [step]}
+    power = {**region(signature), "guards": [["gt", ["pow", 10, 10**9], 1]]}
+    with server.client("publish") as c:
+        assert _publish(c, store, entry).status_code in (200, 201)
+        for bad, named in ((foreign, "load_library"), (power, "exponent")):
+            refused = c.put(url, content=json.dumps({"key": key, "regions": [bad]}).encode())
+            assert refused.status_code == 422 and named in refused.json()["detail"], refused.text
+        assert c.get(url).status_code == 404
+        assert c.put(url, content=json.dumps({"key": key, "regions": [region(signature)]}).encode()).status_code == 201
