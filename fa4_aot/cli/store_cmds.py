@@ -128,9 +128,10 @@ def _verify_lines(store: Store, report: VerifyReport) -> list[str]:
 def _verdict(report: VerifyReport, problems: int) -> str:
     if report.ok:
         return "ok"
-    if report.quarantine_dir:
-        return (f"{problems} problem(s), moved to {report.quarantine_dir}; rebuild (`fa4-aot build`) or pull "
-                "what they held")
+    if report.quarantine_dir or report.unlinked:
+        moved = f", moved to {report.quarantine_dir}" if report.quarantine_dir else ""
+        dropped = f", {len(report.unlinked)} broken librar(ies) dropped from their entries" if report.unlinked else ""
+        return f"{problems} problem(s){moved}{dropped}; rebuild (`fa4-aot build`) or pull what they held"
     return f"{problems} problem(s); `fa4-aot verify` quarantines them, then rebuild with `fa4-aot build`"
 
 
