@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import random
 import re
@@ -23,13 +22,22 @@ from typing import Any
 import httpx
 
 from . import config
+from .answers import bundle_head, entry_of, listing_of, miss_of
 from .errors import Fa4AotError, RemoteAuthError, RemoteError, StoreError, Unreachable
+from .recipe_store import MAX_BYTES as MAX_RECIPE
 from .store import Entry, Store, check_hex
 
 RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 MIN_ATTEMPT = 0.1  # seconds: with less left before the deadline, another attempt is not started
 MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
+# The most a client reads of an answer that is not an object (objects stop at their listed size): a JSON answer
+# (a SKU's manifest lists every kernel, a miss page 1,000 call records), the revocation list (about 50,000 ids;
+# trusted clients read it at every start), and every page of the miss list together (the server keeps at most
+# 10,000 misses a SKU). Recipe files: MAX_RECIPE, the most the server accepts.
+MAX_JSON = 64 << 20
+MAX_REVOCATIONS = 4 << 20
+MAX_MISSES = 256 << 20
 
 
 def server_from_env() -> Remote | None:
@@ -78,14 +86,17 @@ class Remote:
         error.__cause__ = cause
         return error
 
-    def _request(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
-        """One request with retries on transient failures, within the deadline; raises RemoteError for
-        anything not in `ok`, and marks the server down when it cannot be reached in time or keeps failing."""
+    def _request(self, method: str, path: str, ok: tuple[int, ...] = (200,), cap: int = MAX_JSON,
+                 **kwargs: Any) -> httpx.Response:
+        """One request with retries on transient failures, within the deadline, its body read whole (_read: at
+        most `cap` bytes); raises RemoteError for anything not in `ok`, and marks the server down when it cannot
+        be reached in time or keeps failing."""
         self._check_up()
         end = self._end()
         for attempt in range(self.retries + 1):
             try:
-                response = self._client.request(method, path, timeout=_timeout(end), **kwargs)
+                with self._client.stream(method, path, timeout=_timeout(end), **kwargs) as response:
+                    self._read(response, end, cap)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
                     raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e})", e) from e
@@ -98,22 +109,52 @@ class Remote:
             _backoff(attempt, end)
         raise AssertionError("unreachable")
 
-    def _json(self, method: str, path: str, ok: tuple[int, ...] = (200,)) -> Any:
+    def _json(self, method: str, path: str, ok: tuple[int, ...] = (200,), cap: int = MAX_JSON) -> Any:
         """The JSON body of a request; RemoteError (never a decode error) when the answer is not JSON, e.g. a
         proxy's or a wrong URL's HTML page."""
-        return _decoded(self._request(method, path, ok=ok), self.url)
+        return _decoded(self._request(method, path, ok=ok, cap=cap), self.url)
+
+    def _body(self, response: httpx.Response, end: float, cap: int | None) -> Iterator[bytes]:
+        """The body of `response` piece by piece as it arrives: RemoteError once it passes `cap` bytes (None: no
+        cap, for objects, which stop at their listed size as they are stored), and the server is given up on
+        once the deadline `end` passes, however slowly it drips. A wait for the next piece is bounded by the read
+        timeout, itself no longer than what was left of the deadline when the request began."""
+        what, got = f"{response.request.method} {response.request.url}", 0
+        for piece in response.iter_bytes():
+            got += len(piece)
+            if cap is not None and got > cap:
+                raise RemoteError(f"{what} answered more than {cap >> 20} MiB, the most a client reads of it; "
+                                  f"nothing of it was used: is {self.url} an fa4-aot server (or a proxy in front)?")
+            if _remaining(end) <= 0:
+                raise self._give_up(f"{what} ran past its deadline ({got} bytes read)")
+            yield piece
+
+    def _read(self, response: httpx.Response, end: float, cap: int = MAX_JSON) -> httpx.Response:
+        """`response` with its body read through _body, where httpx's own read() has no cap and no deadline."""
+        response._content = b"".join(self._body(response, end, cap))  # what read() sets: .content, .json() work
+        return response
+
+    def _read_error(self, response: httpx.Response, end: float) -> None:
+        """Read a streamed answer that is not a 200 here, capped and within the deadline `end`, so that its error
+        can name the server's reason (httpx's read() would take any size at any pace)."""
+        if response.status_code != 200:
+            self._read(response, end)
 
     # -- reads --------------------------------------------------------------------------------
     def skus(self) -> list[dict[str, Any]]:
         return _shaped(self._json("GET", "/v1/skus"), list, self.url)
 
     def manifest(self, sku: str) -> dict[str, Any]:
-        return _shaped(self._json("GET", f"/v1/skus/{sku}/manifest"), dict, self.url)
+        """The server's listing of `sku`: its facts and `kernels`, each with its kernel key and size."""
+        return listing_of(self._json("GET", f"/v1/skus/{sku}/manifest"), f"{self.url}/v1/skus/{sku}/manifest")
 
     def kernel_keys(self, sku: str) -> set[str]:
         """Every kernel key the server holds for `sku` (none when it does not know the SKU yet)."""
         response = self._request("GET", f"/v1/skus/{sku}/manifest", ok=(200, 404))
-        return set() if response.status_code == 404 else {k["kernel_key"] for k in response.json()["kernels"]}
+        if response.status_code == 404:
+            return set()
+        listing = listing_of(_decoded(response, self.url), f"{self.url}/v1/skus/{sku}/manifest")
+        return {k["kernel_key"] for k in listing["kernels"]}
 
     def kernel(self, kernel_key: str) -> Entry | None:
         """The server's entry for `kernel_key`, or None when it has none."""
@@ -121,21 +162,25 @@ class Remote:
         response = self._request("GET", path, ok=(200, 404))
         if response.status_code == 404:
             return None
-        doc = _shaped(_decoded(response, self.url), dict, self.url)
-        try:
-            return Entry(**{k: v for k, v in doc.items() if k in Entry.__dataclass_fields__})
-        except TypeError as e:
-            raise RemoteError(f"{self.url}{path} is not a kernel entry ({e})") from None
+        return entry_of(_decoded(response, self.url), f"{self.url}{path}")
 
     def has_object(self, digest: str) -> bool:
         return self._request("HEAD", f"/v1/objects/{check_hex(digest)}", ok=(200, 404)).status_code == 200
 
     def misses(self, page: int = 1000) -> list[dict[str, Any]]:
-        """Every miss the server recorded, read a page at a time."""
+        """Every miss the server recorded, read a page at a time, at most MAX_MISSES bytes in all; RemoteError
+        for more (a server whose pages never end) or for an item that is not a miss."""
         found: list[dict[str, Any]] = []
+        read = 0
         while True:
-            batch = _shaped(self._json("GET", f"/v1/misses?offset={len(found)}&limit={page}"), list, self.url)
-            found += batch
+            response = self._request("GET", f"/v1/misses?offset={len(found)}&limit={page}")
+            read += len(response.content)
+            if read > MAX_MISSES:
+                raise RemoteError(f"{self.url}/v1/misses sent more than {MAX_MISSES >> 20} MiB of misses and its "
+                                  f"pages still come full ({len(found)} misses so far): is it an fa4-aot server? "
+                                  "An admin can delete stale misses (DELETE /v1/misses/<key>)")
+            batch = _shaped(_decoded(response, self.url), list, self.url)
+            found += [miss_of(item, f"{self.url}/v1/misses") for item in batch]
             if len(batch) < page:
                 return found
 
@@ -150,7 +195,7 @@ class Remote:
     def revocations(self) -> Any:
         from .signing import Revocations
 
-        doc = _shaped(self._json("GET", "/v1/revocations"), dict, self.url)
+        doc = _shaped(self._json("GET", "/v1/revocations", cap=MAX_REVOCATIONS), dict, self.url)
         try:
             return Revocations(set(doc["keys"]), set(doc["manifests"]))
         except (KeyError, TypeError):
@@ -198,15 +243,10 @@ class Remote:
 
     def _download(self, digest: str, store: Store, size: int | None, end: float) -> None:
         with self._client.stream("GET", f"/v1/objects/{digest}", timeout=_timeout(end)) as response:
+            self._read_error(response, end)
             _check(response, (200,), self.url)
-            store.put_stream(digest, self._within(response.iter_bytes(1 << 20), end, digest), size=size,
+            store.put_stream(digest, self._body(response, end, None), size=size,
                              source=f"{self.url}/v1/objects/{digest}")
-
-    def _within(self, chunks: Iterator[bytes], end: float, digest: str) -> Iterator[bytes]:
-        for chunk in chunks:
-            if _remaining(end) < MIN_ATTEMPT:
-                raise self._give_up(f"download of {digest} from {self.url} ran past its deadline")
-            yield chunk
 
     def fetch_kernel(self, kernel_key: str, store: Store, accept: Callable[[Entry], None] | None = None,
                      arches: Callable[[Entry], list[str]] | None = None) -> Entry | None:
@@ -251,8 +291,9 @@ class Remote:
             try:
                 with self._client.stream("POST", "/v1/bundles", json=body,
                                          timeout=_timeout(end)) as response:
+                    self._read_error(response, end)
                     _check(response, (200,), self.url)
-                    chunks = self._within(response.iter_bytes(1 << 20), end, what)
+                    chunks = self._body(response, end, None)
                     return _unbundle(BundleReader(chunks), store, accept, self.url, set(kernel_keys), host_arch)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
@@ -297,7 +338,7 @@ class Remote:
         """The bytes of recipe file `key` of `sku`, or None when the server has none (unverified: the caller
         checks them against a listing or a signed manifest)."""
         path = f"/v1/skus/{sku}/recipes/{check_hex(key, 'recipe key')}"
-        response = self._request("GET", path, ok=(200, 404, 409))
+        response = self._request("GET", path, ok=(200, 404, 409), cap=MAX_RECIPE)
         return response.content if response.status_code == 200 else None
 
     def push_recipe(self, sku: str, key: str, data: bytes) -> None:
@@ -422,9 +463,8 @@ class BundleReader:
 
 def _unbundle(reader: BundleReader, store: Store, accept: Callable[[Entry], None] | None,
               url: str, asked: set[str], host_arch: str | None = None) -> tuple[list[Entry], dict[str, str]]:
-    head = json.loads(reader.line())
-    entries = [Entry(**{k: v for k, v in e.items() if k in Entry.__dataclass_fields__}) for e in head["entries"]]
-    skipped = {k: f"{url} has no kernel {k}" for k in head["missing"] if k in asked}
+    entries, missing, objects = bundle_head(reader.line(), f"{url}/v1/bundles")
+    skipped = {k: f"{url} has no kernel {k}" for k in missing if k in asked}
     for entry in entries:  # a server answers for the keys asked, never plants others
         if entry.kernel_key not in asked:
             skipped[entry.kernel_key] = f"{url} sent kernel {entry.kernel_key}, which was not asked for"
@@ -436,9 +476,9 @@ def _unbundle(reader: BundleReader, store: Store, accept: Callable[[Entry], None
             skipped[entry.kernel_key] = str(e)
     stored = [with_libraries(e, [host_arch] if host_arch else []) for e in entries if e.kernel_key not in skipped]
     wanted = {e.object_digest for e in stored} | {d for e in stored for d in e.lib_digests(host_arch or "")}
-    for digest, size in head["objects"]:
-        chunks = reader.take(int(size))
-        if digest not in wanted or store.object_state(check_hex(digest), size) == "ok":
+    for digest, size in objects:
+        chunks = reader.take(size)
+        if digest not in wanted or store.object_state(digest, size) == "ok":
             for _ in chunks:
                 pass
             continue

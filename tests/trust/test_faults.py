@@ -390,6 +390,35 @@ def test_d5_slow_or_hung_server_has_a_deadline_and_is_then_down(tmp_path: Path,
         assert hung.connections <= 2  # retries stop at the deadline; nothing after the server is down
 
 
+DRIPPED = {  # every kind of request, each answered by a server dripping one byte every 0.25 s
+    "json": lambda remote, store: remote.kernel("a" * 64),
+    "object": lambda remote, store: remote.fetch_object("b" * 64, store),
+    "bundle": lambda remote, store: remote.fetch_bundle(["c" * 64], store),
+    "recipe": lambda remote, store: remote.recipe("h200", "d" * 64),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ask", DRIPPED.values(), ids=DRIPPED.keys())
+def test_d19_deadline_holds_while_a_body_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 ask: Callable[..., object]) -> None:
+    """Each byte comes well within the read timeout, so only the whole-request deadline can end the request:
+    it must, about when it passes (before: the body was read to its end, 200 bytes in 50 s)."""
+    from fa4_aot.errors import RemoteError
+    from fa4_aot.remote import Remote
+    from tests.trust.raw_server import RawServer
+
+    monkeypatch.setenv("FA4_AOT_FETCH_DEADLINE", "2")
+    holder: list[RawServer] = []
+    dripping = RawServer(lambda path, conn: _drip(b"[" + b" " * 198 + b"]", 0.25)(holder[0], path, conn))
+    holder.append(dripping)
+    with dripping:
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match="deadline"):
+            ask(Remote(dripping.url), Store(tmp_path / "cache"))
+        assert time.monotonic() - start < 4.5
+
+
 def test_d15_temp_files_of_a_reused_pid_are_cleaned(tmp_path: Path) -> None:
     """In a container the server is PID 1 after every restart: a temp file named after a pid that is running
     but whose process started after the file last changed is a killed writer's, and goes."""
