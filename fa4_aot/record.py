@@ -7,6 +7,7 @@ POSIX makes atomic with respect to other appenders; each process writes a call o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -37,7 +38,8 @@ def note(call: Call) -> bool:
             return False
         _seen.add(call)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a link planted at the path (a shared temp folder) must not point the appends elsewhere
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             os.write(fd, line(call))
         finally:
@@ -56,4 +58,5 @@ def _warn_once(path: str, error: OSError) -> None:
 
     if path not in _warned:
         _warned.add(path)
-        warnings.warn(f"FA4_AOT_RECORD={path}: cannot append calls ({error.strerror}); check the path", stacklevel=3)
+        why = "it is a symbolic link, which is never followed" if error.errno == errno.ELOOP else error.strerror
+        warnings.warn(f"FA4_AOT_RECORD={path}: cannot append calls ({why}); check the path", stacklevel=3)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import StoreError, TrustError
-from .fsutil import atomic_write
+from .fsutil import atomic_write, make_dirs
 from .kernel_keys import dumps, serves
 from .skus import Sku
 from .store import Store, check_hex
@@ -67,7 +67,7 @@ def generate(folder: Path, name: str) -> tuple[Path, PublicKey]:
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dirs(folder, 0o700)  # owner-only whatever the umask: it holds the private key
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)

@@ -30,6 +30,19 @@ from .store import Entry, Store
 _warned = False
 
 
+def revoked_in(path: str | None) -> Revocations:
+    """The revocations listed in file `path` (FA4_AOT_REVOKED); none when unset. A file that is named but cannot
+    be read is a TrustError: it must not mean that nothing is revoked."""
+    if not path:
+        return Revocations()
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TrustError(f"cannot read FA4_AOT_REVOKED={path} ({getattr(e, 'strerror', None) or e}): point it at "
+                         "a file of `key <key_id>` and `manifest <id>` lines, or unset it") from None
+    return Revocations.parse(text)
+
+
 class Trust:
     def __init__(self, sku: Sku, store: Store, remote: Any, trusted: dict[str, signing.PublicKey],
                  insecure: bool = False, revoked: Revocations | None = None) -> None:
@@ -44,10 +57,9 @@ class Trust:
     @classmethod
     def from_env(cls, sku: Sku, store: Store, remote: Any) -> Trust:
         """Read FA4_AOT_TRUSTED_KEYS, FA4_AOT_INSECURE and FA4_AOT_REVOKED now (config at call time)."""
-        revoked_file = os.environ.get("FA4_AOT_REVOKED")
-        revoked = Revocations.parse(Path(revoked_file).read_text()) if revoked_file else Revocations()
         return cls(sku, store, remote, signing.trusted_keys(os.environ.get("FA4_AOT_TRUSTED_KEYS")),
-                   insecure=os.environ.get("FA4_AOT_INSECURE") == "1", revoked=revoked)
+                   insecure=os.environ.get("FA4_AOT_INSECURE") == "1",
+                   revoked=revoked_in(os.environ.get("FA4_AOT_REVOKED")))
 
     @property
     def enforced(self) -> bool:

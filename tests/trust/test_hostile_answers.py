@@ -1,13 +1,14 @@
 """Issue 18 (security round 3), the client's side: answers a broken or hostile server sends with a 200 (bundles
 with impossible sizes, floods, HTML pages, documents missing fields) end in one clean RemoteError that names the
-server and what was wrong, never a hang, a raw decode or key error, or gigabytes held in memory. Servers are
-real TCP listeners scripted byte by byte (raw_server.py)."""
+server and what was wrong, never a hang, a raw decode or key error, or gigabytes held in memory; plus the cheap
+client fixes of "Also seen". Servers are real TCP listeners scripted byte by byte (raw_server.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot.errors import RemoteError
+from fa4_aot.errors import RemoteError, TrustError
 from fa4_aot.installation import Installation
 from fa4_aot.lean_fetch import Fetcher
 from fa4_aot.remote import Remote
@@ -209,3 +210,20 @@ def test_d24_malformed_miss_list_is_a_clean_error_for_build_from_misses(tmp_path
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert f"{server.url}/v1/misses" in out.stderr and "not a miss" in out.stderr, out.stderr[-2000:]
+
+
+# -- Also seen ------------------------------------------------------------------------------------------------
+def test_missing_revocation_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "revoked.txt"
+    monkeypatch.setenv("FA4_AOT_REVOKED", str(missing))
+    with pytest.raises(TrustError, match=f"cannot read FA4_AOT_REVOKED={missing}.*unset it"):
+        Trust.from_env(H200, Store(tmp_path / "cache"), None)
+
+
+def test_keys_generate_makes_its_folder_owner_only_under_umask_000(tmp_path: Path) -> None:
+    folder = tmp_path / "keys" / "build"
+    script = f"import os, sys; os.umask(0); sys.argv = ['fa4-aot', 'keys', 'generate', '--out', {str(folder)!r}]; " \
+             "from fa4_aot.cli import main; main()"
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    for made in (folder, folder.parent):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, oct(made.stat().st_mode)

@@ -65,6 +65,17 @@ def test_unwritable_target_warns_and_never_raises(tmp_path: Path, monkeypatch: p
         assert record.note(CALL) is False
 
 
+def test_record_refuses_a_symlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link planted where the record goes (a shared temp folder) must not turn appends onto its target."""
+    target = tmp_path / "victim"
+    target.write_text("untouched\n")
+    (tmp_path / "calls.jsonl").symlink_to(target)
+    monkeypatch.setenv("FA4_AOT_RECORD", str(tmp_path / "calls.jsonl"))
+    with pytest.warns(UserWarning, match="FA4_AOT_RECORD=.*symbolic link"):
+        assert record.note(CALL) is False
+    assert target.read_text() == "untouched\n"
+
+
 @pytest.mark.parametrize("text,why", [
     ("{}", r"missing \['layout'"),
     ('{"layout": "dense"', "not a call"),
