@@ -12,12 +12,25 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .skus import Constants, Sku
 
-if TYPE_CHECKING:
-    from .store import Entry
+
+class Entry(Protocol):
+    """The fields of an index entry (fa4_aot.store.Entry) that its key is computed from. A protocol, not the
+    class: the store proves every entry's key as it reads it, so it imports this module, not the reverse."""
+
+    kernel_key: str
+    family: str
+    compile_key: Any
+    arch: str
+    sm_count: int
+    l2_bytes: int
+    cuda_major: int
+    toolchain: dict[str, str]
+    hardware_queries: list[Any]
+    host: str
 
 
 def canonical(value: Any) -> Any:
@@ -98,6 +111,31 @@ def has_valid_key(entry: Entry) -> bool:
         return entry.kernel_key in entry_keys(entry)
     except ValueError:  # malformed hardware_queries: no key can be recomputed, so none is valid
         return False
+
+
+def legacy_key(entry: Entry) -> str:
+    """The key an entry had before issue 13: sha256 of family, compile key, all four SKU figures, toolchain.
+    Kept to recognise old entries (`fa4-aot migrate` converts them; key_of is the key)."""
+    target = {"arch": entry.arch, "sm_count": entry.sm_count, "l2_bytes": entry.l2_bytes,
+              "cuda_major": entry.cuda_major}
+    doc = {"family": entry.family, "compile_key": entry.compile_key, "target": target, "toolchain": entry.toolchain}
+    return hashlib.sha256(dumps(doc).encode()).hexdigest()
+
+
+def key_problem(entry: Entry, asked: str) -> str | None:
+    """Why `entry` may not be used as kernel `asked`, or None: it must be filed under `asked` and its own fields
+    must hash to that key (its full or base key, or an old store's legacy_key). A client checks this for every
+    entry, read from its store or fetched, before it uses any field: otherwise an entry that keeps kernel A's key
+    and object but carries B's compile key and constants would make the lookup derive, and run, kernel B."""
+    if entry.kernel_key != asked:
+        return f"it is the entry of kernel {entry.kernel_key}, not of {asked}"
+    try:
+        keys = entry_keys(entry)
+    except ValueError as e:
+        return str(e)
+    if asked in keys or asked == legacy_key(entry):
+        return None
+    return f"its fields hash to {keys[1]}, not to its key {asked}: it was altered"
 
 
 def variant_key(base: Entry, constants: Constants) -> str:

@@ -11,11 +11,10 @@ Idempotent: entries already under today's keys are left alone.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .kernel_keys import dumps, entry_keys
+from .kernel_keys import entry_keys, legacy_key
 from .store import Entry, Store
 
 
@@ -29,15 +28,6 @@ class Migration:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def legacy_key(entry: Entry) -> str:
-    """The key the entry had before issue 13: sha256 of family, compile key, all four SKU figures, toolchain.
-    Kept only to recognise old entries (kernel_keys.key_of is the key)."""
-    target = {"arch": entry.arch, "sm_count": entry.sm_count, "l2_bytes": entry.l2_bytes,
-              "cuda_major": entry.cuda_major}
-    doc = {"family": entry.family, "compile_key": entry.compile_key, "target": target, "toolchain": entry.toolchain}
-    return hashlib.sha256(dumps(doc).encode()).hexdigest()
 
 
 def migrate(store: Store, dry_run: bool = False) -> Migration:

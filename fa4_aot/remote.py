@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from . import config
+from . import config, kernel_keys
 from .answers import bundle_head, entry_of, listing_of, miss_of
 from .errors import Fa4AotError, RemoteAuthError, RemoteError, StoreError, Unreachable
 from .recipe_store import MAX_BYTES as MAX_RECIPE
@@ -162,7 +162,11 @@ class Remote:
         response = self._request("GET", path, ok=(200, 404))
         if response.status_code == 404:
             return None
-        return entry_of(_decoded(response, self.url), f"{self.url}{path}")
+        entry = entry_of(_decoded(response, self.url), f"{self.url}{path}")
+        problem = kernel_keys.key_problem(entry, kernel_key)
+        if problem:  # no field of it is used: it would name what this process loads
+            raise RemoteError(f"{self.url}{path} answered an entry that cannot be used: {problem}")
+        return entry
 
     def has_object(self, digest: str) -> bool:
         return self._request("HEAD", f"/v1/objects/{check_hex(digest)}", ok=(200, 404)).status_code == 200
@@ -465,9 +469,11 @@ def _unbundle(reader: BundleReader, store: Store, accept: Callable[[Entry], None
               url: str, asked: set[str], host_arch: str | None = None) -> tuple[list[Entry], dict[str, str]]:
     entries, missing, objects = bundle_head(reader.line(), f"{url}/v1/bundles")
     skipped = {k: f"{url} has no kernel {k}" for k in missing if k in asked}
-    for entry in entries:  # a server answers for the keys asked, never plants others
+    for entry in entries:  # a server answers for the keys asked, never plants others, and each entry proves its key
         if entry.kernel_key not in asked:
             skipped[entry.kernel_key] = f"{url} sent kernel {entry.kernel_key}, which was not asked for"
+        elif problem := kernel_keys.key_problem(entry, entry.kernel_key):
+            skipped[entry.kernel_key] = f"{url} sent an entry for {entry.kernel_key} that cannot be used: {problem}"
     for entry in entries:
         try:
             if accept is not None:

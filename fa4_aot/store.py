@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from . import kernel_keys
 from .errors import IntegrityError, StoreError
 from .fsutil import (
     DIR_MODE,
@@ -349,16 +350,17 @@ class Store:
 
     def get_entry(self, kernel_key: str) -> Entry | None:
         """The entry for `kernel_key`, or None when the store has none. Never raises for a missing entry;
-        StoreError for an unreadable one, one that names another key, or a symlink."""
+        StoreError for an unreadable one, one that does not prove its key (kernel_keys.key_problem), or a symlink."""
         path = self.entry_path(kernel_key)
         try:
             with self._open(path) as f:
                 entry = _parse_entry(path, f.read())
         except FileNotFoundError:
             return None
-        if entry.kernel_key != kernel_key:
-            raise StoreError(f"index entry {path} holds kernel {entry.kernel_key!r}; run `fa4-aot verify` "
-                             "(it quarantines the entry) and rebuild")
+        problem = kernel_keys.key_problem(entry, kernel_key)
+        if problem:
+            raise StoreError(f"index entry {path} cannot be used: {problem}; run `fa4-aot verify --quarantine` "
+                             "(it moves the entry aside) and rebuild or pull the kernel")
         return entry
 
     def remove_entry(self, kernel_key: str) -> None:

@@ -82,7 +82,8 @@ def test_pulled_store_runs_the_lean_loader_with_the_build_stores_digests(built: 
         for digest in entry.lib_digests(host_arch()):
             assert copy.object_state(digest) == "ok"
     e = next(iter(source.entries()))
-    target = {"arch": e.arch, "sm_count": e.sm_count, "l2_bytes": e.l2_bytes, "cuda_major": e.cuda_major, "host": e.host}
+    target = {"arch": e.arch, "sm_count": e.sm_count, "l2_bytes": e.l2_bytes, "cuda_major": e.cuda_major,
+              "host": e.host}
     assert dict(recipe_store.keys_for(copy, target)) == dict(recipe_store.keys_for(source, target)) != {}
     report = _open(tmp_path / "gpu")
     assert report["imported"] == [] and report["regions"] == 1 and set(report["functions"]) == {"Function"}

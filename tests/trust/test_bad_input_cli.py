@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.store import Entry, Store
-from tests.conftest import ROOT
+from tests.conftest import ROOT, proven
 
 pytestmark = pytest.mark.bad_input("CLI arguments")
 
@@ -47,9 +47,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("store")
     s = Store(root)
     digest = s.put_object(b"not a real kernel")
-    s.put_entry(Entry(kernel_key="a" * 64, object_digest=digest, size=17, family="_flash_attn_fwd", compile_key=[],
-                      sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, toolchain={},
-                      variant="v", call="c", compile_seconds=0.0))
+    s.put_entry(proven(Entry(kernel_key="", object_digest=digest, size=17, family="_flash_attn_fwd", compile_key=[],
+                             sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, toolchain={},
+                             variant="v", call="c", compile_seconds=0.0)))
     return root
 
 

@@ -213,6 +213,22 @@ def test_d24_malformed_miss_list_is_a_clean_error_for_build_from_misses(tmp_path
 
 
 # -- Also seen ------------------------------------------------------------------------------------------------
+def test_fetch_kernel_refuses_an_entry_for_a_key_it_did_not_ask_for(tmp_path: Path) -> None:
+    asked, planted = entry_for(os.urandom(40)), entry_for(data := os.urandom(40))
+
+    def answer(server: RawServer, path: str, conn: socket.socket) -> None:
+        if path.startswith("/v1/kernels/"):
+            server.send(conn, reply(200, json.dumps(planted.__dict__).encode()))
+        else:
+            server.send(conn, reply(200, data, "application/octet-stream"))
+
+    store = Store(tmp_path / "cache")
+    with serving(answer) as server:
+        with pytest.raises(RemoteError, match=planted.kernel_key):
+            Remote(server.url, retries=0).fetch_kernel(asked.kernel_key, store)
+    assert list(store.entries()) == []
+
+
 def test_missing_revocation_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     missing = tmp_path / "revoked.txt"
     monkeypatch.setenv("FA4_AOT_REVOKED", str(missing))

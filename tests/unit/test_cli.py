@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 from fa4_aot import variants
 from fa4_aot.cli import main
 from fa4_aot.store import Entry, Miss, Store
+from tests.conftest import proven
 
 ROOT = Path(__file__).resolve().parents[2]
 KNOWN = ("h100-sxm", "h100-sxm-cu12", "h100-pcie", "h200", "h200-cu12", "b200", "b200-cu12", "gb200", "b300",
@@ -33,12 +34,12 @@ def cli(cache: Path, *args: str) -> Result:
 
 
 def put_entry(store: Store, data: bytes, sku: str = "h200") -> Entry:
-    entry = Entry(
-        kernel_key=hashlib.sha256(b"key:" + data).hexdigest(), object_digest=store.put_object(data),
-        size=len(data), family="FlashAttentionForwardSm90", compile_key=["fwd", 128], sku=sku, arch="sm_90a",
-        sm_count=132, l2_bytes=62914560, cuda_major=13, toolchain={"flash-attn-4": "4.0.0b36"}, variant="train",
-        call="fwd dense bf16 d=128 causal b=1 sq=512 sk=512 h=16/16", compile_seconds=0.5,
-    )
+    entry = proven(Entry(
+        kernel_key="", object_digest=store.put_object(data),
+        size=len(data), family="FlashAttentionForwardSm90", compile_key=["fwd", 128, hashlib.sha256(data).hexdigest()],
+        sku=sku, arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, toolchain={"flash-attn-4": "4.0.0b36"},
+        variant="train", call="fwd dense bf16 d=128 causal b=1 sq=512 sk=512 h=16/16", compile_seconds=0.5,
+    ))
     store.put_entry(entry)
     return entry
 

@@ -34,9 +34,11 @@ def test_dry_run_of_all_skus_plans_each_in_its_flavour(tmp_path: Path) -> None:
                      "--json", cache=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     docs = json.loads(result.stdout)
-    assert [d["sku"] for d in docs] == ["h200", "h200-cu12", "h100-sxm", "b200", "gb200"]
+    assert [d["sku"] for d in docs] == ["h200", "h200-cu12", "h100-sxm", "b200", "gh200", "gb200"]
     assert all(d["planned"] == d["kernels"] == 1 for d in docs)
     keys = {d["sku"]: d["kernel_keys"][0] for d in docs}
-    # the CUDA major and the flavour are in the (base) key; SKUs of one arch and CUDA major share it
-    assert len(set(keys.values())) == 3
+    # the CUDA major, the flavour and the host target are in the (base) key; SKUs of one arch, CUDA major and
+    # host target share it
+    assert len(set(keys.values())) == 4
     assert keys["h200"] == keys["h100-sxm"] != keys["h200-cu12"] and keys["b200"] == keys["gb200"]
+    assert keys["gh200"] not in (keys["h200"], keys["h200-cu12"])

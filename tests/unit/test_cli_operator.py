@@ -3,7 +3,6 @@ database and never create one by listing, prune and the list filters work on a r
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from click.testing import CliRunner, Result
 
 from fa4_aot.cli import main
 from fa4_aot.store import Entry, Store
+from tests.conftest import proven
 
 
 @pytest.fixture(autouse=True)
@@ -27,10 +27,11 @@ def cli(cache: Path, *args: str) -> Result:
 def put(store: Store, tag: str, *, sku: str = "h200", variant: str = "train", fa: str = "4.0.0b36",
         created: str = "2026-11-30T00:00:00Z", family: str = "FlashAttentionForwardSm90") -> Entry:
     data = f"{tag}-{sku}-{variant}-{fa}".encode() * 10
-    entry = Entry(
-        kernel_key=hashlib.sha256(b"key:" + data).hexdigest(), object_digest=store.put_object(data), size=len(data),
-        family=family, compile_key=[tag], sku=sku, arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13,
-        toolchain={"flash-attn-4": fa}, variant=variant, call=f"fwd {tag}", compile_seconds=0.1, created=created)
+    entry = proven(Entry(
+        kernel_key="", object_digest=store.put_object(data), size=len(data),
+        family=family, compile_key=[tag, sku, variant], sku=sku, arch="sm_90a", sm_count=132, l2_bytes=62914560,
+        cuda_major=13, toolchain={"flash-attn-4": fa}, variant=variant, call=f"fwd {tag}", compile_seconds=0.1,
+        created=created))
     store.put_entry(entry)
     return entry
 

@@ -21,7 +21,7 @@ def _sha(data: bytes) -> str:
 
 def _built_remotely(tmp_path: Path, key: str) -> Entry:
     """An entry as a Ray worker returns it: its library for x86_64 needs the runtime library."""
-    entry = make_entry(Store(tmp_path / "worker"), OBJECT, key=key)
+    entry = make_entry(Store(tmp_path / "worker"), OBJECT, tag=key)
     needs = {"libcute_dsl_runtime.so": _sha(RUNTIME), "libtvm_ffi.so": ""}
     return dataclasses.replace(entry, shared_libs={"x86_64": {"digest": _sha(LIBRARY), "size": len(LIBRARY),
                                                                "needs": needs}})

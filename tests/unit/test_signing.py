@@ -15,6 +15,7 @@ from fa4_aot.errors import TrustError
 from fa4_aot.signing import Revocations
 from fa4_aot.skus import Sku
 from fa4_aot.store import Entry, Store
+from tests.conftest import proven
 
 SKU = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -24,10 +25,12 @@ def _entry(store: Store, data: bytes, sku: Sku = SKU) -> Entry:
     digest = store.put_object(data)
     import hashlib
 
-    entry = Entry(kernel_key=hashlib.sha256(b"k" + data).hexdigest(), object_digest=digest, size=len(data),
-                  family="_flash_attn_fwd", compile_key=[1], sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
+    entry = Entry(kernel_key="", object_digest=digest, size=len(data),
+                  family="_flash_attn_fwd", compile_key=[hashlib.sha256(data).hexdigest()],
+                  sku=sku.name, arch=sku.arch, sm_count=sku.sm_count,
                   l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major, toolchain={"flash-attn-4": "x"}, variant="v",
                   call="c", compile_seconds=0.0, host=sku.host)
+    entry = proven(entry)
     store.put_entry(entry)
     return entry
 

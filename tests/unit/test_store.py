@@ -22,20 +22,23 @@ from fa4_aot import store as store_module
 from fa4_aot.errors import DiskFull, IntegrityError, StoreError
 from fa4_aot.fsutil import FileLock, atomic_write
 from fa4_aot.store import Entry, Miss, Store, sha256_file
+from tests.conftest import proven
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def make_entry(store: Store, data: bytes, sku: str = "h200", key: str | None = None) -> Entry:
+def make_entry(store: Store, data: bytes, sku: str = "h200", tag: str = "") -> Entry:
+    """An entry for an object holding `data` (stored), filed under the key its fields hash to; its compile key
+    names the bytes and `tag`, so distinct bytes or tags make distinct kernels."""
     digest = store.put_object(data)
-    return Entry(
-        kernel_key=key or hashlib.sha256(b"key:" + data).hexdigest(), object_digest=digest, size=len(data),
-        family="FlashAttentionForwardSm90", compile_key=["fwd", 128, True, {"float": "0x1.0p-3"}], sku=sku,
+    return proven(Entry(
+        kernel_key="", object_digest=digest, size=len(data), family="FlashAttentionForwardSm90",
+        compile_key=["fwd", 128, True, {"float": "0x1.0p-3"}, hashlib.sha256(data).hexdigest(), tag], sku=sku,
         arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, toolchain={"flash-attn-4": "4.0.0b36"},
         variant="train", call="fwd dense bf16 d=128 causal b=1 sq=512 sk=512 h=16/16", compile_seconds=1.25,
         hardware_queries=[["sm_count", 132]],
-    )
+    ))
 
 
 def flip_one_byte(path: Path, at: int = 0) -> None:
@@ -156,24 +159,24 @@ def test_entry_filed_under_another_key_is_refused(tmp_path: Path) -> None:
     store.put_entry(entry)
     other = "f" * 64
     atomic_write(store.entry_path(other), store.entry_path(entry.kernel_key).read_bytes())
-    with pytest.raises(StoreError, match=f"holds kernel '{entry.kernel_key}'"):
+    with pytest.raises(StoreError, match=f"it is the entry of kernel {entry.kernel_key}, not of {other}"):
         store.get_entry(other)
     (bad,) = maintenance.verify(store).bad_entries
-    assert bad[0] == f"index/ff/{other}.json" and "holds kernel" in bad[1]
+    assert bad[0] == f"index/ff/{other}.json" and "it is the entry of kernel" in bad[1]
 
 
 def test_verify_flags_an_entry_whose_object_is_corrupt_or_the_wrong_size(tmp_path: Path) -> None:
     store = Store(tmp_path)
     entry = make_entry(store, b"kernel bytes")
     store.put_entry(entry)
-    wrong_size = make_entry(store, b"other kernel", key="e" * 64)
+    wrong_size = make_entry(store, b"other kernel")
     store.put_entry(Entry(**{**wrong_size.__dict__, "size": 3}))
     flip_one_byte(store.object_path(entry.object_digest))
     report = maintenance.verify(store)
     assert [k for k, _ in report.bad_objects] == [entry.object_digest]
     assert {p.split("/")[-1]: why for p, why in report.bad_entries} == {
         f"{entry.kernel_key}.json": f"its object {entry.object_digest} is corrupt or not 12 bytes",
-        f"{'e' * 64}.json": f"its object {wrong_size.object_digest} is corrupt or not 3 bytes"}
+        f"{wrong_size.kernel_key}.json": f"its object {wrong_size.object_digest} is corrupt or not 3 bytes"}
 
 
 def test_misses_round_trip(tmp_path: Path) -> None:
