@@ -34,8 +34,9 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
     \b
     Typical use:
       fa4-aot skus                      # the GPU SKUs variants.toml knows
-      fa4-aot build --sku h200 -j 2     # cross-compile the default matrix (no GPU needed)
-      fa4-aot build --sku h200 --model llama-3.1-8b --tp 1,8   # or what one model runs
+      fa4-aot build --sku h200 --model llama-3.1-8b --tp 1 -j 2   # what one model runs (no GPU needed)
+      fa4-aot build --sku h200 --dry-run   # the whole default matrix: its kernels and time estimate first
+      fa4-aot build --sku h200 -j 16 --executor ray   # ...then build it on a farm
       fa4-aot coverage --sku h200 --calls calls.jsonl          # would these calls compile? (FA4_AOT_RECORD)
       fa4-aot list --sku h200           # what the store holds
       fa4-aot verify                    # re-hash every object

@@ -70,14 +70,26 @@ def state() -> State:
     return found
 
 
+def _cache_dir_here(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    """--cache-dir given after the command name (`fa4-aot list --cache-dir X`) overrides the group's."""
+    if value is not None:
+        found = ctx.find_object(State)
+        if found is not None:
+            found.cache_dir, found._store = value, None
+
+
 def pass_store(f: Callable[Concatenate[Store, P], R]) -> Callable[P, R]:
-    """Give the command the Store of --cache-dir as its first argument (built once per invocation)."""
+    """Give the command the Store of --cache-dir as its first argument (built once per invocation). The option
+    is accepted before the command name and after it, as pip and huggingface-cli users expect."""
 
     @functools.wraps(f)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         return f(state().store, *args, **kwargs)
 
-    return wrapper
+    return click.option(  # type: ignore[no-any-return]
+        "--cache-dir", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
+        callback=_cache_dir_here, help="Kernel store (as the option before the command name)."
+    )(wrapper)
 
 
 def existing(store: Store) -> Store:

@@ -28,7 +28,7 @@ from .progress import Progress, quiet_option
 def list_(store: Store, sku: str | None, variant: str | None, family: str | None, summary: bool,
           as_json: bool) -> None:
     """List the kernels in the store, then a per-SKU count."""
-    everything = list(store.entries())
+    everything = list(existing(store).entries())
     if sku is not None and sku not in {e.sku for e in everything}:
         _check_sku_name(sku, {e.sku for e in everything})
     entries = [e for e in everything if (sku is None or e.sku == sku) and (variant is None or e.variant == variant)
@@ -157,7 +157,7 @@ def gc(store: Store, dry_run: bool, min_age: float, as_json: bool) -> None:
 @pass_store
 def misses(store: Store, as_json: bool) -> None:
     """Kernels that clients in fallback mode needed and compiled themselves: add them to variants.toml."""
-    found = store.misses()
+    found = existing(store).misses()
     rows = [f"{m.when}  {m.sku:<10} {m.family:<26} {m.kernel_key[:16]}" for m in found]
     rows.append(f"{len(found)} miss(es)")
     emit(as_json, [asdict(m) for m in found], "\n".join(rows))

@@ -83,10 +83,13 @@ def test_skus_reads_variants_option_and_env(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_list_empty_store(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir(mode=0o700)
     result = cli(tmp_path / "store", "list", "--json")
     assert (result.exit_code, json.loads(result.output)) == (0, [])
     assert cli(tmp_path / "store", "list").output.strip() == "0 kernel(s), 0 bytes"
-    assert not (tmp_path / "store").exists()  # reading never creates the store
+    missing = cli(tmp_path / "absent", "list")  # a mistyped path is an error (issue 22), never "0 kernel(s)"
+    assert missing.exit_code == 1 and "no store at" in missing.output
+    assert not (tmp_path / "absent").exists()  # reading never creates the store
 
 
 def test_list_filters_by_sku(tmp_path: Path) -> None:

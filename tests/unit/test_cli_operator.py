@@ -36,6 +36,22 @@ def put(store: Store, tag: str, *, sku: str = "h200", variant: str = "train", fa
     return entry
 
 
+@pytest.mark.parametrize("command", [["list"], ["list", "--summary"], ["misses"], ["gc", "--dry-run"], ["verify"]])
+def test_cache_dir_after_the_command_name_and_a_missing_store_is_an_error(tmp_path: Path, command: list[str]) -> None:
+    """Issue 22, point 5: `fa4-aot list --cache-dir X` was "No such option", and `--cache-dir /typo list` printed
+    "0 kernel(s)" with exit 0."""
+    store = Store(tmp_path / "real")
+    entry = put(store, "one")
+    after = CliRunner().invoke(main, [*command, "--cache-dir", str(tmp_path / "real")])
+    assert after.exit_code == 0, after.output
+    if command == ["list"]:
+        assert entry.kernel_key[:16] in after.output
+    for args in ([*command, "--cache-dir", str(tmp_path / "typo")], ["--cache-dir", str(tmp_path / "typo"), *command]):
+        missing = CliRunner().invoke(main, args)
+        assert missing.exit_code == 1 and "no store at" in missing.output, missing.output
+    assert not (tmp_path / "typo").exists()
+
+
 def test_verify_on_a_missing_cache_dir_is_an_error(tmp_path: Path) -> None:
     result = cli(tmp_path / "mistyped", "verify")
     assert result.exit_code == 1 and "no store at" in result.output and "--cache-dir" in result.output
