@@ -19,6 +19,7 @@ Pure: no FA4, no torch. The catalog is fa4_aot/models.toml.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,8 @@ def resolve(name_or_config: str, path: Path | None = None) -> Model:
     known = catalog(path)
     if name_or_config in known:
         return known[name_or_config]
-    near = [n for n in known if name_or_config.lower() in n] or list(known)
+    low = name_or_config.lower()
+    near = ([n for n in known if low in n] or difflib.get_close_matches(low, list(known), n=3, cutoff=0.6))
+    hint = f"did you mean {' or '.join(map(repr, near[:3]))}? " if near else ""
     raise ConfigError(f"unknown model {name_or_config!r}: not in {path or CATALOG} and not a config.json file; "
-                      f"{'close' if len(near) < len(known) else 'known'}: {', '.join(near)} "
-                      "(`fa4-aot models` lists the catalog)")
+                      f"{hint}`fa4-aot models` lists the {len(known)} models of the catalog")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import Fa4AotError
 from ..store import Store
 from .common import emit, json_option, load_matrix, pass_store, variants_option
 
@@ -100,6 +101,9 @@ def coverage(store: Store, sku: str, model_arg: str | None, tp_arg: str, workloa
             click.echo(why, err=True)
         verdicts = cov.check_model(target, store, model, tps, workloads, model_arg, jobs=jobs)
     doc = {"sku": sku, "store": str(store.root), **cov.summary(verdicts)}
+    if not verdicts:  # e.g. --tp 3 for a model whose heads it does not divide: nothing was checked
+        raise Fa4AotError("nothing to check: the request selects no call (see the lines above); "
+                          "`fa4-aot coverage --help` shows the options")
     emit(as_json, doc, "\n".join(cov.lines(verdicts)))
     if not doc["ok"]:
         sys.exit(1)

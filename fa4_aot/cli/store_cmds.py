@@ -184,6 +184,8 @@ def prune(store: Store, sku: str | None, toolchain: str | None, older_than: str 
         max_size=mod.parse_size(max_size) if max_size else None,
         toolchain=_installed_toolchain() if toolchain == "old" else None,
         flash_attn=toolchain if toolchain not in (None, "old") else None)
+    if sku is not None:  # a typo must not prune nothing and exit 0
+        _check_sku_name(sku, {e.sku for e in existing(store).entries()})
     report = mod.prune(existing(store), rules, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     doc = {"dry_run": dry_run, "entries": report.entries, "objects": report.objects, "bytes": report.bytes_freed,

@@ -206,3 +206,15 @@ def test_verify_streams_json_events_and_is_silent_with_quiet(tmp_path: Path) -> 
     assert json.loads(result.stdout)["ok"] is True
     quiet = cli(tmp_path, "verify", "--quiet")
     assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["prune", "--sku", "h20", "--dry-run"], "did you mean 'h200'"),
+    (["build", "--sku", "h200", "--model", "llama-3.1-8x", "--dry-run"], "did you mean 'llama-3.1-8b'"),
+    (["coverage", "--sku", "h200", "--model", "llama-3.1-8b", "--tp", "3"], "nothing to check"),
+])
+def test_typos_and_empty_requests_are_errors_with_a_suggestion(tmp_path: Path, args: list[str], said: str) -> None:
+    """Issue 22, point 7: these removed nothing, listed 66 names, or said "0 of 0 served", and exited 0."""
+    put(Store(tmp_path), "one")
+    result = cli(tmp_path, *args)
+    assert result.exit_code == 1 and said in result.output, result.output
