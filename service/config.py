@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     db_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite:///<cache_dir>/fa4-aot.db.")
     require_read_token: bool = Field(default=False, description="Reads under /v1 need a read/publish/admin token.")
     max_body_bytes: int = Field(default=512 * 2**20, gt=0, description="Largest accepted object upload, in bytes.")
+    bundle_bytes_in_flight: int = Field(default=1 << 30, gt=0, description="Bundle bytes being sent at once, per "
+                                        "worker process; past it POST /v1/bundles answers 503 with Retry-After.")
+    anonymous_misses_per_minute: int = Field(default=120, gt=0, description="New misses one client address may "
+                                             "report a minute without a token (per worker process); then 429.")
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")

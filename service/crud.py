@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from fa4_aot.kernel_keys import dumps as canonical_json
 from fa4_aot.store import Entry
 
-from . import models, schemas
+from . import db, models, schemas
 from .errors import Conflict, InvalidInput, TokenNotFound
 from .models import utcnow
 
@@ -83,6 +83,7 @@ def create_token(session: Session, *, name: str, scope: str, skus: list[str] | N
     `skus` limits a publish token to kernels and manifests of those SKUs (None: every SKU). Raises InvalidInput.
     """
     _check_token_args(name, scope, skus)
+    db.lock_table(session, models.Token)  # two creators of one name: the second sees the first's token
     if name and _active_tokens(session, name):
         raise InvalidInput(f"an active token is already named {name!r}: rotate it with `fa4-aot token rotate "
                            f"--name {name}`, revoke it with `fa4-aot token revoke --name {name}`, or pick another name")
@@ -98,6 +99,7 @@ def rotate_token(session: Session, *, name: str) -> str:
     """Issue a new plaintext for the active token called `name` (same name, scope and SKUs) and revoke the old
     one, in one transaction; returns the new plaintext. Raises TokenNotFound if no active token has that
     name, InvalidInput if several do (tokens created before names were unique)."""
+    db.lock_table(session, models.Token)
     tokens = _active_tokens(session, name)
     if not tokens:
         raise TokenNotFound(f"no active token named {name!r}; list tokens with `fa4-aot token list`")
@@ -258,6 +260,13 @@ def ensure_sku(session: Session, *, facts: schemas.SkuFacts) -> models.Sku:
             "fix the SKU in variants.toml and rebuild, or publish under a new SKU name"
         )
     return row
+
+
+def skus_with_facts(session: Session, *, facts: schemas.SkuFacts) -> list[str]:
+    """Names of the SKU rows with these facts (whatever facts.name is): they share kernel and recipe keys."""
+    return list(session.scalars(select(models.Sku.name).where(
+        models.Sku.arch == facts.arch, models.Sku.sm_count == facts.sm_count, models.Sku.l2_bytes == facts.l2_bytes,
+        models.Sku.cuda_major == facts.cuda_major, models.Sku.host == facts.host).order_by(models.Sku.name)))
 
 
 def sku_facts(kernel: schemas.KernelIn) -> schemas.SkuFacts:

@@ -5,6 +5,7 @@ bounded: its fields (schemas.MissIn), the distinct keys of a SKU, and a page of 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from fa4_aot.kernel_keys import dumps as canonical_json
 
-from . import models, schemas
+from . import db, models, schemas
 from .crud import record_audit
 from .errors import NotFound, TooMany
 from .models import utcnow
@@ -20,15 +21,20 @@ from .models import utcnow
 MAX_MISSES_PER_SKU = 10_000  # distinct kernel keys; a real matrix gap is a few hundred
 
 
-def record_miss(session: Session, *, miss: schemas.MissIn) -> None:
+def record_miss(session: Session, *, miss: schemas.MissIn, may_add: Callable[[], bool] | None = None) -> None:
     """Insert the miss or count one more report of it, atomically (INSERT ... ON CONFLICT DO UPDATE). A
     report never replaces a call or exact record (`args`) already recorded. Raises NotFound for a SKU the service
     does not hold and TooMany when the SKU already has MAX_MISSES_PER_SKU distinct misses (a known key is still
-    counted)."""
+    counted) or when `may_add()` (an anonymous client's rate) refuses a new key. The check and the insert hold
+    the misses table's write lock, so concurrent reports cannot pass the cap together."""
     if session.get(models.Sku, miss.sku) is None:
         raise NotFound(f"unknown SKU {miss.sku!r}: misses are recorded only for SKUs this service holds "
                        "(GET /v1/skus lists them)")
+    db.lock_table(session, models.Miss)
     known = session.get(models.Miss, miss.kernel_key) is not None
+    if not known and may_add is not None and not may_add():
+        raise TooMany("too many new misses reported from this address without a token; send a read token "
+                      "(FA4_AOT_TOKEN) or retry later", headers={"Retry-After": "60"})
     held = session.scalar(select(func.count()).select_from(models.Miss).where(models.Miss.sku == miss.sku)) or 0
     if not known and held >= MAX_MISSES_PER_SKU:
         raise TooMany(f"SKU {miss.sku!r} already has {held} distinct misses recorded; an admin clears built ones "

@@ -14,7 +14,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, false, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -56,6 +56,18 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def lock_table(session: Session, model: Any) -> None:
+    """Make this session's transaction the only writer of `model`'s table until it ends, so that a check and the
+    write it guards cannot interleave with another writer's (a name still free, a cap not yet reached). PostgreSQL:
+    a table lock that readers do not wait for; SQLite: the database's one write lock, taken by a write that
+    changes nothing (the driver begins the transaction before it, so later reads see every earlier commit)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text(f"LOCK TABLE {model.__tablename__} IN SHARE ROW EXCLUSIVE MODE"))
+    else:
+        first = next(iter(model.__table__.primary_key.columns))
+        session.execute(update(model).where(false()).values({first.name: first}))
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fa4_aot.store import Store
 
-from . import crud, models
+from . import crud, models, schemas
 from .config import Settings
 
 bearer = HTTPBearer(auto_error=False, description="A token from `fa4-aot token create --scope read|publish|admin`.")
@@ -94,3 +94,16 @@ def check_sku_allowed(token: models.Token, sku: str) -> None:
         raise HTTPException(403, f"token {crud.token_label(token)!r} may publish only SKUs {', '.join(allowed)}, "
                                  f"not {sku!r}: use a token for {sku} (`fa4-aot token create --scope publish "
                                  f"--sku {sku}`)")
+
+
+def check_facts_allowed(session: Session, token: models.Token, facts: schemas.SkuFacts) -> None:
+    """403 when `token` is limited to a set of SKUs and a SKU outside it has these facts: SKUs with equal facts
+    share kernel and recipe keys, so a write under one is a write under all (a recipe file is replaced, not
+    refused). This also keeps a limited token from registering its SKU name with another SKU's facts."""
+    allowed = crud.token_skus(token)
+    others = [] if allowed is None else [n for n in crud.skus_with_facts(session, facts=facts) if n not in allowed]
+    if others:
+        raise HTTPException(403, f"token {crud.token_label(token)!r} may publish only SKUs {', '.join(allowed or [])}, "
+                                 f"but SKUs {', '.join(others)} have the same facts as {facts.name!r} and share its "
+                                 "kernel and recipe keys: publish with a token for all of them, or register "
+                                 f"{facts.name!r} with its own facts")

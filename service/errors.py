@@ -57,3 +57,9 @@ class InvalidInput(Fa4AotError, ValueError):
 
 class TokenNotFound(Fa4AotError, LookupError):
     """No active token has the given name (raised by crud.revoke_token and crud.rotate_token)."""
+
+
+class Busy(ServiceError):
+    """The server already sends as much as it allows at once; the client retries after Retry-After."""
+
+    status_code = 503

@@ -1,4 +1,6 @@
-"""A cap on JSON request bodies. Object uploads (PUT /v1/objects/...) stream to disk under their own limit
+"""Caps: on JSON request bodies, on bundle bytes in flight (Budget) and on anonymous miss reports (ClientRate).
+
+JSON request bodies: object uploads (PUT /v1/objects/...) stream to disk under their own limit
 (Settings.max_body_bytes, enforced in transfer.receive_object); everything else is small JSON that the
 framework reads into memory (signed manifests included), so an open route such as POST /v1/misses must not
 accept megabytes: its bodies are capped lower still (MISS_BODY_LIMIT). Recipe files (PUT
@@ -7,6 +9,8 @@ accept megabytes: its bodies are capped lower still (MISS_BODY_LIMIT). Recipe fi
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -60,3 +64,44 @@ class JsonBodyLimit:
         return JSONResponse({"detail": (
             f"request body over {limit} bytes; JSON bodies are index entries, signed manifests and miss "
             "reports, which are far smaller: upload object bytes with PUT /v1/objects/<digest>")}, status_code=413)
+
+
+class Budget:
+    """A count of bytes in flight in one process (bundles being sent): `take(n)` reserves n bytes unless that
+    would pass `limit`, `give(n)` returns them. The event loop is the only caller, so no lock is needed."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+class ClientRate:
+    """Token buckets per client address: `per_minute` at once, refilled at `per_minute` a minute. At most
+    `clients` addresses are tracked (the longest idle are forgotten), so spoofed ranges cannot grow memory."""
+
+    def __init__(self, per_minute: int, clients: int = 10_000) -> None:
+        self.per_minute = per_minute
+        self.clients = clients
+        self.buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, when), least recently used first
+        self.lock = threading.Lock()  # sync routes call it from the threadpool
+
+    def allow(self, client: str) -> bool:
+        """Take one token of `client`'s bucket; False when it is empty."""
+        with self.lock:
+            now = time.monotonic()
+            tokens, when = self.buckets.pop(client, (float(self.per_minute), now))
+            tokens = min(float(self.per_minute), tokens + (now - when) * self.per_minute / 60)
+            allowed = tokens >= 1
+            self.buckets[client] = (tokens - allowed, now)
+            if len(self.buckets) > self.clients:
+                del self.buckets[next(iter(self.buckets))]
+            return allowed

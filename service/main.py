@@ -26,7 +26,7 @@ from . import db, docs, openapi, sync
 from .config import Settings
 from .errors import ServiceError
 from .head import HeadAsGet
-from .limits import JsonBodyLimit
+from .limits import Budget, ClientRate, JsonBodyLimit
 from .metrics import Metrics, MetricsMiddleware
 from .routes import (
     audit,
@@ -56,6 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = db.make_engine(settings.database_url)
     app.state.sessions = db.session_factory(app.state.engine)
     app.state.metrics = Metrics()
+    app.state.bundle_budget = Budget(settings.bundle_bytes_in_flight)
+    app.state.miss_rate = ClientRate(settings.anonymous_misses_per_minute)
     app.add_middleware(JsonBodyLimit)
     app.add_middleware(HeadAsGet)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts the 413s too
@@ -109,8 +111,8 @@ def prepare(settings: Settings) -> None:
     removed = sync.remove_dead_temp_files(store)
     with db.session_for(settings.database_url) as session:
         report = sync.import_store(session, store)
-    log.info("store %s: imported %d kernels (%d new objects), removed %d stale temp files",
-             store.root, report.kernels, report.objects, removed)
+    log.info("store %s: imported %d kernels (%d new objects) and %d recipe files, removed %d stale temp files",
+             store.root, report.kernels, report.objects, report.recipes, removed)
     # tokens are checked against this database: `fa4-aot token create` must be given the same --cache-dir or --db
     log.info("tokens and metadata: %s", _shown_url(settings.database_url))
     for line in report.skipped:

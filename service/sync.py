@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 from dataclasses import dataclass, field
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fa4_aot import kernel_keys, maintenance
+from fa4_aot import kernel_keys, maintenance, recipe_store
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Entry, Store
 
-from . import crud, models, schemas
+from . import crud, crud_recipes, models, schemas
 from .errors import Conflict
 
 log = logging.getLogger(__name__)
@@ -23,11 +26,13 @@ log = logging.getLogger(__name__)
 class ImportReport:
     kernels: int = 0
     objects: int = 0
+    recipes: int = 0
     skipped: list[str] = field(default_factory=list)  # one line per entry left out, saying why
 
 
 def import_store(session: Session, store: Store) -> ImportReport:
-    """Upsert every index entry of `store` (objects, SKUs, kernels) into the database and commit.
+    """Upsert every index entry of `store` (objects, SKUs, kernels), then its recipe files, into the database
+    and commit.
 
     An object row is added only when its file exists with the entry's size. Entries that cannot be served
     (unreadable, missing object, SKU facts that clash with the database) are skipped and named in the
@@ -40,7 +45,20 @@ def import_store(session: Session, store: Store) -> ImportReport:
         except (Conflict, ValueError) as e:
             report.skipped.append(f"{entry.kernel_key}: {e}")
     session.commit()
+    _import_recipes(session, store, report)
     return report
+
+
+def _import_recipes(session: Session, store: Store, report: ImportReport) -> None:
+    """Record every recipe file of the store that is valid for a SKU the database holds (its regions hash, with
+    the SKU's facts, to its key: the check an upload passes), so a build's recipes are served as its kernels
+    are. The file's bytes are what the server sends, so a row that names other bytes is brought up to date."""
+    targets = {crud_recipes.target_of(session, sku=row.name) for row in session.scalars(select(models.Sku))}
+    for target in sorted(targets):
+        for key, data in recipe_store.keys_for(store, json.loads(target)):
+            if crud_recipes.record_recipe(session, key=key, target=target, digest=hashlib.sha256(data).hexdigest(),
+                                          size=len(data), actor="import"):
+                report.recipes += 1
 
 
 def _entries(store: Store, report: ImportReport) -> list[Entry]:
@@ -54,7 +72,7 @@ def _entries(store: Store, report: ImportReport) -> list[Entry]:
 def _import_entry(session: Session, store: Store, entry: Entry, report: ImportReport) -> None:
     """Raises Conflict (SKU facts) or ValueError (entry fails validation, object missing or short) before
     adding anything to the session, so a skipped entry leaves no partial rows."""
-    kernel = schemas.KernelIn.model_validate(_with_held_libraries(store, entry).published())
+    kernel = schemas.KernelIn.model_validate(with_held_libraries(store, entry).published())
     if not kernel_keys.has_valid_key(entry):
         raise ValueError("its fields do not hash to its kernel key; run `fa4-aot verify` and rebuild")
     try:
@@ -85,7 +103,7 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
     report.kernels += 1
 
 
-def _with_held_libraries(store: Store, entry: Entry) -> Entry:
+def with_held_libraries(store: Store, entry: Entry) -> Entry:
     """The entry with only the host arches whose library and runtime libraries are all in the store with their
     sizes: a server never names a library it cannot send."""
     def held(arch: str) -> bool:

@@ -15,7 +15,8 @@ _DESCRIPTIONS = {
     413: "Body larger than the server's limit (objects: FA4_AOT_MAX_BODY_BYTES; JSON: 1 MiB)",
     416: "Range not satisfiable",
     422: "Body does not match its digest, or fails validation",
-    429: "A bounded collection is full (misses of a SKU, manifests of a SKU)",
+    429: "A bounded collection is full (misses of a SKU, manifests of a SKU), or too many anonymous miss reports",
+    503: "Busy: the worker sends its limit of bundle bytes at once; retry after Retry-After seconds",
 }
 
 

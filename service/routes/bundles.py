@@ -8,62 +8,111 @@ it needs come along. Clients hash each object while it streams and store nothing
 
 Like object reads, a bundle is read from the store's files, not the database: an index entry exists only once
 its object is complete and its database row committed (publish writes the entry last), so a cluster coming up
-holds no database connection and no thread per request. Kernel-sized files come from the page cache faster than
-a hop to the threadpool would cost, so the route reads them in the event loop (as GET /v1/objects does).
+holds no database connection and no thread per request. The body streams from the files a chunk at a time, and
+each worker sends at most FA4_AOT_BUNDLE_BYTES_IN_FLIGHT bundle bytes at once (503 past it), so clients that do
+not read their answers cannot fill the server's memory (issue 18, D21). Kernel-sized files come from the page
+cache faster than a hop to the threadpool would cost, so the route reads them in the event loop (as GET
+/v1/objects does).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
+from fa4_aot.errors import StoreError
 from fa4_aot.store import Entry, Store
 
 from ..deps import StoreDep, require_read
-from ..errors import TooLarge
+from ..errors import Busy, TooLarge
 from ..openapi import READ
 from ..schemas import BundleIn
 from . import READ_ERRORS, errors
 
 router = APIRouter(prefix="/v1/bundles", tags=["kernels"])
 MEDIA_TYPE = "application/x-fa4-aot-bundle"
-MAX_BYTES = 256 << 20  # one response is held in memory: a model's kernels are a few MB
+MAX_BYTES = 256 << 20  # one response: a model's kernels are a few MB
+CHUNK = 1 << 20
 
 
 @router.post("", response_class=Response, dependencies=[Depends(require_read)], openapi_extra=READ,
              responses={200: {"description": "A JSON line, then the objects' bytes",
                               "content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
-                        **errors(*READ_ERRORS, 413)})  # 422: FastAPI's own body-validation list
-async def post_bundle(body: BundleIn, store: StoreDep) -> Response:
-    """The index entries of the kernels the server holds, the keys it lacks, and their objects' bytes."""
-    entries, blobs = _read(store, list(dict.fromkeys(body.kernel_keys)), body.host_arch)
+                        **errors(*READ_ERRORS, 413, 503)})  # 422: FastAPI's own body-validation list
+async def post_bundle(body: BundleIn, request: Request, store: StoreDep) -> Response:
+    """The index entries of the kernels the server holds, the keys it lacks, and their objects' bytes, streamed
+    from the store's files. 503 with Retry-After while the worker already sends its limit of bundle bytes
+    (FA4_AOT_BUNDLE_BYTES_IN_FLIGHT)."""
+    entries, sizes = _plan(store, list(dict.fromkeys(body.kernel_keys)), body.host_arch)
     found = {e.kernel_key for e in entries}
-    head = {"entries": [asdict(e) for e in entries], "objects": [[d, len(b)] for d, b in blobs.items()],
+    head = {"entries": [asdict(e) for e in entries], "objects": [[d, n] for d, n in sizes.items()],
             "missing": [k for k in dict.fromkeys(body.kernel_keys) if k not in found]}
     line = (json.dumps(head, separators=(",", ":")) + "\n").encode()
-    return Response(b"".join([line, *blobs.values()]), media_type=MEDIA_TYPE, headers={"Cache-Control": "no-store"})
+    total = len(line) + sum(sizes.values())
+    budget = request.app.state.bundle_budget
+    if not budget.take(total):
+        raise Busy(f"{budget.used >> 20} MiB of bundles are in flight on this worker, the most it sends at once "
+                   "(FA4_AOT_BUNDLE_BYTES_IN_FLIGHT); retry after the Retry-After seconds",
+                   headers={"Retry-After": "1"})
+    return _Released(_stream(store, line, sizes), lambda: budget.give(total), media_type=MEDIA_TYPE,
+                     headers={"Cache-Control": "no-store", "Content-Length": str(total)})
 
 
-def _read(store: Store, keys: list[str], host_arch: str | None) -> tuple[list[Entry], dict[str, bytes]]:
-    """The entries the store holds with their objects' bytes (each object once), and with `host_arch` the
-    libraries linked for it and their runtime libraries. A kernel one of whose object files is gone
-    (quarantined since) is left out, and so reported missing."""
-    entries, blobs = [], {}
+class _Released(StreamingResponse):
+    """A StreamingResponse that calls `release()` once it ends, sent, failed or cut off by the client."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: object) -> None:
+        super().__init__(content, **kwargs)  # type: ignore[arg-type]
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
+def _plan(store: Store, keys: list[str], host_arch: str | None) -> tuple[list[Entry], dict[str, int]]:
+    """The entries the store holds with the sizes of their objects (each object once), and with `host_arch`
+    the libraries linked for it and their runtime libraries. A kernel one of whose object files is gone
+    (quarantined since) or has another size than its entry says, or whose entry cannot be used, is left out, and
+    so reported missing."""
+    entries: list[Entry] = []
+    sizes: dict[str, int] = {}
     for key in keys:
-        entry = store.get_entry(key)
+        try:
+            entry = store.get_entry(key)
+        except StoreError:  # unreadable or not proving its key: never served
+            continue
         if entry is None:
             continue
-        wanted = [entry.object_digest, *(entry.lib_digests(host_arch) if host_arch else {})]
-        try:
-            for digest in wanted:
-                if digest not in blobs:
-                    with store.open_object(digest) as f:
-                        blobs[digest] = f.read()
-        except FileNotFoundError:
+        wanted = {entry.object_digest: entry.size, **(entry.lib_digests(host_arch) if host_arch else {})}
+        held = {d: store.object_size(d) for d in wanted}
+        if any(n is None or wanted[d] not in (None, n) for d, n in held.items()):
             continue
-        if sum(map(len, blobs.values())) > MAX_BYTES:
+        sizes.update(held)  # type: ignore[arg-type]
+        if sum(sizes.values()) > MAX_BYTES:
             raise TooLarge(f"the bundle would exceed {MAX_BYTES >> 20} MiB; ask for fewer kernels at once")
         entries.append(entry)
-    return entries, blobs
+    return entries, sizes
+
+
+async def _stream(store: Store, line: bytes, sizes: dict[str, int]) -> AsyncIterator[bytes]:
+    """The JSON line, then each object's bytes, `CHUNK` at a time: a reader that stops reading holds one chunk
+    here, not the bundle. An object file removed or changed since `_plan` ends the body early (the client's
+    hash or length check refuses it, and it retries)."""
+    yield line
+    for digest, size in sizes.items():
+        with store.open_object(digest) as f:
+            left = size
+            while left:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    raise OSError(f"object {digest} shrank while a bundle was sent")
+                left -= len(chunk)
+                yield chunk

@@ -10,13 +10,15 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from fa4_aot import kernel_keys
+from fa4_aot.errors import StoreError
 from fa4_aot.store import Entry, Store
 
 from .. import crud
-from ..deps import PublisherDep, SessionDep, StoreDep, check_sku_allowed, require_read
+from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import Conflict, NotFound
 from ..openapi import PUBLISH, READ
 from ..schemas import HEX64, KernelIn, KernelOut
+from ..sync import with_held_libraries
 from . import READ_ERRORS, errors
 
 router = APIRouter(prefix="/v1/kernels", tags=["kernels"])
@@ -25,12 +27,21 @@ KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, descr
 
 @router.get("/{kernel_key}", response_model=KernelOut, responses=errors(*READ_ERRORS, 404),
             dependencies=[Depends(require_read)], openapi_extra=READ)
-def get_kernel(kernel_key: KeyPath, session: SessionDep) -> KernelOut:
-    """The kernel's index entry: every field of fa4_aot.store.Entry."""
-    found = crud.get_kernel(session, kernel_key=kernel_key)
-    if found is None:
+async def get_kernel(kernel_key: KeyPath, store: StoreDep) -> KernelOut:
+    """The kernel's index entry: every field of fa4_aot.store.Entry, naming only libraries the server holds.
+
+    Read from the store's index file, not the database, as objects and bundles are: a publish writes the entry
+    only once its object is complete, so a cluster fetching kernel by kernel holds no database connection and no
+    thread per request (issue 18, D29). An entry whose object file is gone or of another size, or that cannot be
+    used (unreadable, not proving its key), is not served."""
+    try:
+        entry = store.get_entry(kernel_key)
+        served = entry is not None and store.object_size(entry.object_digest) == entry.size
+    except StoreError as e:
+        raise NotFound(f"the server's index entry for kernel {kernel_key} cannot be used ({e})") from None
+    if entry is None or not served:
         raise NotFound(f"no kernel {kernel_key}; GET /v1/skus/<sku>/manifest lists the kernels of a SKU")
-    return found
+    return KernelOut(**with_held_libraries(store, entry).published())
 
 
 @router.post(
@@ -49,8 +60,9 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
     failed write leaves no row. `shared_libs` is not part of the key: a library per host arch may be added
     later, never replaced. 409 when the key is published with another object, SKU or library for an arch
     (immutable), the object or a library object is missing or its size differs, or the SKU's facts clash;
-    403 when the token is limited to other SKUs."""
+    403 when the token is limited to other SKUs, or a SKU outside its list has these facts (shared keys)."""
     check_sku_allowed(token, kernel.sku)
+    check_facts_allowed(session, token, crud.sku_facts(kernel))
     if not kernel_keys.has_valid_key(kernel):  # type: ignore[arg-type]
         try:
             recomputed = " or ".join(kernel_keys.entry_keys(kernel))  # type: ignore[arg-type]

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import crud
-from ..deps import SessionDep
+from ..deps import SessionDep, require_read
+from ..openapi import READ
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", response_class=Response,
-            responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}})
+            responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+            dependencies=[Depends(require_read)], openapi_extra=READ)
 def metrics(request: Request, session: SessionDep) -> Response:
     """Request counters, bytes sent, latency histogram, and gauges of objects, kernels, misses, signed
-    manifests and revocations."""
+    manifests and revocations. Needs a read token when reads do (FA4_AOT_REQUIRE_READ_TOKEN)."""
     collected = request.app.state.metrics
     collected.set_counts(crud.counts(session))
     return Response(generate_latest(collected.registry), media_type=CONTENT_TYPE_LATEST)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 
 from .. import crud, crud_misses
-from ..deps import AdminDep, SessionDep, require_read
+from ..deps import AdminDep, CredentialsDep, SessionDep, require_read
 from ..openapi import ADMIN, READ
 from ..schemas import HEX64, MissIn, MissOut
 from . import errors
@@ -19,10 +20,16 @@ KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, descr
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_class=Response,
              responses={202: {"description": "Recorded"}, **errors(400, 401, 403, 404, 413, 429)},
              dependencies=[Depends(require_read)], openapi_extra=READ)
-def report_miss(miss: MissIn, session: SessionDep) -> Response:
+def report_miss(miss: MissIn, request: Request, session: SessionDep, credentials: CredentialsDep) -> Response:
     """Record that a client needed `kernel_key` and lacked it (count += 1). Open to readers; at most 64 KiB,
-    only for SKUs the service holds (404 otherwise), at most 10,000 distinct misses a SKU (429)."""
-    crud_misses.record_miss(session, miss=miss)
+    only for SKUs the service holds (404 otherwise), at most 10,000 distinct misses a SKU (429). Without a valid
+    token, one client address may add at most FA4_AOT_ANONYMOUS_MISSES_PER_MINUTE new misses a minute (429),
+    so an anonymous flood cannot fill a SKU's misses; reports of known misses are always counted."""
+    token = crud.find_token(session, plaintext=credentials.credentials) if credentials else None
+    anonymous = token is None or token.revoked
+    client = request.client.host if request.client else ""
+    may_add = functools.partial(request.app.state.miss_rate.allow, client) if anonymous else None
+    crud_misses.record_miss(session, miss=miss, may_add=may_add)
     return Response(status_code=status.HTTP_202_ACCEPTED)
 
 

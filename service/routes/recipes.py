@@ -16,8 +16,8 @@ from starlette.concurrency import run_in_threadpool
 
 from fa4_aot import recipe_store
 
-from .. import crud, crud_recipes
-from ..deps import PublisherDep, SessionDep, StoreDep, check_sku_allowed, require_read
+from .. import crud, crud_recipes, models, schemas
+from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import InvalidBody, NotFound, TooLarge
 from ..openapi import PUBLISH, READ
 from ..schemas import HEX64, SKU_NAME, RecipeOut, Recipes
@@ -58,17 +58,20 @@ async def put_recipe(sku: SkuPath, key: KeyPath, request: Request, response: Res
                      store: StoreDep, token: PublisherDep) -> RecipeOut:
     """Publish recipe file `key` of `sku`: 201 when new or replacing other bytes (newest wins), 200 when held
     as is. 422 unless the body is a recipe file whose regions' signatures hash, with the SKU's facts, to `key`;
-    413 past fa4_aot.recipe_store.MAX_BYTES; 409 for a SKU without published kernels."""
+    413 past fa4_aot.recipe_store.MAX_BYTES; 409 for a SKU without published kernels; 403 for a token limited
+    to SKUs that do not include every SKU with this SKU's facts (they share recipe keys)."""
     check_sku_allowed(token, sku)
     data = await request.body()
     if len(data) > recipe_store.MAX_BYTES:
         raise TooLarge(f"recipe file of {len(data)} bytes exceeds {recipe_store.MAX_BYTES} bytes")
-    return await run_in_threadpool(_publish, sku, key, data, session, store, response, crud.token_label(token))
+    return await run_in_threadpool(_publish, sku, key, data, session, store, response, token)
 
 
 def _publish(sku: str, key: str, data: bytes, session: SessionDep, store: StoreDep, response: Response,
-             actor: str) -> RecipeOut:
+             token: models.Token) -> RecipeOut:
     target = crud_recipes.target_of(session, sku=sku)
+    check_facts_allowed(session, token, schemas.SkuFacts.model_validate(crud.get_sku(session, name=sku)))
+    actor = crud.token_label(token)
     try:
         recipe_store.check_file(data, key, json.loads(target))
     except ValueError as e:

@@ -126,12 +126,13 @@ def test_sku_limited_token(server: Server, keys: tuple[Path, Path]) -> None:
     with server.client("publish") as c:
         theirs = _publish(c, "trust-theirs", n=1)
     data = os.urandom(300)
-    mine, foreign = kernel_doc(data, sku="trust-mine"), kernel_doc(data, key="e" * 64, sku="trust-theirs")
+    # facts of its own: SKUs with equal facts share keys, which a limited token may write only for all of them
+    mine, foreign = kernel_doc(data, sku="trust-mine", sm_count=131), kernel_doc(data, key="e" * 64, sku="trust-theirs")
     with httpx.Client(base_url=server.url, headers=_bearer(limited), timeout=30) as c:
         assert c.put(f"/v1/objects/{mine['object_digest']}", content=data).status_code == 201  # objects: any SKU
         assert c.post("/v1/kernels", json=mine).status_code == 201
         own = c.put("/v1/skus/trust-mine/manifests",
-                    json=_envelope(keys[0], "trust-mine", {mine["kernel_key"]: mine["object_digest"]}))
+                    json=_envelope(keys[0], "trust-mine", {mine["kernel_key"]: mine["object_digest"]}, sm_count=131))
         before = row_counts(server.db_url)
         refused = [c.post("/v1/kernels", json=foreign),
                    c.put("/v1/skus/trust-theirs/manifests", json=_envelope(keys[0], "trust-theirs", theirs))]
