@@ -1,7 +1,8 @@
 """The HTTP side of the client: talk to an fa4-aot server (service/), fetch kernels into the local store,
 publish local kernels to it.
 
-Reads are retried with exponential backoff on timeouts, connection errors and 5xx. A download streams
+Reads are retried with exponential backoff on timeouts, connection errors and 5xx (a busy server's 503 until
+the deadline, waiting at least its Retry-After). A download streams
 into a temp file beside its target, hashed while it streams, and is renamed only when the digest and size
 match; a per-object file lock plus a re-check after taking it make the ranks of one node download each
 object once. Configuration is read at call time: FA4_AOT_SERVER, FA4_AOT_TOKEN, FA4_AOT_OFFLINE.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 import random
 import re
@@ -93,20 +95,21 @@ class Remote:
         be reached in time or keeps failing."""
         self._check_up()
         end = self._end()
-        for attempt in range(self.retries + 1):
+        for attempt in itertools.count():
+            response = None
             try:
                 with self._client.stream(method, path, timeout=_timeout(end), **kwargs) as response:
                     self._read(response, end, cap)
             except (httpx.TimeoutException, httpx.TransportError) as e:
-                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+                if _last(attempt, self.retries, end):
                     raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e})", e) from e
             else:
                 if response.status_code < 500:
                     return _check(response, ok, self.url)
-                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+                if _last(attempt, self.retries, end, response):
                     self.down = f"{method} {path} -> {response.status_code}"
                     return _check(response, ok, self.url)
-            _backoff(attempt, end)
+            _backoff(attempt, end, response)
         raise AssertionError("unreachable")
 
     def _json(self, method: str, path: str, ok: tuple[int, ...] = (200,), cap: int = MAX_JSON) -> Any:
@@ -235,19 +238,21 @@ class Remote:
             if store.object_state(digest, size) == "ok":
                 return False
             self._check_up()
-            for attempt in range(self.retries + 1):
+            for attempt in itertools.count():
                 try:
                     self._download(digest, store, size, end)
                     return True
-                except (httpx.TimeoutException, httpx.TransportError) as e:
-                    if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+                except (httpx.TimeoutException, httpx.TransportError, _ServerError) as e:
+                    answer = e.response if isinstance(e, _ServerError) else None
+                    if _last(attempt, self.retries, end, answer):
                         raise self._give_up(f"download of {digest} from {self.url} failed: {e}", e) from e
-                _backoff(attempt, end)
+                _backoff(attempt, end, answer)
         raise AssertionError("unreachable")
 
     def _download(self, digest: str, store: Store, size: int | None, end: float) -> None:
         with self._client.stream("GET", f"/v1/objects/{digest}", timeout=_timeout(end)) as response:
             self._read_error(response, end)
+            _server_error(response)
             _check(response, (200,), self.url)
             store.put_stream(digest, self._body(response, end, None), size=size,
                              source=f"{self.url}/v1/objects/{digest}")
@@ -291,18 +296,20 @@ class Remote:
         end = self._end()
         what = f"bundle of {len(kernel_keys)} kernels"
         body: dict[str, Any] = {"kernel_keys": kernel_keys, **({"host_arch": host_arch} if host_arch else {})}
-        for attempt in range(self.retries + 1):
+        for attempt in itertools.count():
             try:
                 with self._client.stream("POST", "/v1/bundles", json=body,
                                          timeout=_timeout(end)) as response:
                     self._read_error(response, end)
+                    _server_error(response)
                     _check(response, (200,), self.url)
                     chunks = self._body(response, end, None)
                     return _unbundle(BundleReader(chunks), store, accept, self.url, set(kernel_keys), host_arch)
-            except (httpx.TimeoutException, httpx.TransportError) as e:
-                if attempt == self.retries or _remaining(end) < MIN_ATTEMPT:
+            except (httpx.TimeoutException, httpx.TransportError, _ServerError) as e:
+                answer = e.response if isinstance(e, _ServerError) else None
+                if _last(attempt, self.retries, end, answer):
                     raise self._give_up(f"{what} from {self.url} failed: {e}", e) from e
-            _backoff(attempt, end)
+            _backoff(attempt, end, answer)
         raise AssertionError("unreachable")
 
     # -- writes -------------------------------------------------------------------------------
@@ -399,9 +406,34 @@ def _timeout(end: float) -> httpx.Timeout:
     return httpx.Timeout(min(TIMEOUT.read or 30.0, left), connect=min(TIMEOUT.connect or 5.0, left))
 
 
-def _backoff(attempt: int, end: float) -> None:
-    """Sleep before retry `attempt` + 1 (exponential, jittered), never past the deadline `end`."""
-    time.sleep(max(0.0, min(min(8.0, 0.2 * 2**attempt) * (0.5 + random.random()), _remaining(end))))
+class _ServerError(Exception):
+    """A 5xx answer to a streamed request: retried as a connection error is."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"{response.status_code}: {_detail(response)}")
+        self.response = response
+
+
+def _server_error(response: httpx.Response) -> None:
+    if response.status_code >= 500:
+        raise _ServerError(response)
+
+
+def _last(attempt: int, retries: int, end: float, answer: httpx.Response | None = None) -> bool:
+    """Whether failed attempt `attempt` is the last: too little time is left, or the retries are used up. A busy
+    server's 503 uses none: a cluster coming up backs off and finishes within the deadline rather than fail."""
+    busy = answer is not None and answer.status_code == 503
+    return _remaining(end) < MIN_ATTEMPT or (attempt >= retries and not busy)
+
+
+def _backoff(attempt: int, end: float, answer: httpx.Response | None = None) -> None:
+    """Sleep before retry `attempt` + 1 (exponential, jittered; at least the answer's Retry-After seconds, at
+    most 8 s), never past the deadline `end`."""
+    wait = min(8.0, 0.2 * 2 ** min(attempt, 6)) * (0.5 + random.random())
+    after = answer.headers.get("retry-after", "") if answer is not None else ""
+    if after.isdigit():
+        wait = max(wait, min(8.0, float(after)))
+    time.sleep(max(0.0, min(wait, _remaining(end))))
 
 
 def _decoded(response: httpx.Response, url: str) -> Any:
