@@ -12,8 +12,10 @@ A SKU whose CUDA major differs from this interpreter's compiler runs in workers 
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import multiprocessing.spawn
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -178,27 +180,69 @@ def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
     import signal
 
     # Ctrl-C reaches the whole process group: the parent decides (LocalExecutor.close), workers do not die
-    # mid-write. Its SIGTERM then unwinds the worker through its finally blocks (temp files, locks).
+    # mid-write. Its SIGTERM then unwinds the worker through its finally blocks (temp files, locks), and ends it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _end_with_parent(signal.SIGTERM)
     # configure() runs in the first task, so that a wrong environment fails that task with a BuildError
     if sys_path:  # a worker of another flavour's interpreter: multiprocessing gave it the driver's sys.path
         sys.path[:] = sys_path
     _state.update(sku=sku, store=Store(Path(store_root)))
 
 
+def _on_sigterm(*_: object) -> None:
+    _state["stopping"] = True
+    raise SystemExit(143)
+
+
+def _ends_on_sigterm(task: Any) -> Any:
+    """Make a worker task end the worker after a SIGTERM. The SystemExit the handler raises unwinds the task
+    (finally blocks: temp files, locks), but the pool's worker loop catches BaseException from a task, reports
+    it and takes the next queued task: a stopped or orphaned worker went on compiling and writing. So once the
+    task has unwound, the process exits."""
+    @functools.wraps(task)
+    def run(*args: Any) -> Any:
+        try:
+            return task(*args)
+        finally:
+            if _state.get("stopping"):
+                os._exit(143)
+
+    return run
+
+
+def _end_with_parent(signum: int) -> None:
+    """Have the kernel send `signum` to this worker when the process that started it dies, however it dies
+    (SIGKILL included): an orphaned worker must not go on compiling and writing into the store. Linux only
+    (prctl PR_SET_PDEATHSIG); elsewhere the parent's own shutdown is all there is."""
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signum, 0, 0, 0)
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the parent died before the request took effect
+        sys.exit(143)
+
+
+@_ends_on_sigterm
 def _plan_task(work: Work, record: bool) -> PlanOut:
     from . import worker
 
     return worker.plan_calls(_state["sku"], work, _state["store"], record)
 
 
+@_ends_on_sigterm
 def _relink_task(keys: list[str]) -> list[str]:
     from . import worker
 
     return worker.relink(_state["sku"], _state["store"], keys)
 
 
+@_ends_on_sigterm
 def _compile_task(task: CompileTask) -> list[Outcome]:
     """Compile under the kernels' locks, re-checking first: another builder on this store may have finished."""
     from . import worker

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..store import Store
+from . import stopping
 from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
 from .progress import Progress, quiet_option
 
@@ -144,7 +145,7 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
                    f"{push_url or store.root} on {where}", err=True)
     reports: list[build_mod.Report] = []
     # stdout carries only the result: what an executor prints (Ray reports dead workers there) goes to stderr
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), stopping.on_signals() as stop:
         try:
             for t in targets:  # an interrupted SKU ends the build: the others are not started
                 with Progress("build", quiet=quiet, as_json=as_json) as bar:
@@ -160,7 +161,7 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         lines += more
     emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(lines))
     if any(r.interrupted for r in reports):
-        sys.exit(130)
+        sys.exit(stop.exit_code)
     if any(r.failed for r in reports):
         sys.exit(1)
 

@@ -63,3 +63,97 @@ def test_build_json_streams_kernel_events_on_stderr_and_the_summary_on_stdout(tm
     quiet = run_cli("build", "--sku", "h200", "--variants", str(TINY_VARIANTS), "--only", "full-fwd", "--quiet",
                     cache=tmp_path / "store")
     assert quiet.returncode == 0 and "already present" in quiet.stdout and not quiet.stderr.strip()
+
+
+# Issue 22, point 1: a build stops within seconds on SIGINT (even when the shell started it with SIGINT
+# ignored), SIGTERM and SIGHUP, in any phase, planning included; stops its workers, reports, and nothing is
+# written after its process has exited, even when it is killed with SIGKILL. Before: SIGTERM ended only the CLI
+# (no summary) and its workers went on compiling into the store; SIGINT under a shell that ignores it did nothing.
+MODEL_BUILD = ["build", "--sku", "h200", "--model", "llama-3.1-8b", "--tp", "1", "-j", "2"]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()
+
+
+def _start(store: Path, ignore_sigint: bool = False) -> tuple[subprocess.Popen[str], list[int]]:
+    """The build in a session of its own; returns once its workers exist (it is planning then)."""
+    def preexec() -> None:
+        os.setsid()
+        if ignore_sigint:  # as nohup and a non-interactive shell's background jobs start a process
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen([sys.executable, "-m", "fa4_aot", *MODEL_BUILD], cwd=ROOT,
+                            env={**os.environ, "FA4_AOT_CACHE": str(store)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(_children(proc.pid)) < 2:
+        time.sleep(0.05)
+    workers = _children(proc.pid)
+    assert workers, "the build started no worker"
+    return proc, workers
+
+
+def _entries(store: Path) -> set[str]:
+    return {p.name for p in (store / "index").glob("??/*.json")}
+
+
+@pytest.mark.parametrize(("signum", "to_group", "ignore_sigint"), [
+    (signal.SIGTERM, False, False),  # `kill PID`, as schedulers and CI stop jobs
+    (signal.SIGHUP, False, False),  # the terminal went away
+    (signal.SIGINT, True, True),  # Ctrl-C to a build its shell started with SIGINT ignored
+], ids=["sigterm", "sighup", "sigint-ignored-by-the-shell"])
+def test_a_signal_stops_a_planning_build_its_workers_and_all_writes(tmp_path: Path, signum: int, to_group: bool,
+                                                                     ignore_sigint: bool) -> None:
+    store = tmp_path / "store"
+    proc, workers = _start(store, ignore_sigint)
+    time.sleep(2)  # the workers import FA4 and plan
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert any(line.startswith("INTERRUPTED") for line in out.splitlines()), out + err[-2000:]
+    held = _entries(store)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.1)
+    assert not [w for w in workers if _alive(w)], "a worker outlived the build"
+    time.sleep(3)
+    assert _entries(store) == held, "something was written after the build exited"
+    assert "Traceback" not in err
+
+
+def test_workers_of_a_killed_build_end_and_write_nothing_more(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    proc, workers = _start(store)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not _entries(store):
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL: no handler runs in the CLI; the kernel tells the workers (PR_SET_PDEATHSIG)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.1)
+    assert not [w for w in workers if _alive(w)], "a worker outlived the killed build"
+    held = _entries(store)
+    time.sleep(5)
+    assert _entries(store) == held, "an orphaned worker wrote into the store"
+    assert maintenance.verify(Store(store)).ok
