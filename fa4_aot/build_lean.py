@@ -57,7 +57,8 @@ def shared_libs(worker: dict[str, Any], data: bytes) -> dict[str, Any]:
 
 
 def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[dict[str, Any]]]) -> None:
-    """Record the recipe region of `call` into `recorded` unless one recorded here or in the store covers it."""
+    """Record the recipe region of `call` into `recorded` unless one recorded here or in the store covers it (the
+    file is by GQA ratio: a region recorded for other head counts of the ratio may cover it)."""
     if call.layout not in recipe.SIZE_NAMES:
         return
     sig, sku, store = Signature.of(call), worker["sku"], worker["store"]
@@ -66,7 +67,8 @@ def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[d
     if key not in known:
         stored = recipe_store.load(store, key) if store is not None else []  # Ray workers have no store
         known[key] = [r for r in stored if r.get("toolchain") == worker["tools"]]
-    sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size)
+    sizes = {**recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
+             recipe.HEADS: call.heads_kv}
     if recipe_store.find(known[key], sizes) is None:
         region = fa4.record_recipe(sig, sizes, sku)
         recipe_format.check_region(region)  # what clients would refuse is a failure here, never a stored file

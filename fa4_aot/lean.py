@@ -75,26 +75,40 @@ class Attention:
 
     def __init__(self, rt: Runtime, sig: Signature) -> None:
         self.rt, self.sig = rt, sig
-        self.key = recipe_store.recipe_key(sig, rt.sku)
+        # the file by GQA ratio (format 2), a store's file from before it by head counts (format 1), then for a
+        # forward-only call the training files whose forward FA4 runs for it (recipe_store.sources)
+        self.sources = recipe_store.sources(sig, rt.sku)
+        self.key = self.sources[0][0]
         self._refetched = False
         self.regions = self._load()
         self._bound: dict[tuple[Any, ...], recipe.Bound] = {}
 
     def _load(self) -> list[dict[str, Any]]:
-        check = self.rt.trust.check_recipe if self.rt.trust is not None else None
-        regions = recipe_store.load(self.rt.store, self.key, check)
+        regions = self._read()
         if not regions and self._refetch():
-            regions = recipe_store.load(self.rt.store, self.key, check)
+            regions = self._read()
         return regions
 
+    def _read(self) -> list[dict[str, Any]]:
+        check = self.rt.trust.check_recipe if self.rt.trust is not None else None
+        return [recipe.forward_part(region) if forward else region for key, forward in self.sources
+                for region in recipe_store.load(self.rt.store, key, check)]
+
     def _refetch(self) -> bool:
-        """Fetch the server's recipe file (once per signature and process): it may hold regions recorded since."""
+        """Fetch the server's recipe file (once per signature and process): it may hold regions recorded since.
+        Files are asked for in the order of `sources` until one is fetched."""
         if self.rt.fetcher is None or self._refetched:
             return False
         self._refetched = True
-        return self.rt.fetcher.recipe(self.rt.sku.name, self.key)
+        return any(self.rt.fetcher.recipe(self.rt.sku.name, key) for key, _forward in self.sources)
+
+    def sizes(self, sizes: dict[str, int]) -> dict[str, int]:
+        """A call's sizes with the signature's KV head count, a size of format-2 regions (recipe.HEADS)."""
+        return {**sizes, recipe.HEADS: self.sig.heads_kv}
 
     def region(self, sizes: dict[str, int]) -> dict[str, Any]:
+        """The region whose guards hold at `sizes` (with the KV head count: Attention.sizes); KernelMissing
+        when none does."""
         found = recipe_store.find(self.regions, sizes)
         if found is None and self._refetch():
             self.regions = self._load()
@@ -115,6 +129,7 @@ class Attention:
         key = (*sizes.values(), device, scale)
         found = self._bound.get(key)
         if found is None:
+            sizes = self.sizes(sizes)
             region = self.region(sizes)
             self.rt.libraries.prefetch([k["kernel_key"] for k in region["kernels"]])
             functions = [self.rt.libraries.function(k["kernel_key"], k["family"]) for k in region["kernels"]]
@@ -124,7 +139,7 @@ class Attention:
 
     def preload(self, sizes: dict[str, int]) -> None:
         """Load every kernel of the region at `sizes` (KernelMissing when one is absent)."""
-        region = self.region(sizes)
+        region = self.region(self.sizes(sizes))
         self.rt.libraries.prefetch([k["kernel_key"] for k in region["kernels"]])
         for k in region["kernels"]:
             self.rt.libraries.function(k["kernel_key"], k["family"])

@@ -39,11 +39,15 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
     """The Attention of this call's signature (cached per flags; paged: the page size is k's dimension 1)."""
     import torch
 
-    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
-        learnable_sink is not None and learnable_sink.requires_grad))
+    needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (
+        learnable_sink is not None and learnable_sink.requires_grad)
+    training = torch.is_grad_enabled() and needs_grad
     if training and return_lse:
         raise lean.Unsupported("return_lse=True with a backward pass: FA4 then back-propagates through lse, which "
                                "no recipe records; call FA4 after fa4_aot.install() for this")
+    # FA4 computes LSE (with another kernel than without) whenever an input requires grad, in no_grad too, and
+    # returns it: without grad such a call is a forward returning LSE, as FA4 runs it (issue 17)
+    return_lse = bool(return_lse) or bool(needs_grad)
     window = tuple(window_size) if window_size is not None else (None, None)
     page_size = k.shape[1] if layout == "paged" else 0
     cache_key = (layout, page_size, q.dtype, q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1], bool(causal), window,

@@ -18,7 +18,13 @@ from typing import Any
 
 from . import symexpr
 
-RECIPE_FORMAT = 1
+RECIPE_FORMAT = 2
+# Format 1 (builds before issue 17) held head counts as constants and its file's key named them. Format 2 holds
+# the KV head count as a size (HEADS; the query heads are the signature's GQA ratio times it), so FA4's choices
+# on head counts are guards like those on lengths, and its file's key names the GQA ratio only
+# (recipe_store.recipe_key). The lean runtime reads both.
+FORMATS = (1, 2)
+HEADS = "heads_kv"
 # What FA4's host path issues between its kernel launches, as the recorder's dispatch mode sees it (issue 18, D26:
 # a recipe file is data, never a way to reach any other torch op). The first five are every op in about 5,000
 # regions recorded on the h200 and the b200 (dense, varlen, seqused, paged; every pass, mask, sink, split and
@@ -42,6 +48,12 @@ SIZE_NAMES = {
 }
 
 
+def size_names(layout: str, fmt: int = RECIPE_FORMAT) -> tuple[str, ...]:
+    """The sizes a region of `layout` recorded in format `fmt` is a function of (KeyError for a layout without
+    recipes)."""
+    return SIZE_NAMES[layout] + ((HEADS,) if fmt >= 2 else ())
+
+
 def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int, page_size: int = 0) -> dict[str, int]:
     """The recipe sizes of a Call (varlen: every sequence at the max length, as the planner's calls are;
     paged: a pool of exactly the pages the batch needs, as the planner's calls have)."""
@@ -58,6 +70,13 @@ def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int, page_si
                 "max_seqlen_q": seqlen_q, "max_seqlen_k": pages * page_size}
     return {"batch": batch, "total_q": batch * seqlen_q, "total_k": batch * seqlen_k,
             "max_seqlen_q": seqlen_q, "max_seqlen_k": seqlen_k}
+
+
+def forward_part(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A training region as the forward-only region it contains: its forward steps, inputs and outputs (out, lse);
+    what the backward reads or makes is left out. Only for calls whose forward FA4 runs exactly as training's."""
+    return {**doc, "bwd": [], "inputs": {n: s for n, s in doc["inputs"].items() if n != "dout"},
+            "outputs": {"out": doc["outputs"]["out"], "lse": doc["outputs"]["lse"]}}
 
 
 def covers(doc: Mapping[str, Any], sizes: Mapping[str, int]) -> bool:

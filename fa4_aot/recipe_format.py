@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from . import symexpr
-from .recipe import ATEN_OPS, DTYPES, RECIPE_FORMAT, SIZE_NAMES, TORCH_NAMES
+from .recipe import ATEN_OPS, DTYPES, FORMATS, SIZE_NAMES, TORCH_NAMES, size_names
 
 REQUIRED = frozenset({"format", "signature", "guards", "inputs", "tensors", "meta", "fwd", "bwd", "outputs",
                       "kernels", "softmax_scale"})
@@ -41,7 +41,8 @@ def check_regions(regions: Any) -> None:
 
 
 def check_region(region: Any) -> None:
-    """ValueError unless `region` is a recipe region of RECIPE_FORMAT holding only what FA4's host path does."""
+    """ValueError unless `region` is a recipe region of a format in recipe.FORMATS holding only what FA4's host
+    path does (its size expressions over recipe.size_names of its layout and format)."""
     if not isinstance(region, dict):
         raise ValueError("not an object")
     missing, extra = sorted(REQUIRED - set(region)), sorted(set(region) - REQUIRED - OPTIONAL)
@@ -49,12 +50,13 @@ def check_region(region: Any) -> None:
         raise ValueError(f"fields missing: {', '.join(missing)}")
     if extra:
         raise ValueError(f"unknown fields: {', '.join(str(e)[:40] for e in extra[:5])}")
-    if region["format"] != RECIPE_FORMAT or isinstance(region["format"], bool):
-        raise ValueError(f"format {str(region['format'])[:20]} (this fa4-aot reads format {RECIPE_FORMAT})")
+    if region["format"] not in FORMATS or isinstance(region["format"], bool):
+        raise ValueError(f"format {str(region['format'])[:20]} (this fa4-aot reads formats "
+                         f"{', '.join(map(str, FORMATS))})")
     layout = region["signature"].get("layout") if isinstance(region["signature"], dict) else None
     if layout not in SIZE_NAMES:
         raise ValueError(f"signature of layout {str(layout)[:40]!r} (recipes exist for {', '.join(SIZE_NAMES)})")
-    values = _Values(frozenset(SIZE_NAMES[layout]), _count(region["tensors"], MAX_TENSORS, "tensors"),
+    values = _Values(frozenset(size_names(layout, region["format"])), _count(region["tensors"], MAX_TENSORS, "tensors"),
                      len(_list(region["kernels"], MAX_KERNELS, "kernels")))
     for guard in _list(region["guards"], MAX_GUARDS, "guards"):
         symexpr.check(guard, values.names)

@@ -1,12 +1,16 @@
 """Recipes in the store: recipes/<ab>/<recipe key>.json holds every recorded region of one signature on one SKU.
 
 The recipe key is sha256 of the signature and the SKU's target facts; it needs no compiler to compute, so a lean
-GPU host finds its recipes without cutlass. Each region names the toolchain it was recorded with; a build with
+GPU host finds its recipes without cutlass. It names head counts only through the GQA ratio, which is all of them
+FA4's kernels and dispatch read apart from sizes (issue 17): regions (recipe format 2) hold the KV head count as a
+size, guarded like the lengths, so one file serves a signature at every head count of its ratio. Files of format 1
+(builds before) are keyed by both head counts (`legacy_key`) and still read. Each region names the toolchain it was recorded with; a build with
 another toolchain replaces the regions of the old one (its kernel keys differ anyway).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -22,7 +26,52 @@ MAX_BYTES = 8 << 20  # a recipe file a server accepts: regions are a few KB each
 
 
 def recipe_key(sig: Signature, sku: Sku) -> str:
+    """The key of the file holding `sig`'s regions on `sku` (format 2: by GQA ratio)."""
+    return key_of(keyed_signature(sig.to_dict()), sku.target_facts())
+
+
+def legacy_key(sig: Signature, sku: Sku) -> str:
+    """The key a format-1 file of `sig` on `sku` has (head counts named): stores built before format 2."""
     return key_of(sig.to_dict(), sku.target_facts())
+
+
+# A forward returning LSE (no grad) launches exactly what a training call's forward launches (FA4 allocates LSE
+# for either; tests/lean/test_lean_parity.py compares them), so a training file serves it, backward dropped.
+# A forward without LSE does not: FA4 compiles another kernel for it (its compile key holds `lse is None`).
+_SERVED_BY = {"fwd_lse": ("bwd", "bwd_det")}
+
+
+def sources(sig: Signature, sku: Sku) -> list[tuple[str, bool]]:
+    """(key, forward only) of every file whose regions may serve `sig` on `sku`, in the order to use them: its own
+    file by GQA ratio, its format-1 file by head counts, then those of the training signatures whose forward FA4
+    runs for it (their regions' forward steps only)."""
+    found: dict[str, bool] = {}
+    for pass_ in (sig.pass_, *_SERVED_BY.get(sig.pass_, ())):
+        other = dataclasses.replace(sig, pass_=pass_)
+        for key in (recipe_key(other, sku), legacy_key(other, sku)):
+            found.setdefault(key, pass_ != sig.pass_)
+    return list(found.items())
+
+
+def keyed_signature(signature: Any) -> Any:
+    """What a format-2 key names of a signature (as Signature.to_dict writes it): every field but the head counts,
+    and FA4's `qhead_per_kvhead` in their place. A signature FA4 refuses (query heads not a multiple of KV heads)
+    is left as it is: no region is ever recorded for it."""
+    if not isinstance(signature, dict):
+        return signature
+    hq, hkv = signature.get("heads_q"), signature.get("heads_kv")
+    if isinstance(hq, bool) or isinstance(hkv, bool) or not (isinstance(hq, int) and isinstance(hkv, int)) \
+            or hkv <= 0 or hq % hkv:
+        return signature
+    doc = {k: v for k, v in signature.items() if k not in ("heads_q", "heads_kv")}
+    doc["qhead_per_kvhead"] = hq // hkv
+    return doc
+
+
+def region_key(region: dict[str, Any], target: dict[str, Any]) -> str:
+    """The key a file holding `region` has on a SKU with facts `target` (by its format)."""
+    signature = region.get("signature")
+    return key_of(signature if region.get("format") == 1 else keyed_signature(signature), target)
 
 
 def key_of(signature: Any, target: dict[str, Any]) -> str:
@@ -48,7 +97,7 @@ def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
     if not isinstance(regions, list) or not regions or not all(isinstance(r, dict) for r in regions):
         raise ValueError("recipe file has no list of regions")
     for region in regions:
-        if key_of(region.get("signature"), target) != key:
+        if region_key(region, target) != key:
             raise ValueError(f"a region's signature and the SKU's facts {kernel_keys.dumps(target)} do not hash "
                              f"to recipe key {key}; publish the file under the SKU it was built for")
     recipe_format.check_regions(regions)

@@ -3,9 +3,11 @@
 FA4's FlashAttnFunc / FlashAttnVarlenFunc forward (and backward, for training) run on fake tensors whose
 batch and sequence lengths are torch symbols (a ShapeEnv). Every torch op FA4 issues (allocations, zero
 fills, views) is traced by a dispatch mode, and every compiled-kernel call it makes is captured by the
-compile-cache recorder with its full argument list; sizes in both stay symbolic. Every branch FA4 takes on
-a size (tile choice, q_stage, 2-CTA, split heuristics, the compile key itself) becomes a ShapeEnv guard: the
-recipe holds exactly where those guards hold, so replaying it (fa4_aot/recipe.py) is FA4's own decision.
+compile-cache recorder with its full argument list; sizes in both stay symbolic. The KV head count is a size
+too (the query heads are the signature's GQA ratio times it), so every branch FA4 takes on a size or a head
+count (tile choice, q_stage, pack_gqa, 2-CTA, split heuristics, the compile key itself) becomes a ShapeEnv
+guard: the recipe holds exactly where those guards hold, so replaying it (fa4_aot/recipe.py) is FA4's own
+decision.
 
 Run only in a process configured for the target SKU (target.configure), as the build workers are.
 """
@@ -18,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..kernel_keys import canonical, dumps, kernel_key
-from ..recipe import RECIPE_FORMAT, SIZE_NAMES
+from ..recipe import HEADS, RECIPE_FORMAT, SIZE_NAMES, size_names
 from ..signature import Signature
 from ..skus import Sku
 from . import caches, sympy_json
@@ -92,6 +94,8 @@ class _Session:
         for sym, name in self.names.items():  # what the ShapeEnv assumed without a guard (sizes are >= 0)
             low = self.env.var_to_range[sym].lower
             found.append(["ge", ["sym", name], int(low)])
+        if HEADS in self.names.values():  # FA4 refuses a call without heads (it divides by their count)
+            found.append(["ge", ["sym", HEADS], 1])
         unique: dict[str, Any] = {dumps(g): g for g in found if g is not True}
         return list(unique.values())
 
@@ -178,7 +182,8 @@ def _launching(interface: Any) -> Iterator[None]:
 
 def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True,
            defaults: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The recipe of `sig` for the region of sizes containing `sizes` (names: recipe.SIZE_NAMES[layout]).
+    """The recipe of `sig` for the region of sizes containing `sizes` (names: recipe.size_names(layout); the KV
+    head count defaults to the signature's, the query heads are always the signature's GQA ratio times it).
     With symbolic=False, FA4 runs at exactly `sizes`: what it does there, for comparing with a replay; the
     size arguments named in `defaults` (max_seqlen_q/k of seqused and paged calls) are then left to FA4."""
     import torch
@@ -188,11 +193,12 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
 
     if sig.layout not in SIZE_NAMES:
         raise ValueError(f"layout {sig.layout!r} has no lean recipe (known: {', '.join(SIZE_NAMES)})")
+    sizes = {HEADS: sig.heads_kv, **sizes}
     session = _Session(ShapeEnv(duck_shape=False, specialize_zero_one=False), 1.0 / math.sqrt(sig.head_dim), symbolic)
     seen: dict[tuple[str, str], Any] = {}
     with FakeTensorMode(shape_env=session.env), _launching(interface), \
             caches.swapped(lambda family, _old: _LaunchRecorder(family, session, seen)):
-        dims = {name: session.size(name, sizes[name]) for name in SIZE_NAMES[sig.layout]}
+        dims = {name: session.size(name, sizes[name]) for name in size_names(sig.layout)}
         inputs, fn, kwargs = _inputs(sig, dims, session, torch, defaults)
         ctx = _Ctx()
         with torch.no_grad():
@@ -244,7 +250,10 @@ def _inputs(sig: Signature, dims: dict[str, Any], session: _Session, torch: Any,
         session.ref(t, new=True)
         return t
 
-    hq, hkv, d, dv = sig.heads_q, sig.heads_kv, sig.head_dim, sig.head_dim_v
+    if sig.heads_kv <= 0 or sig.heads_q % sig.heads_kv:
+        raise ValueError(f"{sig}: FA4 needs the query heads to be a multiple of the KV heads")
+    hkv, d, dv = dims[HEADS], sig.head_dim, sig.head_dim_v
+    hq = sig.heads_q // sig.heads_kv * hkv
     kwargs: dict[str, Any] = {
         "softmax_scale": session.scale, "causal": sig.mask == "causal",
         "window_size": tuple(sig.window) if sig.mask == "local" else (None, None), "softcap": sig.softcap,

@@ -18,7 +18,7 @@ import warnings
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    from fa4_aot import config, fa4, variants
+    from fa4_aot import config, fa4, recipe, variants
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
@@ -30,7 +30,7 @@ def main() -> None:
     for sig in sigs:
         regions: list = []
         for _ in range(count):
-            sizes = _random_sizes(sig.layout, rng, sig.page_size)
+            sizes = {**_random_sizes(sig.layout, rng, sig.page_size), recipe.HEADS: _random_heads(sig, rng)}
             report["compared"] += 1
             verdict = _compare(fa4, sig, sizes, sku, regions, rng, report)
             if verdict:
@@ -90,6 +90,12 @@ def _random_sizes(layout: str, rng: random.Random, page_size: int = 0) -> dict[s
                 "max_seqlen_q": sq, "max_seqlen_k": _max_length(pages * page_size, rng)}
     return {"batch": batch, "seqlen_q": sq, "seqlen_k": sk, "max_seqlen_q": sq,
             "max_seqlen_k": _max_length(sk, rng)}
+
+
+def _random_heads(sig, rng: random.Random) -> int:
+    """A KV head count at the signature's GQA ratio: mostly the signature's own, else any (issue 17: one recipe
+    file serves every head count of a ratio, so a region recorded at one must equal FA4 at another)."""
+    return sig.heads_kv if rng.random() < 0.75 else rng.choice([1, 2, 2 * sig.heads_kv, rng.randint(1, 64)])
 
 
 def _max_length(default: int, rng: random.Random) -> int:

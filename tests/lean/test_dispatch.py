@@ -1,4 +1,5 @@
-"""The lean runtime's dispatch decision is FA4's own: on about five thousand random sizes across nineteen
+"""The lean runtime's dispatch decision is FA4's own: on about five thousand random sizes (and, for a quarter of
+them, KV head counts other than the signature's at its GQA ratio: issue 17) across nineteen
 signatures (dense, varlen, seqused and paged KV decode, GQA, causal/local/full, softcap and sink, deterministic
 backward, split-KV by heuristic and by count with FA4's combine kernel, on the H200 and the B200), the recorded
 region whose guards hold, evaluated at the sizes, equals step for step what FA4 does when run at exactly those

@@ -80,7 +80,8 @@ def test_recipe_region_covers_the_built_call_and_names_its_kernels(built: tuple[
     matrix = variants.load(TINY_VARIANTS)
     [call] = matrix.variants[[v.name for v in matrix.variants].index("full-fwd")].calls(matrix.shapes["one"])
     regions = recipe_store.load(store, recipe_store.recipe_key(Signature.of(call), matrix.skus["h200"]))
-    region = recipe_store.find(regions, recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
+    sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
+    region = recipe_store.find(regions, {**sizes, recipe.HEADS: call.heads_kv})
     assert region is not None and doc["recipes"] >= 1
     assert {k["kernel_key"] for k in region["kernels"]} <= set(doc["kernel_keys"])
 

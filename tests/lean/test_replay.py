@@ -39,6 +39,12 @@ def regions() -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _sizes(case: int) -> dict:
+    """The sizes of PAIRS[case] with its KV head count, a size of the region (recipe.HEADS)."""
+    sig, sizes = PAIRS[case]
+    return {**sizes, recipe.HEADS: sig["heads_kv"]}
+
+
 def _inputs(region: dict, sizes: dict, torch) -> dict:
     out = {}
     for name, slot in region["inputs"].items():
@@ -52,7 +58,7 @@ def _inputs(region: dict, sizes: dict, torch) -> dict:
 def test_replay_allocates_what_fa4_allocates(regions, case):
     import torch
 
-    region, sizes = regions[case], PAIRS[case][1]
+    region, sizes = regions[case], _sizes(case)
     calls: list[tuple[int, int]] = []
     fakes = [lambda *a, i=i: calls.append((i, len(a))) for i in range(len(region["kernels"]))]
     bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), None)
@@ -77,7 +83,7 @@ def test_replay_allocates_what_fa4_allocates(regions, case):
 def test_regression_varlen_backward_with_sink_records_dsink(regions):
     """The recorder took dsink from backward()'s result 17 for varlen (None: it is 16), so a varlen training
     signature with a learnable sink recorded no recipe at all."""
-    region, sizes = regions[4], PAIRS[4][1]
+    region, sizes = regions[4], _sizes(4)
     shape, _stride, dtype = recipe.concretize(region["meta"][region["outputs"]["dsink"]], sizes)
     sink_shape, _s, sink_dtype = recipe.concretize(region["meta"][region["inputs"]["learnable_sink"]], sizes)
     assert (shape, dtype) == (sink_shape, sink_dtype) == ([VARLEN["heads_q"]], {"dtype": "bfloat16"})
@@ -86,7 +92,7 @@ def test_regression_varlen_backward_with_sink_records_dsink(regions):
 def test_autograd_function_returns_input_shaped_gradients(regions):
     import torch
 
-    region, sizes = regions[0], PAIRS[0][1]
+    region, sizes = regions[0], _sizes(0)
     fakes = [lambda *a: None for _ in region["kernels"]]
     bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), 0.125)
     inputs = {n: t.requires_grad_() for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
@@ -100,7 +106,7 @@ def test_autograd_function_returns_input_shaped_gradients(regions):
 def test_softmax_scale_reaches_every_kernel_that_takes_it(regions):
     import torch
 
-    region, sizes = regions[0], PAIRS[0][1]
+    region, sizes = regions[0], _sizes(0)
     seen: list = []
     fakes = [lambda *a: seen.append([x for x in a if isinstance(x, float)]) for _ in region["kernels"]]
     bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), 0.3)
@@ -116,7 +122,7 @@ def test_softmax_scale_reaches_every_kernel_that_takes_it(regions):
 def test_inputs_are_checked_as_fa4_asserts(regions):
     import torch
 
-    region, sizes = regions[0], PAIRS[0][1]
+    region, sizes = regions[0], _sizes(0)
     bound = recipe.bind(region, sizes, [lambda *a: None for _ in region["kernels"]], torch.device("cpu"), None)
     inputs = {n: t for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
     with pytest.raises(ValueError, match="CUDA"):

@@ -118,7 +118,11 @@ REFUSED = [  # (case, change to a real region, what the error names)
     ("deep expression", lambda r: r["guards"].append(_deep(100)), "nested deeper"),
     ("unknown region field", _edit(("code",), "x"), "unknown fields: code"),
     ("missing field", lambda r: r.pop("fwd"), "fields missing: fwd"),
-    ("another format", _edit(("format",), 2), "format 2"),
+    ("another format", _edit(("format",), 3), "format 3"),
+    # format 1 (before issue 17) has no head-count size: its key names the head counts
+    ("head count in a format-1 region", lambda r: r.update(format=1) or r["guards"].append(["ge", ["sym", "heads_kv"],
+                                                                                            1]),
+     "size 'heads_kv' is not one of"),
     ("too many tensors", _edit(("tensors",), 10**9), "tensors is not a count"),
     ("kernel key that is not hex", lambda r: r["kernels"][0].update(kernel_key="../x"), "a kernel is not"),
     ("infinite scale", _edit(("softmax_scale",), float("inf")), "softmax_scale"),
