@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
+    store_poll: float = Field(default=10.0, ge=0, description="Seconds between checks for changes of the store "
+                              "(a build, `sign`, a pull into it), which are then imported; 0: only at start.")
     prepare_on_start: bool = Field(default=True, description="Migrate and import the store when the app starts; "
                                                              "serve() does it once before starting several workers.")
 

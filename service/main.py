@@ -1,11 +1,13 @@
 """The FastAPI application: `create_app(settings)` wires everything; `serve(settings)` runs it under uvicorn.
 
 On startup the database is migrated to the newest schema, dead uploads' temp files are removed and the
-on-disk store is imported, so `fa4-aot build --sku h200 && fa4-aot serve` serves the local build.
+on-disk store is imported, so `fa4-aot build --sku h200 && fa4-aot serve` serves the local build; what is
+written into the store later (a build, `sign`) is imported when the store changes (watch.py, `store_poll`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -22,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Store
 
-from . import db, docs, openapi, sync
+from . import db, docs, openapi, sync, watch
 from .config import Settings
 from .errors import ServiceError
 from .head import HeadAsGet
@@ -96,11 +98,18 @@ def serve(settings: Settings) -> None:
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    if app.state.settings.prepare_on_start:
-        await run_in_threadpool(prepare, app.state.settings)
+    settings = app.state.settings
+    if settings.prepare_on_start:
+        await run_in_threadpool(prepare, settings)
+    follower = None
+    if settings.store_poll > 0:  # serve what the store holds, also what is written into it later
+        follower = asyncio.create_task(watch.follow(Store(settings.cache_dir), settings.database_url,
+                                                    settings.store_poll))
     try:
         yield
     finally:
+        if follower is not None:
+            follower.cancel()
         app.state.engine.dispose()
 
 
@@ -111,8 +120,8 @@ def prepare(settings: Settings) -> None:
     removed = sync.remove_dead_temp_files(store)
     with db.session_for(settings.database_url) as session:
         report = sync.import_store(session, store)
-    log.info("store %s: imported %d kernels (%d new objects) and %d recipe files, removed %d stale temp files",
-             store.root, report.kernels, report.objects, report.recipes, removed)
+    log.info("store %s: imported %d kernels (%d new objects), %d recipe files and %d signed manifests, removed %d "
+             "stale temp files", store.root, report.kernels, report.objects, report.recipes, report.manifests, removed)
     # tokens are checked against this database: `fa4-aot token create` must be given the same --cache-dir or --db
     log.info("tokens and metadata: %s", _shown_url(settings.database_url))
     for line in report.skipped:

@@ -1,4 +1,5 @@
-"""Startup import: make the database serve what `fa4-aot build` already put into the on-disk store."""
+"""Store import: make the database serve what the on-disk store holds (kernels, recipe files, signed manifests),
+at startup and whenever the store changes (watch.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fa4_aot import kernel_keys, maintenance, recipe_store
+from fa4_aot import kernel_keys, maintenance, recipe_store, signing
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Entry, Store
 
-from . import crud, crud_recipes, models, schemas
-from .errors import Conflict
+from . import crud, crud_recipes, crud_trust, models, schemas
+from .errors import Conflict, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class ImportReport:
     kernels: int = 0
     objects: int = 0
     recipes: int = 0
+    manifests: int = 0
     skipped: list[str] = field(default_factory=list)  # one line per entry left out, saying why
 
 
@@ -46,7 +48,23 @@ def import_store(session: Session, store: Store) -> ImportReport:
             report.skipped.append(f"{entry.kernel_key}: {e}")
     session.commit()
     _import_recipes(session, store, report)
+    _import_manifests(session, store, report)
     return report
+
+
+def _import_manifests(session: Session, store: Store, report: ImportReport) -> None:
+    """Record the signed manifests the store keeps (`fa4-aot sign` writes them there) for every SKU the database
+    holds, with the checks an upload passes (crud_trust.store_manifest): after `sign`, clients with trusted keys
+    get them from this server without a push to itself. One that fails a check is skipped and named."""
+    for sku in session.scalars(select(models.Sku.name)).all():
+        for envelope in signing.local(store, sku, report.skipped):
+            try:
+                _stored, new = crud_trust.store_manifest(session, sku=sku, envelope=envelope, actor="import",
+                                                         admin=True)
+            except ServiceError as e:
+                report.skipped.append(f"manifest of {sku} in {store.root}: {e}")
+                continue
+            report.manifests += int(new)
 
 
 def _import_recipes(session: Session, store: Store, report: ImportReport) -> None:

@@ -50,18 +50,24 @@ _db = click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server datab
 @click.option("--require-read-token", is_flag=True, help="Reads need a token too (default: reads are open).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Server processes (about one per core for a busy cluster).")
-def serve(host: str, port: int, db_url: str | None, require_read_token: bool, workers: int) -> None:
+@click.option("--store-poll", default=10.0, show_default=True, type=click.FloatRange(0), envvar="FA4_AOT_STORE_POLL",
+              help="Seconds between checks for changes of the store (a build, `sign`, a pull into it), which are "
+                   "then served; 0: import the store only at start.")
+def serve(host: str, port: int, db_url: str | None, require_read_token: bool, workers: int,
+          store_poll: float) -> None:
     """Serve the store to a cluster over HTTP (FastAPI + uvicorn); the OpenAPI page is at /docs.
 
-    Kernels already in the store are indexed at start, so `fa4-aot build --sku h200 && fa4-aot serve`
-    is a working server. Publishing needs a token from `fa4-aot token create --scope publish`.
+    Kernels, recipe files and signed manifests already in the store are indexed at start, and what is
+    written into it later (`fa4-aot build`, `fa4-aot sign`) within --store-poll seconds, so
+    `fa4-aot build --sku h200 && fa4-aot serve` is a working server. Publishing needs a token from
+    `fa4-aot token create --scope publish`.
     """
     from service.config import Settings
     from service.main import serve as run
 
     _check_port(host, port)
     run(Settings(cache_dir=state().cache_dir, db_url=db_url, host=host, port=port,
-                 require_read_token=require_read_token, workers=workers))
+                 require_read_token=require_read_token, workers=workers, store_poll=store_poll))
 
 
 def _check_port(host: str, port: int) -> None:
