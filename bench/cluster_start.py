@@ -92,18 +92,22 @@ def _timed(remote: Any, key: str, store: Any) -> float:
 # -- driver -------------------------------------------------------------------------------------------
 def make_store(root: Path, kernels: int, seed: int = 11) -> list[str]:
     """`kernels` synthetic h200 kernels (sizes 30-110 KB, mean about the real h200 objects' 66 KB)."""
+    import dataclasses
+
+    from fa4_aot import kernel_keys
     from fa4_aot.store import Entry, Store
 
     rng, store, keys = random.Random(seed), Store(root), []
     for i in range(kernels):
         data = rng.randbytes(rng.randint(30_000, 110_000))
         digest = store.put_object(data)
-        key = f"{rng.getrandbits(256):064x}"
-        store.put_entry(Entry(kernel_key=key, object_digest=digest, size=len(data), family="_flash_attn_fwd",
-                              compile_key=[i], sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560,
-                              cuda_major=13, toolchain={"bench": "synthetic"}, variant="bench",
-                              call=f"synthetic {i}", compile_seconds=0.0))
-        keys.append(key)
+        entry = Entry(kernel_key="", object_digest=digest, size=len(data), family="_flash_attn_fwd",
+                      compile_key=[i], sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13,
+                      toolchain={"bench": "synthetic"}, variant="bench", call=f"synthetic {i}", compile_seconds=0.0,
+                      host="x86-64-v3")
+        entry = dataclasses.replace(entry, kernel_key=kernel_keys.entry_key(entry))  # clients check it (D17)
+        store.put_entry(entry)
+        keys.append(entry.kernel_key)
     return keys
 
 
