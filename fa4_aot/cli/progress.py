@@ -1,6 +1,7 @@
 """Progress of long commands (build, push, pull): a rich bar with elapsed time and ETA when stderr is a
 terminal, one plain line per item otherwise, nothing with --quiet, and with --json one JSON line per item on
-stderr (the summary document still goes to stdout)."""
+stderr (the summary document still goes to stdout). A failure said before is not said again: its count comes
+once at the end (76 kernels refused for one reason are one line, not 76)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class Progress:
             "bar" if (sys.stderr.isatty() if tty is None else tty) else "lines"
         self._bar: Any = None
         self._task: Any = None
+        self._failures: dict[str, int] = {}  # a failure's text -> how often it came
 
     def __enter__(self) -> Progress:
         return self
@@ -35,13 +37,17 @@ class Progress:
         self.close()
 
     def update(self, done: int, total: int, status: str, line: str = "", **fields: Any) -> None:
+        repeated = False
+        if self.mode != "json" and status not in ("ok", "built", "present") and not line:
+            self._failures[status] = self._failures.get(status, 0) + 1
+            repeated = self._failures[status] > 1  # said once; counted for close()
         if self.mode == "json":
             event = {"event": self.verb, "done": done, "total": total, "status": status, **fields}
             click.echo(json.dumps(event, sort_keys=True), err=True)
-        elif self.mode == "lines":
+        elif self.mode == "lines" and not repeated:
             click.echo(f"[{done}/{total}] {line or f'{self.verb} {status}'}", err=True)
         elif self.mode == "bar":
-            self._advance(done, total, status, line)
+            self._advance(done, total, "ok" if repeated else status, line)
 
     def _advance(self, done: int, total: int, status: str, line: str) -> None:
         from rich.console import Console
@@ -61,3 +67,7 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+        for status, count in self._failures.items():
+            if count > 1 and self.mode in ("bar", "lines"):
+                click.echo(f"{self.verb}: {count} items failed alike: {status}", err=True)
+        self._failures.clear()

@@ -179,6 +179,23 @@ def test_progress_bar_on_a_terminal_shows_count_elapsed_and_eta(capsys: pytest.C
     assert "3/3" in err and "ETA" in err and "0:00:0" in err and "build failed: FAIL some kernel" in err
 
 
+@pytest.mark.parametrize("tty", [False, True], ids=["lines", "bar"])
+def test_a_failure_said_many_times_is_said_once_with_its_count(capsys: pytest.CaptureFixture[str],
+                                                              tty: bool) -> None:
+    """Issue 22, point 2: a pull with trusted keys printed 76 identical TrustError lines."""
+    from fa4_aot.cli.progress import Progress
+
+    refused = "FAILED TrustError: no valid signed manifest for h200 lists this kernel"
+    with Progress("pull", quiet=False, as_json=False, tty=tty) as bar:
+        for i in range(1, 77):
+            bar.update(i, 78, refused)
+        bar.update(77, 78, "FAILED RemoteError: server down")
+        bar.update(78, 78, "ok")
+    err = capsys.readouterr().err
+    assert err.count("no valid signed manifest") == 2  # said once as it happened, once with its count
+    assert "76 items failed alike: " + refused in err and err.count("server down") == 1
+
+
 def test_skus_show_where_each_figure_comes_from(tmp_path: Path) -> None:
     doc = json.loads(cli(tmp_path, "skus", "--json").output)
     assert all(s["source"] for s in doc), [s["name"] for s in doc if not s["source"]]
