@@ -4,8 +4,9 @@ The recipe key is sha256 of the signature and the SKU's target facts; it needs n
 GPU host finds its recipes without cutlass. It names head counts only through the GQA ratio, which is all of them
 FA4's kernels and dispatch read apart from sizes (issue 17): regions (recipe format 2) hold the KV head count as a
 size, guarded like the lengths, so one file serves a signature at every head count of its ratio. Files of format 1
-(builds before) are keyed by both head counts (`legacy_key`) and still read. Each region names the toolchain it was recorded with; a build with
-another toolchain replaces the regions of the old one (its kernel keys differ anyway).
+(builds before) are keyed by both head counts (`legacy_key`) and still read. Each region names the toolchain it
+was recorded with; a build with another toolchain replaces the regions of the old one (its kernel keys differ
+anyway).
 """
 
 from __future__ import annotations

@@ -144,6 +144,12 @@ class Remote:
             self._read(response, end)
 
     # -- reads --------------------------------------------------------------------------------
+    def whoami(self) -> dict[str, Any] | None:
+        """What the server says this client's token is ({name, scope, skus}); None when the server predates
+        GET /v1/token. Raises RemoteAuthError for a missing, unknown or revoked token."""
+        response = self._request("GET", "/v1/token", ok=(200, 404))
+        return None if response.status_code == 404 else _shaped(_decoded(response, self.url), dict, self.url)
+
     def skus(self) -> list[dict[str, Any]]:
         return _shaped(self._json("GET", "/v1/skus"), list, self.url)
 

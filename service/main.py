@@ -42,6 +42,7 @@ from .routes import (
     recipes,
     revocations,
     skus,
+    token,
 )
 
 log = logging.getLogger("service")
@@ -68,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(405, openapi.method_not_allowed)
     for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, revocations,
-                       audit):
+                   audit, token):
         app.include_router(module.router)
     docs.mount(app)
     app.openapi = openapi.builder(app)  # type: ignore[method-assign]

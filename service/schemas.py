@@ -68,6 +68,14 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+class TokenSelf(BaseModel):
+    """The request's own token (GET /v1/token)."""
+
+    name: str
+    scope: str = Field(examples=["publish"])
+    skus: list[str] | None = Field(default=None, description="SKUs a publish token is limited to; null: all")
+
+
 class Health(BaseModel):
     status: str = Field(examples=["ok"])
     db: str = Field(examples=["ok"])

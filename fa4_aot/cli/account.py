@@ -19,9 +19,14 @@ def login(server: str, token: str | None) -> None:
     token = token or click.prompt("token", hide_input=True)
     if not token.strip():
         raise Fa4AotError("empty token: make one with `fa4-aot token create --scope read|publish|admin`")
+    # the server says whether it knows the token (RemoteAuthError if not): nothing unknown is stored
+    me = Remote(server, token=token.strip(), retries=0,
+                advice="check SERVER, or that `fa4-aot serve` runs there").whoami()
     where = credentials.save(server, token.strip())
-    click.echo(f"token for {server.rstrip('/')} stored in {where} (mode 0600); `fa4-aot doctor --server "
-               f"{server.rstrip('/')}` checks it")
+    held = ("unchecked: the server predates GET /v1/token" if me is None else
+            f"{me.get('scope')} token {me.get('name')!r}" + (f" for SKUs {', '.join(me['skus'])}" if me.get("skus")
+                                                           else ""))
+    click.echo(f"{held} for {server.rstrip('/')} stored in {where} (mode 0600)")
 
 
 @click.command()

@@ -78,7 +78,8 @@ FORWARD_ONLY = [  # (SKU, calls): the store holds only the training signature's 
 
 def _probe(groups: list[tuple[str, list[dict[str, Any]]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    probes = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "lean" / "parity_probe.py"), sku, json.dumps(calls)],
+    probe = str(ROOT / "tests" / "lean" / "parity_probe.py")
+    probes = [subprocess.Popen([sys.executable, probe, sku, json.dumps(calls)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
               for sku, calls in groups]
     found = []
