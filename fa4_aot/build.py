@@ -127,11 +127,13 @@ def work_of(matrix: Matrix, sku: Sku, variants: Sequence[Variant | ModelVariant]
 
 
 def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Progress | None = None,
-                dry_run: bool = False, executor: Executor | None = None, present: Present | None = None) -> Report:
+                dry_run: bool = False, executor: Executor | None = None, present: Present | None = None,
+                planning: Callable[[int, int], None] | None = None) -> Report:
     """Build the kernels of explicit (label, Call, ExactCall or Signature) pairs: a Call's kernels at its shapes,
     an ExactCall's for its recorded arguments, a Signature's at every shape (complete.py), e.g. model signatures
     or the calls clients reported missing.
     `present(base key)` says under which key a kernel is already held (default: stored_key in `store`).
+    `planning(done, total)` is told the work items planned so far, after each planning task.
 
     Ctrl-C (KeyboardInterrupt) stops it within seconds: queued kernels are cancelled, workers are told to
     stop and the kernels they were compiling are dropped (entries are written last, so none is partial);
@@ -141,7 +143,7 @@ def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Pro
     ex = executor or LocalExecutor(jobs)
     tasks: list[CompileTask] = []
     try:
-        planned = _plan(ex, sku, store, work, report, dry_run)
+        planned = _plan(ex, sku, store, work, report, dry_run, planning)
         tasks = _triage(planned, work, present or (lambda kk: stored_key(store, kk, sku)), report, dry_run)
         _compile(ex, sku, store, tasks, report, progress)
         if not dry_run and present is None:  # libraries for kernels built here, by Ray, or before linking existed
@@ -169,7 +171,8 @@ def _count_stored(tasks: list[CompileTask], store: Store, report: Report) -> Non
                 report.finished += 1
 
 
-def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_run: bool) -> list[Planned]:
+def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_run: bool,
+          planning: Callable[[int, int], None] | None = None) -> list[Planned]:
     """Every distinct kernel of `work`, each attributed to the first work item that needs it; the recipe regions
     the workers recorded are saved to the store (none are recorded in a dry run)."""
     n = max(1, min(ex.plan_chunks(len(work)), len(work)))
@@ -178,7 +181,11 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
     recorded: dict[str, list[dict[str, Any]]] = {}
     chunks = [[work[i] for i in chunk] for chunk in offsets]
     # a dry run plans only: recording the lean runtime's recipes replays FA4 per planned call, which costs more
+    done = 0
     for c, (kernels, failures, regions, lean_failures) in ex.plan(sku, store, chunks, record=not dry_run):
+        done += len(chunks[c])
+        if planning:
+            planning(done, len(work))
         for key, found in regions.items():
             recorded.setdefault(key, []).extend(found)
         report.lean_failures += lean_failures

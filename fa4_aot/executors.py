@@ -99,7 +99,9 @@ class LocalExecutor:
         self._stack = ExitStack()
 
     def plan_chunks(self, calls: int) -> int:
-        return self.jobs
+        # several tasks per worker, so that planning reports progress as it goes (issue 22); a task per
+        # 10 calls at least, as each task's results travel back in one message
+        return max(self.jobs, min(self.jobs * 8, calls // 10))
 
     def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
         pool = self._pool_for(sku, store)

@@ -189,8 +189,9 @@ def _build_one(matrix: Matrix, target: Sku, store: Store, work: build_mod.Work |
         present = _on_server(remote_for(push_url, token, param="push_url").kernel_keys(target.name))
     if work is None:
         work = build_mod.work_of(matrix, target, chosen)
-    return build_mod.build_calls(target, store, work, progress=_progress(bar), dry_run=dry_run,
-                                 executor=ex, present=present)
+    with Progress("plan", quiet=bar.mode == "quiet", as_json=bar.mode == "json") as plan_bar:
+        return build_mod.build_calls(target, store, work, progress=_progress(bar), dry_run=dry_run,
+                                     executor=ex, present=present, planning=_planning(plan_bar))
 
 
 def _on_server(held: set[str]) -> Callable[[str], str | None]:
@@ -260,6 +261,18 @@ def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
     lines.append(f"estimated build time: {guess.seconds / 60:.1f} min for {guess.kernels} kernel(s) at "
                  f"{guess.seconds_per_kernel:.1f} s each over {jobs} job(s) ({guess.source})")
     return lines, guess.to_dict()
+
+
+def _planning(bar: Progress) -> Callable[[int, int], None]:
+    """Planning's progress, shown as compiling's is: work items (calls or signatures) planned so far. The
+    display closes when planning ends, before compiling's begins."""
+
+    def planned(done: int, total: int) -> None:
+        bar.update(done, total, "ok", f"planned {done} of {total} calls and signatures")
+        if done == total:
+            bar.close()
+
+    return planned
 
 
 def _progress(bar: Progress) -> Callable[[int, int, build_mod.Result], None]:

@@ -56,7 +56,11 @@ def test_build_json_streams_kernel_events_on_stderr_and_the_summary_on_stdout(tm
                    cache=tmp_path / "store")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
-    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    every = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    events = [e for e in every if e["event"] == "build"]
+    planning = [e for e in every if e["event"] == "plan"]  # issue 22, point 4: planning reports progress too
+    assert planning and planning[-1]["done"] == planning[-1]["total"] == summary["calls"]
+    assert [e["done"] for e in planning] == sorted(e["done"] for e in planning)
     assert len(events) == summary["built"] >= 1
     assert {e["kernel_key"] for e in events} == set(summary["kernel_keys"])
     assert all(e["event"] == "build" and e["status"] == "built" and e["seconds"] > 0 for e in events)
