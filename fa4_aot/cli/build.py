@@ -280,7 +280,7 @@ def _progress(bar: Progress) -> Callable[[int, int, build_mod.Result], None]:
 
     def progress(done: int, total: int, result: build_mod.Result) -> None:
         mark = {"built": "ok", "present": "--", "failed": "FAIL"}[result.status]
-        line = f"{mark} {result.family} {result.seconds:.1f}s  {result.call}" + \
+        line = f"{mark} {result.family} {result.seconds:.1f} CPU-s  {result.call}" + \
             (f"\n    {result.error}" if result.error else "")
         bar.update(done, total, result.status, line, kernel_key=result.kernel_key, family=result.family,
                    seconds=round(result.seconds, 3), call=result.call, error=result.error, sku=result.sku)

@@ -118,7 +118,9 @@ class Recorder(JITCache):
 
 
 class Compiler(JITCache):
-    """Lets FA4 compile only the keys in `wanted` and hands each result to `done(family, key, fn, seconds)`."""
+    """Lets FA4 compile only the keys in `wanted` and hands each result to `done(family, key, fn, seconds)`:
+    the CPU seconds the compile took in this process, which, unlike wall time, do not grow with the load of the
+    build host (entries record them as compile_seconds; estimate.py predicts builds from them)."""
 
     def __init__(self, family: str, wanted: set[tuple[str, str]], done: Callable[..., None]) -> None:
         super().__init__()
@@ -130,7 +132,7 @@ class Compiler(JITCache):
     def __contains__(self, key: Any) -> bool:
         ident = (self.family, dumps(canonical(key)))
         if ident in self.wanted and key not in self.cache:
-            self._started = time.perf_counter()
+            self._started = time.process_time()
             return False
         return True
 
@@ -138,6 +140,6 @@ class Compiler(JITCache):
         return self.cache.get(key, _noop)
 
     def __setitem__(self, key: Any, fn: Any) -> None:
-        seconds = time.perf_counter() - (self._started or time.perf_counter())
+        seconds = time.process_time() - (self._started or time.process_time())
         self.cache[key] = fn
         self.done(self.family, key, fn, seconds)

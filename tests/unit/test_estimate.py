@@ -29,10 +29,10 @@ def _fill(store: Store, arch: str, seconds: list[float]) -> None:
 @pytest.mark.parametrize(("recorded", "sku", "per", "source"), [
     ({}, H200, 1.8, "default for sm_90a"),
     ({}, B200, 4.6, "default for sm_100a"),
-    ({"sm_90a": [1.0, 2.0, 9.0, 3.0, 2.5]}, H200, 2.5, "median of 5 sm_90a kernels"),
+    ({"sm_90a": [1.0, 2.0, 9.0, 3.0, 2.5]}, H200, 2.5, "median CPU seconds of 5 sm_90a kernels"),
     ({"sm_90a": [1.0, 2.0, 9.0, 3.0]}, H200, 1.8, "fewer than 5"),  # too few: default
     ({"sm_100a": [7.0] * 6, "sm_90a": [1.0] * 2}, H200, 1.8, "default for sm_90a"),  # other arch ignored
-    ({"sm_100a": [7.0] * 6}, B200, 7.0, "median of 6 sm_100a kernels"),
+    ({"sm_100a": [7.0] * 6}, B200, 7.0, "median CPU seconds of 6 sm_100a kernels"),
 ])
 def test_seconds_per_kernel(tmp_path: Path, recorded: dict[str, list[float]], sku: Sku, per: float,
                             source: str) -> None:
@@ -66,3 +66,19 @@ def test_dry_run_prints_kernels_per_variant_and_estimate(tmp_path: Path) -> None
     assert doc["estimate"]["seconds_per_kernel"] == 1.8 and doc["estimate"]["seconds"] > 0
     text = run_cli("build", "--sku", "h200", "--variants", str(variants), "--dry-run", cache=tmp_path / "store")
     assert "estimated build time" in text.stdout and "complete" in text.stdout and "to build" in text.stdout
+
+
+def test_compile_seconds_are_cpu_seconds_not_wall_time() -> None:
+    """Issue 22, point 9: estimates followed the load of the machine that built the store (4.6-6.1 s a kernel
+    where an idle one takes 1.8), because entries recorded wall time. A wait (what another process's load costs
+    a compile) now adds nothing to what the compile records."""
+    import time
+
+    from fa4_aot.fa4.caches import Compiler
+
+    got: list[float] = []
+    compiler = Compiler("f", {("f", "[1]")}, lambda _family, _key, _fn, seconds: got.append(seconds))
+    assert (1,) not in compiler  # FA4 asks; the compile starts
+    time.sleep(0.5)  # waiting for a CPU, as on a loaded build host
+    compiler[(1,)] = object()
+    assert len(got) == 1 and got[0] < 0.25
