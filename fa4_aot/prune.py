@@ -7,6 +7,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .errors import Fa4AotError
@@ -30,10 +31,11 @@ class Rules:
 
 @dataclass
 class PruneReport:
-    entries: list[str] = field(default_factory=list)  # kernel keys removed
-    objects: list[str] = field(default_factory=list)  # object digests removed
+    entries: list[str] = field(default_factory=list)  # index entries removed (kernels and their signposts)
+    objects: list[str] = field(default_factory=list)  # object digests removed (kernels, libraries, runtimes)
     bytes_freed: int = 0
-    kept: int = 0
+    kept: int = 0  # kernels kept (Entry.is_signpost: a signpost is not a kernel)
+    removed: int = 0  # kernels removed
 
 
 def parse_size(text: str) -> int:
@@ -59,9 +61,11 @@ def _created(entry: Entry) -> float:
         return 0.0  # an entry without a readable date counts as oldest
 
 
-def select(entries: list[Entry], rules: Rules, now: float) -> list[Entry]:
+def select(entries: list[Entry], rules: Rules, now: float, sizes: Mapping[str, int] | None = None) -> list[Entry]:
     """The entries `rules` drop: those matching every given filter (sku, toolchain, age), then the oldest
-    of the rest until what is kept fits max_size."""
+    of the rest until what is kept fits max_size, counting every object a kept entry needs once (its object,
+    linked libraries and their runtime libraries, sizes from `sizes` where the entry does not record them):
+    a kernel and its base-key signpost share one object, and all libraries share the CuTe runtime."""
     def matches(e: Entry) -> bool:
         return ((rules.sku is None or e.sku == rules.sku)
                 and (rules.toolchain is None or e.toolchain != rules.toolchain)
@@ -74,10 +78,10 @@ def select(entries: list[Entry], rules: Rules, now: float) -> list[Entry]:
     if rules.max_size is not None:
         gone = {e.kernel_key for e in dropped}
         kept = sorted((e for e in entries if e.kernel_key not in gone), key=_created, reverse=True)
-        total = 0
+        held: dict[str, int] = {}
         for e in kept:
-            total += e.size
-            if total > rules.max_size:
+            held.update(e.footprint(sizes or {}))
+            if sum(held.values()) > rules.max_size:
                 dropped.append(e)
     return dropped
 
@@ -87,14 +91,16 @@ def prune(store: Store, rules: Rules, dry_run: bool = False, now: float | None =
     if not rules.any():
         raise Fa4AotError("prune needs at least one of --sku, --toolchain, --older-than, --max-size")
     entries = list(store.entries())
-    doomed = select(entries, rules, time.time() if now is None else now)
+    sizes = {d: store.object_size(d) or 0 for e in entries for d in e.digests()}
+    doomed = select(entries, rules, time.time() if now is None else now, sizes)
     gone = {e.kernel_key for e in doomed}
-    live = {e.object_digest for e in entries if e.kernel_key not in gone}
-    report = PruneReport(entries=sorted(gone), kept=len(entries) - len(gone))
+    live = {d for e in entries if e.kernel_key not in gone for d in e.digests()}
+    report = PruneReport(entries=sorted(gone), kept=sum(not e.is_signpost for e in entries if e.kernel_key not in gone),
+                         removed=sum(not e.is_signpost for e in doomed))
     for e in doomed:
         if not dry_run:
             store.remove_entry(e.kernel_key)
-    for digest in sorted({e.object_digest for e in doomed} - live):
+    for digest in sorted({d for e in doomed for d in e.digests()} - live):
         report.objects.append(digest)
         report.bytes_freed += store.object_size(digest) or 0
         if not dry_run:

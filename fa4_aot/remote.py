@@ -319,25 +319,29 @@ class Remote:
         raise AssertionError("unreachable")
 
     # -- writes -------------------------------------------------------------------------------
-    def push_entry(self, entry: Entry, read: Callable[[str], bytes]) -> bool:
+    def push_entry(self, entry: Entry, read: Callable[[str], bytes]) -> dict[str, int]:
         """Publish one kernel: upload its linked libraries (with the runtime libraries they need), then its object,
         each unless the server has it (HEAD first), then the entry that makes it visible; `read(digest)` gives an
-        object's bytes (Store.read_object, or bytes a worker holds). Returns True if the kernel's object was
+        object's bytes (Store.read_object, or bytes a worker holds). Returns {digest: bytes} of what was
         uploaded. The server re-hashes every upload (422 on a mismatch)."""
-        for arch in sorted(entry.shared_libs):
-            for digest in entry.lib_digests(arch):
-                self.put_object(digest, functools.partial(read, digest))
-        uploaded = self.put_object(entry.object_digest, functools.partial(read, entry.object_digest))
+        sent: dict[str, int] = {}
+        for digest in [d for arch in sorted(entry.shared_libs) for d in entry.lib_digests(arch)] + [
+                entry.object_digest]:
+            size = self.put_object(digest, functools.partial(read, digest))
+            if size is not None:
+                sent[digest] = size
         self._request("POST", "/v1/kernels", ok=(200, 201), json=entry.published())
-        return uploaded
+        return sent
 
-    def put_object(self, digest: str, data: Callable[[], bytes]) -> bool:
-        """Upload object `digest` (bytes from `data()`) unless the server has it; True if it was uploaded."""
+    def put_object(self, digest: str, data: Callable[[], bytes]) -> int | None:
+        """Upload object `digest` (bytes from `data()`) unless the server has it; the bytes uploaded, or None
+        when the server had it."""
         if self.has_object(digest):
-            return False
-        self._request("PUT", f"/v1/objects/{digest}", ok=(200, 201), content=data(),
+            return None
+        content = data()
+        self._request("PUT", f"/v1/objects/{digest}", ok=(200, 201), content=content,
                       headers={"Content-Type": "application/octet-stream"})
-        return True
+        return len(content)
 
     # -- lean-runtime recipe files --------------------------------------------------------------
     def recipes(self, sku: str) -> dict[str, str]:

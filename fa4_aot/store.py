@@ -30,7 +30,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -116,6 +116,28 @@ class Entry:
         if not lib:
             return {}
         return {lib["digest"]: lib["size"], **{d: None for d in lib.get("needs", {}).values() if d}}
+
+    @property
+    def is_signpost(self) -> bool:
+        """Whether this is the base-key signpost of a kernel that consumed SKU constants: it points at the same
+        object as the kernel's own entry (filed under its full key) and tells a client which constants to look
+        up. THE definition of a kernel everywhere (build, list, doctor, push, pull, the server): an entry that is
+        not a signpost."""
+        try:
+            base, full = kernel_keys.entry_keys(self)
+        except ValueError:
+            return False
+        return self.kernel_key == base != full
+
+    def footprint(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        """{digest: bytes} of everything this entry needs on disk (object, linked libraries, their runtime
+        libraries), sizes from `sizes` where the entry does not record them. THE definition of a kernel's
+        bytes: summed over a set of entries, each digest counts once (a runtime library is shared)."""
+        found = {self.object_digest: self.size}
+        for lib in self.shared_libs.values():
+            found[lib["digest"]] = lib["size"]
+            found.update({d: sizes.get(d, 0) for d in lib.get("needs", {}).values() if d})
+        return found
 
     def digests(self) -> set[str]:
         """Every object this entry refers to: the exported object, its linked libraries and their runtimes."""
@@ -250,6 +272,26 @@ class Store:
         """The object's file open for reading (to serve it), bytes not re-hashed, no link followed:
         FileNotFoundError when absent, StoreError for a symlink or a non-regular file."""
         return self._open(self.object_path(digest))
+
+    def change_marks(self) -> tuple[tuple[str, int], ...]:
+        """(folder, mtime_ns) of index/, recipes/, manifests/ and their direct subfolders, links not followed:
+        every write into the store is an atomic rename into one of them, which changes that folder's time, so
+        two equal results mean nothing was added, replaced or removed in between (a server polls this)."""
+        found = []
+        for top in ("index", "recipes", "manifests"):
+            try:
+                found.append((top, os.lstat(self.root / top).st_mtime_ns))
+                with os.scandir(self.root / top) as it:
+                    found += [(f"{top}/{e.name}", e.stat(follow_symlinks=False).st_mtime_ns)
+                              for e in it if e.is_dir(follow_symlinks=False)]
+            except FileNotFoundError:
+                continue
+        return tuple(sorted(found))
+
+    def bytes_of(self, entries: Iterable[Entry]) -> int:
+        """THE bytes of a set of kernels: every object they need (kernel, linked libraries, runtime libraries),
+        each counted once, as the store holds it (absent objects count 0)."""
+        return sum(self.object_size(d) or 0 for d in {d for e in entries for d in e.digests()})
 
     def object_size(self, digest: str) -> int | None:
         """Size of the object's file, None when absent; StoreError for a symlink or a non-regular file."""

@@ -42,16 +42,18 @@ def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, pr
     """Publish every local kernel (of `sku`) to `remote`, uploading only objects it lacks. Never raises for
     one kernel: failures are listed in the result."""
     entries = list(store.entries(sku))
-    result = Transfer(kernels=len(entries))
+    result = Transfer(kernels=sum(not e.is_signpost for e in entries))  # a kernel, not its signpost too
+    sent: set[str] = set()
 
-    def one(entry: Any) -> tuple[Any, bool]:
-        return entry, remote.push_entry(entry, store.read_object)
+    def one(entry: Any) -> dict[str, int]:
+        return remote.push_entry(entry, store.read_object)
 
-    def count(r: Transfer, out: tuple[Any, bool]) -> None:
-        entry, uploaded = out
-        if uploaded:
-            r.objects_sent += 1
-            r.bytes += entry.size
+    def count(r: Transfer, uploaded: dict[str, int]) -> None:  # every object uploaded, libraries too, once
+        for digest, size in uploaded.items():
+            if digest not in sent:
+                sent.add(digest)
+                r.objects_sent += 1
+                r.bytes += size
 
     _run(entries, one, jobs, result, progress, count)
     if not result.failures:  # recipes are filed under a SKU the server knows, so they go after the kernels
@@ -91,7 +93,10 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
     if refusal:
         raise TrustError(f"pull refused: {refusal}")
     wanted = [k for k in listing.get("kernels", []) if not store.has_entry(k["kernel_key"])]
-    result = Transfer(kernels=len(wanted))
+    # a kernel is one object: a kernel that consumed SKU constants is listed under its full key and its base
+    # key's signpost, both naming that object (Entry.is_signpost), so kernels and bytes count objects once
+    result = Transfer(kernels=len({k["object_digest"] for k in wanted}))
+    fetched: set[str] = set()
 
     def one(k: dict[str, Any]) -> dict[str, Any]:
         if remote.fetch_kernel(k["kernel_key"], store, accept=trust.check,
@@ -100,8 +105,10 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
         return k
 
     def count(r: Transfer, k: dict[str, Any]) -> None:
-        r.fetched += 1
-        r.bytes += k["size"]
+        if k["object_digest"] not in fetched:
+            fetched.add(k["object_digest"])
+            r.fetched += 1
+            r.bytes += k["size"]
 
     _run(wanted, one, jobs, result, progress, count)
     result.recipes = lean_transfer.pull_recipes(store, remote, sku, trust, result.failures)

@@ -194,7 +194,9 @@ def record_object(session: Session, *, digest: str, size: int, actor: str) -> bo
 
 # -- SKUs and kernels -----------------------------------------------------------------------------
 def list_skus(session: Session) -> list[schemas.SkuSummary]:
-    count = func.count(models.Kernel.kernel_key)
+    # a kernel is one object: a kernel that consumed SKU constants has two rows (its full key and its base key's
+    # signpost) naming that object, so objects are counted, as the client's `list` counts kernels
+    count = func.count(func.distinct(models.Kernel.object_digest))
     rows = session.execute(
         select(models.Sku, count).outerjoin(models.Kernel, models.Kernel.sku == models.Sku.name)
         .group_by(models.Sku.name).order_by(models.Sku.name)

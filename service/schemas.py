@@ -98,7 +98,8 @@ class SkuFacts(BaseModel):
 
 
 class SkuSummary(SkuFacts):
-    kernels: int = Field(description="Kernels the service holds for this SKU.")
+    kernels: int = Field(description="Kernels the service holds for this SKU (objects: a base-key signpost and "
+                                     "the kernel it points at count once).")
 
 
 class ManifestKernel(BaseModel):

@@ -1,10 +1,10 @@
 """The server follows its store: kernels, recipe files and signed manifests written into the store after
 `fa4-aot serve` started (a build, `sign`, a pull) are served without a restart or a push to itself.
 
-Every `store_poll` seconds each worker compares the store's fingerprint (the modification times of index/,
-recipes/, manifests/ and their subfolders: a write into the store is an atomic rename into one of them, which
-changes that folder's time) with the last one seen; on a change it imports the store again (sync.import_store:
-idempotent upserts), under a store lock so that the workers of one server import one at a time.
+Every `store_poll` seconds each worker compares the store's change marks (Store.change_marks: the modification
+times of index/, recipes/, manifests/ and their subfolders) with the last ones seen; on a change it imports the
+store again (sync.import_store: idempotent upserts), under a store lock so that the workers of one server import
+one at a time.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
-from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 
@@ -23,22 +21,7 @@ from fa4_aot.store import Store
 from . import db, sync
 
 log = logging.getLogger("fa4_aot.service")
-FOLDERS = ("index", "recipes", "manifests")
 IMPORT_LOCK = hashlib.sha256(b"fa4-aot serve: store import").hexdigest()
-
-
-def fingerprint(root: Path) -> tuple[tuple[str, int], ...]:
-    """(path, mtime_ns) of the store's watched folders and their direct subfolders; links are not followed."""
-    found = []
-    for top in FOLDERS:
-        try:
-            found.append((top, os.lstat(root / top).st_mtime_ns))
-            with os.scandir(root / top) as it:
-                found += [(f"{top}/{e.name}", e.stat(follow_symlinks=False).st_mtime_ns)
-                          for e in it if e.is_dir(follow_symlinks=False)]
-        except FileNotFoundError:
-            continue
-    return tuple(sorted(found))
 
 
 def reimport(store: Store, database_url: str) -> sync.ImportReport:
@@ -50,10 +33,10 @@ def reimport(store: Store, database_url: str) -> sync.ImportReport:
 async def follow(store: Store, database_url: str, every: float) -> None:
     """Re-import the store whenever its fingerprint changes, checking every `every` seconds, until cancelled.
     A failed import is logged once per change and tried again at the next one."""
-    seen = await run_in_threadpool(fingerprint, store.root)
+    seen = await run_in_threadpool(store.change_marks)
     while True:
         await asyncio.sleep(every)
-        now = await run_in_threadpool(fingerprint, store.root)
+        now = await run_in_threadpool(store.change_marks)
         if now == seen:
             continue
         seen = now

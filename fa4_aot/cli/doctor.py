@@ -57,7 +57,8 @@ def _store(sku: str | None) -> Check:
     store.check_root()
     counts: dict[str, int] = {}
     for e in store.entries():
-        counts[e.sku] = counts.get(e.sku, 0) + 1
+        if not e.is_signpost:  # one kernel, one count (list, build and the server count alike)
+            counts[e.sku] = counts.get(e.sku, 0) + 1
     detail = f"{store.root}: " + (", ".join(f"{n} {k} kernel(s)" for k, n in sorted(counts.items())) or "empty")
     if not counts or (sku and not counts.get(sku)):
         return _check("store", "warn", detail,

@@ -27,19 +27,21 @@ from .progress import Progress, quiet_option
 @pass_store
 def list_(store: Store, sku: str | None, variant: str | None, family: str | None, summary: bool,
           as_json: bool) -> None:
-    """List the kernels in the store, then a per-SKU count."""
-    everything = list(existing(store).entries())
+    """List the kernels in the store, then a per-SKU count. A kernel is one compiled object: base-key signposts
+    (Entry.is_signpost) are not counted, and bytes are every object the kernels need, each once (libraries and
+    the CuTe runtime library included)."""
+    everything = [e for e in existing(store).entries() if not e.is_signpost]
     if sku is not None and sku not in {e.sku for e in everything}:
         _check_sku_name(sku, {e.sku for e in everything})
     entries = [e for e in everything if (sku is None or e.sku == sku) and (variant is None or e.variant == variant)
                and (family is None or family in e.family)]
-    per_sku = _per_sku(entries)
+    per_sku = _per_sku(store, entries)
     if summary:
         emit(as_json, per_sku, "\n".join(_summary_lines(per_sku)))
         return
     rows = [f"{e.kernel_key[:16]}  {e.sku:<10} {e.family:<26} {e.size:>9} B  {e.call}" for e in entries]
     rows += _summary_lines(per_sku) if len(per_sku) > 1 else []
-    rows.append(f"{len(entries)} kernel(s), {sum(e.size for e in entries)} bytes")
+    rows.append(f"{len(entries)} kernel(s), {store.bytes_of(entries)} bytes")
     emit(as_json, [asdict(e) for e in entries], "\n".join(rows))
 
 
@@ -53,16 +55,15 @@ def _check_sku_name(sku: str, in_store: set[str]) -> None:
         raise unknown(sku, known | in_store)
 
 
-def _per_sku(entries: list[Entry]) -> list[dict[str, Any]]:
+def _per_sku(store: Store, entries: list[Entry]) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for e in entries:
-        row = rows.setdefault(e.sku, {"sku": e.sku, "kernels": 0, "bytes": 0, "variants": set(), "toolchains": set()})
-        row["kernels"] += 1
-        row["bytes"] += e.size
+        row = rows.setdefault(e.sku, {"sku": e.sku, "kernels": [], "variants": set(), "toolchains": set()})
+        row["kernels"].append(e)
         row["variants"].add(e.variant)
         row["toolchains"].add(e.toolchain.get("flash-attn-4", "?"))
-    return [{**r, "variants": sorted(r["variants"]), "toolchains": sorted(r["toolchains"])}
-            for _, r in sorted(rows.items())]
+    return [{**r, "kernels": len(r["kernels"]), "bytes": store.bytes_of(r["kernels"]),
+             "variants": sorted(r["variants"]), "toolchains": sorted(r["toolchains"])} for _, r in sorted(rows.items())]
 
 
 def _summary_lines(per_sku: list[dict[str, Any]]) -> list[str]:
@@ -189,8 +190,8 @@ def prune(store: Store, sku: str | None, toolchain: str | None, older_than: str 
     report = mod.prune(existing(store), rules, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     doc = {"dry_run": dry_run, "entries": report.entries, "objects": report.objects, "bytes": report.bytes_freed,
-           "kept": report.kept}
-    emit(as_json, doc, f"{verb} {len(report.entries)} kernel(s) and {len(report.objects)} object(s) "
+           "kept": report.kept, "removed": report.removed}
+    emit(as_json, doc, f"{verb} {report.removed} kernel(s) and {len(report.objects)} object(s) "
                        f"({report.bytes_freed} bytes); {report.kept} kernel(s) kept")
 
 
