@@ -232,3 +232,41 @@ def test_typos_and_empty_requests_are_errors_with_a_suggestion(tmp_path: Path, a
     put(Store(tmp_path), "one")
     result = cli(tmp_path, *args)
     assert result.exit_code == 1 and said in result.output, result.output
+
+
+def _kernel_with_signpost_and_library(store: Store, tag: str, runtime: bytes) -> Entry:
+    """A kernel that consumed the SM count, filed as a build files it (its full key, and its base key's
+    signpost naming the same object), with a linked library that needs the shared runtime library."""
+    import dataclasses
+
+    from fa4_aot import kernel_keys
+
+    lib = f"library {tag}".encode() * 100
+    needs = {"libtvm_ffi.so": "", "libcute_dsl_runtime.so": store.put_object(runtime)}
+    data = f"object {tag}".encode() * 100
+    full = proven(Entry(
+        kernel_key="", object_digest=store.put_object(data), size=len(data), family="f", compile_key=[tag],
+        sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, toolchain={}, variant="v",
+        call=f"fwd {tag}", compile_seconds=0.1, hardware_queries=[["sm_count", 132]], host="x86-64-v3",
+        shared_libs={"x86_64": {"digest": store.put_object(lib), "size": len(lib), "needs": needs}}))
+    store.put_entry(full)
+    store.put_entry(dataclasses.replace(full, kernel_key=kernel_keys.entry_keys(full)[0]))
+    return full
+
+
+def test_counts_and_bytes_mean_kernels_and_every_object_they_need(tmp_path: Path) -> None:
+    """Issue 22, point 3: the build reported 44 kernels where list, doctor and push reported 76 (signposts
+    counted), and prune --max-size ignored the 43 MB runtime library."""
+    store = Store(tmp_path)
+    runtime = b"R" * 50_000
+    kernels = [_kernel_with_signpost_and_library(store, t, runtime) for t in ("a", "b")]
+    assert len(list(store.entries())) == 4 and sum(not e.is_signpost for e in store.entries()) == 2
+    listed = cli(tmp_path, "list", "--summary", "--json")
+    (row,) = json.loads(listed.output)
+    every = {d for e in kernels for d in e.digests()}
+    assert row["kernels"] == 2 and row["bytes"] == sum(store.object_size(d) for d in every) > 50_000
+    assert "2 kernel(s)" in cli(tmp_path, "list").output
+    # a budget below one kernel and the runtime it needs keeps nothing, and frees the runtime library too
+    pruned = json.loads(cli(tmp_path, "prune", "--max-size", "40K", "--json").output)
+    assert pruned["removed"] == 2 and pruned["kept"] == 0 and pruned["bytes"] == row["bytes"]
+    assert list(store.entries()) == []
