@@ -97,10 +97,18 @@ class Attention:
     def _refetch(self) -> bool:
         """Fetch the server's recipe file (once per signature and process): it may hold regions recorded since.
         Files are asked for in the order of `sources` until one is fetched."""
-        if self.rt.fetcher is None or self._refetched:
+        fetcher = self.rt.fetcher
+        if fetcher is None or self._refetched:
             return False
         self._refetched = True
-        return any(self.rt.fetcher.recipe(self.rt.sku.name, key) for key, _forward in self.sources)
+        errors = []
+        for key, _forward in self.sources:
+            if fetcher.recipe(self.rt.sku.name, key):
+                return True
+            errors.append(fetcher.error)
+        # every reason, in order: a refused file (TrustError) must not hide behind a later key's plain absence
+        fetcher.error = "; ".join(dict.fromkeys(e for e in errors if e))
+        return False
 
     def sizes(self, sizes: dict[str, int]) -> dict[str, int]:
         """A call's sizes with the signature's KV head count, a size of format-2 regions (recipe.HEADS)."""

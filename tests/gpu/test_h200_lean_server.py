@@ -56,10 +56,10 @@ def test_a_recipe_file_the_server_swapped_is_refused(server, signed, tmp_path: P
     store = Store(Path(signed["store"]))
     files = sorted((Path(signed["store"]) / "recipes").rglob("*.json"))
     originals = {f: f.read_bytes() for f in files}
-    for data in originals.values():  # a compromised server: same key, other regions (one region dropped)
-        doc = json.loads(data)
+    for data in originals.values():  # a compromised server: same key, other regions (one region dropped), a
+        doc = json.loads(data)          # well-formed file (recipe_format admits it) that no manifest lists
         regions = doc["regions"][:-1] or doc["regions"]
-        store.put_recipes(doc["key"], json.dumps({"key": doc["key"], "regions": regions, "tampered": 1}).encode())
+        store.put_recipes(doc["key"], json.dumps({**doc, "regions": regions}, indent=2).encode())
     try:
         out = _lean({"FA4_AOT_CACHE": str(tmp_path / "empty"), "FA4_AOT_SERVER": server,
                      "FA4_AOT_TRUSTED_KEYS": signed["public"]})
