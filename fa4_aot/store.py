@@ -367,15 +367,19 @@ class Store:
 
     def object_state(self, digest: str, size: int | None = None) -> str:
         """"ok", "missing" or "corrupt" (wrong bytes, or not `size` bytes); StoreError for a symlink."""
-        try:
-            with self._open_object(digest) as f:
-                if size is not None and os.fstat(f.fileno()).st_size != size:
-                    return "corrupt"
-                return "ok" if hash_stream(f).hexdigest() == digest else "corrupt"
-        except StoreError:
-            if self._is_file(self.object_path(digest)):
-                raise
-            return "missing"
+        for attempt in range(2):
+            try:
+                with self._open_object(digest) as f:
+                    if size is not None and os.fstat(f.fileno()).st_size != size:
+                        return "corrupt"
+                    return "ok" if hash_stream(f).hexdigest() == digest else "corrupt"
+            except StoreError:
+                if not self._is_file(self.object_path(digest)):
+                    return "missing"
+                if attempt:  # there, and still not to be opened: a link or another non-regular file
+                    raise
+                # else it appeared between the open and the look (another writer's rename): look again
+        raise AssertionError("unreachable")
 
     # -- index ---------------------------------------------------------------------------------
     def put_entry(self, entry: Entry) -> None:

@@ -120,8 +120,9 @@ found = {}
 for layout, at in sizes.items():
     attn = rt.attention(lean_api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, page_size=16))
     bound = attn.bound(at, torch.device("cpu"), None)
+    kernels = attn.region(attn.sizes(at))["kernels"]
     found[layout] = {"inputs": sorted(bound.expected), "functions": sorted(
-        type(rt.libraries.function(k["kernel_key"], k["family"])).__name__ for k in attn.region(at)["kernels"])}
+        type(rt.libraries.function(k["kernel_key"], k["family"])).__name__ for k in kernels)}
 found["imported"] = sorted({m.split(".")[0] for m in sys.modules} & {"cutlass", "flash_attn", "quack"})
 print(json.dumps(found))
 """

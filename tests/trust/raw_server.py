@@ -3,6 +3,7 @@ byte (slow drips, floods, hangs, HTML pages), which no well-behaved server frame
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -59,6 +60,7 @@ class RawServer:
                         return
                     head += chunk
                 path = head.split(b" ", 2)[1].decode()
+                _read_body(conn, head)
                 self.handler(path, conn)
             except OSError:  # the client went away: what hostile servers see all the time
                 return
@@ -66,6 +68,19 @@ class RawServer:
     def send(self, conn: socket.socket, data: bytes) -> None:
         conn.sendall(data)
         self.sent += len(data)
+
+
+def _read_body(conn: socket.socket, head: bytes) -> None:
+    """Read a request's body (Content-Length bytes) before answering: closing a socket with unread bytes makes
+    the kernel reset the connection, and the client may then lose the answer (a POST's JSON body, e.g.)."""
+    headers, _, body = head.partition(b"\r\n\r\n")
+    found = re.search(rb"(?im)^content-length:\s*(\d+)", headers)
+    left = (int(found.group(1)) if found else 0) - len(body)
+    while left > 0:
+        chunk = conn.recv(min(left, 65536))
+        if not chunk:
+            return
+        left -= len(chunk)
 
 
 def reply(status: int, body: bytes, content_type: str = "application/json", length: int | None = None) -> bytes:

@@ -28,7 +28,7 @@ import pytest
 
 from fa4_aot import kernel_keys, maintenance
 from fa4_aot.store import Entry, Store
-from tests.conftest import ROOT, TINY_VARIANTS, run_cli
+from tests.conftest import ROOT, TINY_VARIANTS, proven, run_cli
 from tests.service.service_helpers import Server, prepare_database
 
 pytestmark = pytest.mark.slow
@@ -325,9 +325,9 @@ def test_d2_gc_never_deletes_an_object_a_writer_reuses(tmp_path: Path) -> None:
     store = Store(tmp_path / "cache")
     data = os.urandom(1000)
     digest = _orphan(store, data)
-    entry = Entry(kernel_key=hashlib.sha256(b"d2").hexdigest(), object_digest=digest, size=len(data), family="f",
-                  compile_key=["d2"], sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13,
-                  toolchain={}, variant="v", call="c", compile_seconds=0.0)
+    entry = proven(Entry(kernel_key="", object_digest=digest, size=len(data), family="f",
+                         compile_key=["d2"], sku="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560,
+                         cuda_major=13, toolchain={}, variant="v", call="c", compile_seconds=0.0))
     reports: list[maintenance.GcReport] = []
     with store.lock(digest):  # the writer holds the object's lock while it checks the object and writes
         gc = threading.Thread(target=lambda: reports.append(maintenance.gc(store, min_age=3600)))
