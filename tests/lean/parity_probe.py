@@ -14,28 +14,19 @@ writes them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-import tempfile
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import window_probe  # noqa: E402
 from window_probe import SCALE, _fa4_launching, _Stubs  # noqa: E402
 
 
 def main() -> None:
-    warnings.filterwarnings("ignore")
-    from fa4_aot import config, fa4, variants
-
-    sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
-    fa4.configure(sku)
-    with tempfile.TemporaryDirectory() as tmp:
-        found = [_compare(call, sku, Path(tmp) / str(i)) for i, call in enumerate(json.loads(sys.argv[2]))]
-    print(json.dumps(found))
+    window_probe.main(_compare)
 
 
 def _compare(call: dict[str, Any], sku: Any, root: Path) -> dict[str, Any]:

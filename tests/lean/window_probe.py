@@ -23,14 +23,17 @@ from typing import Any
 SCALE = 0.1  # given to both sides: the default scale is not what this probe compares
 
 
-def main() -> None:
+def main(compare: Any = None) -> None:
+    """`python PROBE SKU CALLS_JSON`: configure FA4 for SKU, compare each call (`compare(call, sku, root)`, this
+    module's _compare by default) in a store of its own, print the results as one JSON list."""
     warnings.filterwarnings("ignore")
     from fa4_aot import config, fa4, variants
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
+    compare = compare or _compare
     with tempfile.TemporaryDirectory() as tmp:
-        found = [_compare(call, sku, Path(tmp) / str(i)) for i, call in enumerate(json.loads(sys.argv[2]))]
+        found = [compare(call, sku, Path(tmp) / str(i)) for i, call in enumerate(json.loads(sys.argv[2]))]
     print(json.dumps(found))
 
 
