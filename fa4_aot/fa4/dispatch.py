@@ -24,6 +24,9 @@ class _Ctx:
     def set_materialize_grads(self, value: bool) -> None:
         pass
 
+    def mark_non_differentiable(self, *tensors: Any) -> None:
+        pass
+
 
 def run(call: Call) -> None:
     """Run `call` through FA4 on tensors on the 'cuda' device. Callers wrap this in FakeTensorMode

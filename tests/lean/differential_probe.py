@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fa4_aot.fa4.dispatch import _Ctx  # the stand-in for autograd's ctx FA4's forward and backward are driven with
 from tests.lean.window_probe import _fa4_launching, _plain, _Stubs
 
 SEEDS = ((2, 1024, 1024), (1, 1, 4096), (8, 128, 8192))  # the calls a build records per signature (batch, sq, sk)
@@ -47,21 +48,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, _lean_runtime(sku, Path(tmp)) as rt:
         report = [_run_class(rt, sku, cls, random.Random(f"{seed}:{cls['index']}")) for cls in classes]
     print(json.dumps(report))
-
-
-class _Ctx:
-    """autograd's ctx for driving an autograd Function's forward and backward directly."""
-
-    saved_tensors: tuple[Any, ...] = ()
-
-    def save_for_backward(self, *tensors: Any) -> None:
-        self.saved_tensors = tensors
-
-    def set_materialize_grads(self, value: bool) -> None:
-        pass
-
-    def mark_non_differentiable(self, *tensors: Any) -> None:
-        pass
 
 
 def _driver(function: Any, grads: dict[str, Any], names: Any) -> Any:

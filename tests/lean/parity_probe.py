@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import window_probe  # noqa: E402
-from window_probe import SCALE, _fa4_launching, _Stubs  # noqa: E402
+from window_probe import SCALE, _fa4_launching  # noqa: E402
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def _compare(call: dict[str, Any], sku: Any, root: Path) -> dict[str, Any]:
 def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any]) -> Iterator[None]:
     """The lean runtime over a store that holds, for any signature asked for, only the region a build records for
     that signature with the call's `record` head counts and pass, at the call's lengths; kernels are _Stubs."""
-    from fa4_aot import fa4, lean, lean_api, recipe, recipe_store
+    from fa4_aot import fa4, lean, recipe, recipe_store
     from fa4_aot.store import Store
 
     sizes = recipe.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
@@ -75,15 +75,8 @@ def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any
             recipe_store.merge(self.store, recipe_store.recipe_key(recorded, sku), [region])
             return super().attention(sig)
 
-    rt = Recording(Store(root), sku)
-    rt.libraries = _Stubs(launches)
-    before = lean.runtime
-    lean.runtime = lambda cache_dir=None: rt
-    lean_api._cache.clear()  # its Attention objects belong to another call's runtime
-    try:
+    with window_probe.installed(Recording(Store(root), sku), launches):
         yield
-    finally:
-        lean.runtime = before
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ class _Stubs:
 def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any]) -> Iterator[None]:
     """The lean runtime (lean.runtime) over a store that holds, for any signature asked for, the region a build
     records at this call's sizes; kernels are _Stubs."""
-    from fa4_aot import fa4, lean, lean_api, recipe, recipe_store
+    from fa4_aot import fa4, lean, recipe, recipe_store
     from fa4_aot.store import Store
 
     sizes = recipe.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
@@ -87,7 +87,16 @@ def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any
             recipe_store.merge(self.store, recipe_store.recipe_key(sig, sku), [region])
             return super().attention(sig)
 
-    rt = Recording(Store(root), sku)
+    with installed(Recording(Store(root), sku), launches):
+        yield
+
+
+@contextmanager
+def installed(rt: Any, launches: list[Any]) -> Iterator[None]:
+    """`rt` as the process's lean runtime (lean.runtime) while the block runs, its kernels _Stubs noting into
+    `launches`."""
+    from fa4_aot import lean, lean_api
+
     rt.libraries = _Stubs(launches)
     before = lean.runtime
     lean.runtime = lambda cache_dir=None: rt

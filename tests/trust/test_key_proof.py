@@ -9,6 +9,8 @@ import dataclasses
 import json
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -75,13 +77,19 @@ def _route(entries: dict[str, Entry], objects: dict[str, bytes]):  # type: ignor
     return handle
 
 
-@pytest.mark.bad_input("server answers")
-def test_d17_a_forged_entry_from_the_kernels_route_is_refused(tmp_path: Path) -> None:
+@contextmanager
+def _serving_forged() -> Iterator[tuple[Entry, Entry, Remote]]:
+    """(kernel B, A's forged base entry, a Remote of a hostile server serving both with their objects)."""
     b, forged, a_data, b_data = _forged()
     objects = {forged.object_digest: a_data, b.object_digest: b_data}
-    store = Store(tmp_path / "cache")
     with RawServer(_route({forged.kernel_key: forged, b.kernel_key: b}, objects)) as server:
-        remote = Remote(server.url, retries=0)
+        yield b, forged, Remote(server.url, retries=0)
+
+
+@pytest.mark.bad_input("server answers")
+def test_d17_a_forged_entry_from_the_kernels_route_is_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path / "cache")
+    with _serving_forged() as (b, forged, remote):
         with pytest.raises(RemoteError, match="cannot be used: its fields hash to"):
             remote.fetch_kernel(forged.kernel_key, store)
         assert remote.fetch_kernel(b.kernel_key, store) == b
@@ -90,11 +98,9 @@ def test_d17_a_forged_entry_from_the_kernels_route_is_refused(tmp_path: Path) ->
 
 @pytest.mark.bad_input("server answers")
 def test_d17_a_forged_entry_in_a_bundle_is_skipped_and_never_stored(tmp_path: Path) -> None:
-    b, forged, a_data, b_data = _forged()
-    objects = {forged.object_digest: a_data, b.object_digest: b_data}
     store = Store(tmp_path / "cache")
-    with RawServer(_route({forged.kernel_key: forged, b.kernel_key: b}, objects)) as server:
-        stored, skipped = Remote(server.url, retries=0).fetch_bundle([forged.kernel_key, b.kernel_key], store)
+    with _serving_forged() as (b, forged, remote):
+        stored, skipped = remote.fetch_bundle([forged.kernel_key, b.kernel_key], store)
     assert [e.kernel_key for e in stored] == [b.kernel_key]
     assert "cannot be used: its fields hash to" in skipped[forged.kernel_key]
     assert store.get_entry(forged.kernel_key) is None and not store.has_object(forged.object_digest)
