@@ -107,13 +107,17 @@ def zig() -> list[str]:
 @lru_cache(maxsize=4)
 def _stand_ins(target: str) -> Path:
     """A folder of empty shared libraries for zig target `target`, one per NEEDED SONAME: what the linker
-    records as DT_NEEDED, with nothing of the real libraries' contents in the result."""
-    folder = Path(tempfile.mkdtemp(prefix=f"fa4-aot-needed-{target}-"))
-    source = folder / "empty.c"
-    source.write_text("")
+    records as DT_NEEDED, with nothing of the real libraries' contents in the result. Made once per host, zig
+    version and target in host_libs_dir() (a temp folder per process was left behind by every build)."""
+    folder = host_libs_dir() / "needed" / f"zig-{metadata.version('ziglang')}" / target
     for name in NEEDED:
-        _run([*zig(), "cc", "-target", target, "-shared", "-nostdlib", f"-Wl,-soname,{name}", "-o",
-              str(folder / name), str(source)])
+        if not (folder / name).is_file():
+            with tempfile.TemporaryDirectory(prefix="fa4-aot-needed-") as tmp:
+                source, out = Path(tmp) / "empty.c", Path(tmp) / name
+                source.write_text("")
+                _run([*zig(), "cc", "-target", target, "-shared", "-nostdlib", f"-Wl,-soname,{name}", "-o",
+                      str(out), str(source)])
+                atomic_write(folder / name, out.read_bytes())
     return folder
 
 
