@@ -4,7 +4,8 @@ answer to FA4's one question, "is kernel (family, compile key) available?" (Inst
 install() hands the Installation to the FA4 seam, whose compile caches ask it (fa4_aot.fa4.caches.StoreCache).
 A kernel missing from the local store is fetched from the server when FA4_AOT_SERVER is set (see remote.py).
 Strict mode never compiles: a kernel neither has raises KernelMissing naming the SKU, the call and the command
-that adds it. Fallback mode lets FA4 compile it, records the miss (locally for `fa4-aot misses`, and on the
+that adds it; with FA4_AOT_BUILD_WAIT=SECONDS it first waits that long for the server's on-demand build of it
+(build_wait.py), then fetches and verifies it as any fetch. Fallback mode lets FA4 compile it, records the miss (locally for `fa4-aot misses`, and on the
 server for `fa4-aot build --from-misses`) with the Call and the exact FA4 arguments that needed it, and goes on.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import config, fa4, hosts, kernel_keys
+from . import build_wait, config, fa4, hosts, kernel_keys
 from .errors import Fa4AotError, KernelMissing, TrustError
 from .kernel_keys import canonical, dumps, kernel_key
 from .skus import Constants, Sku, detect_device, select
@@ -135,8 +136,7 @@ class Installation:
         entry, why = self.find(kk)
         if entry is not None and self._trusted(entry):
             return self.store.verified_object_path(entry.object_digest)
-        self._miss(family, key, kk, why)
-        return None
+        return self._miss(family, key, kk, why)
 
     def loaded(self, family: str, key: Any) -> None:
         self.stats.loaded += 1
@@ -154,12 +154,19 @@ class Installation:
             return False
         return True
 
-    def _miss(self, family: str, key: Any, kk: str, why: str = "") -> None:
+    def _miss(self, family: str, key: Any, kk: str, why: str = "") -> Path | None:
+        """Report the miss; strict mode with FA4_AOT_BUILD_WAIT waits for the server's build and returns the
+        fetched kernel's object, else raises KernelMissing; fallback mode records it and returns None."""
         call = fa4.current()
         what = call.describe() if call else f"{family} compile key {dumps(canonical(key))[:200]}"
         miss = Miss(kernel_key=kk, family=family, compile_key=canonical(key), sku=self.sku.name,
                     call=call.to_dict() if call else None, args=fa4.current_record())
-        if self.remote is not None:
+        wait = build_wait.seconds() if self.mode == "strict" and self.remote is not None else 0.0
+        if wait:
+            found = self._built(miss, wait)
+            if found is not None:
+                return found
+        elif self.remote is not None:
             self.remote.report_miss(asdict(miss))
         if self.mode == "strict":
             server = f" nor on the server ({self.remote_error})" if self.remote else ""
@@ -172,6 +179,20 @@ class Installation:
             )
         self.stats.misses.append(kk)
         self.store.record_miss(miss)
+        return None
+
+    def _built(self, miss: Miss, wait: float) -> Path | None:
+        """The object of `miss`'s kernel once the server's build job for it is done and it is fetched, or None
+        (the reason in remote_error): the job failed, FA4 rejected the call, or `wait` seconds passed."""
+        assert self.remote is not None
+        _job, problem = build_wait.wait(self.remote, asdict(miss), wait)
+        if not problem:
+            entry, why = self.find(miss.kernel_key)
+            if entry is not None and self._trusted(entry):
+                return self.store.verified_object_path(entry.object_digest)
+            problem = why or f"its build job is done, but {self.remote_error or 'the kernel could not be fetched'}"
+        self.remote_error = problem
+        return None
 
 
 _installed: Installation | None = None

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import config, hosts, recipe, recipe_store
+from . import config, hosts, lean_miss, recipe, recipe_store
 from .errors import Fa4AotError, KernelMissing
 from .lean_fetch import Fetcher
 from .lean_libs import Libraries
@@ -110,6 +110,12 @@ class Attention:
         fetcher.error = "; ".join(dict.fromkeys(e for e in errors if e))
         return False
 
+    def reload(self) -> None:
+        """Fetch the server's recipe file again (a build has recorded regions since) and re-read the regions."""
+        self._refetched = False
+        self._refetch()
+        self.regions = self._read()
+
     def sizes(self, sizes: dict[str, int]) -> dict[str, int]:
         """A call's sizes with the signature's KV head count, a size of format-2 regions (recipe.HEADS)."""
         return {**sizes, recipe.HEADS: self.sig.heads_kv}
@@ -121,6 +127,8 @@ class Attention:
         if found is None and self._refetch():
             self.regions = self._load()
             found = recipe_store.find(self.regions, sizes)
+        if found is None:  # recorded and reported; with FA4_AOT_BUILD_WAIT, built by the server and fetched
+            found = lean_miss.after_miss(self, sizes)
         if found is None:
             fields = ", ".join(f"{k}={v}" for k, v in sizes.items())
             fetcher = self.rt.fetcher
@@ -128,8 +136,9 @@ class Attention:
             raise KernelMissing(
                 f"no recorded recipe of {self.sig} for {fields} on SKU {self.rt.sku.name} in {self.rt.store.root}"
                 f"{server} ({len(self.regions)} region(s) recorded); add these sizes to a [shapes] grid of a "
-                f"[[variants]] entry and run `fa4-aot build --sku {self.rt.sku.name}` (and `fa4-aot push`), or use "
-                "fa4_aot.install() with FA4",
+                f"[[variants]] entry and run `fa4-aot build --sku {self.rt.sku.name}` (and `fa4-aot push`), or build the "
+                "recorded miss (`fa4-aot build --from-misses`; with a builder, FA4_AOT_BUILD_WAIT=SECONDS waits for "
+                "it), or use fa4_aot.install() with FA4",
                 sku=self.rt.sku.name, family="recipe", kernel_key="", compile_key="")
         return found
 

@@ -383,6 +383,37 @@ class Remote:
         threading.Thread(target=send, name="fa4-aot-miss-report", daemon=True).start()
 
 
+    # -- on-demand builds (service/routes/builds.py; fa4_aot/builder.py runs them, build_wait.py waits) -----
+    def request_build(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Report miss `doc` (a Miss document) and wait for the answer: {"build": the job that builds it, or
+        None, "detail": why none was queued}. RemoteError for a refused report (unknown SKU, oversized call)."""
+        answer = _decoded(self._request("POST", "/v1/misses", ok=(200, 202), json=doc), self.url)
+        return _shaped(answer, dict, self.url)  # type: ignore[no-any-return]
+
+    def build(self, job_id: int) -> dict[str, Any]:
+        """Build job `job_id` (GET /v1/builds/{id})."""
+        return _shaped(self._json("GET", f"/v1/builds/{int(job_id)}"), dict, self.url)  # type: ignore[no-any-return]
+
+    def builds(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Build jobs newest first (of one status when given)."""
+        query = f"?limit={int(limit)}" + (f"&status={status}" if status else "")
+        return _shaped(self._json("GET", f"/v1/builds{query}"), list, self.url)  # type: ignore[no-any-return]
+
+    def claim_build(self, builder: str, lease: float) -> dict[str, Any] | None:
+        """The next job for `builder` (leased for `lease` seconds), or None when none waits. Publish token."""
+        response = self._request("POST", "/v1/builds/claim", ok=(200, 204),
+                                 json={"builder": builder, "lease_seconds": lease})
+        return None if response.status_code == 204 else _shaped(_decoded(response, self.url), dict, self.url)
+
+    def renew_build(self, job_id: int, builder: str, lease: float) -> None:
+        """Extend `builder`'s lease of job `job_id`; RemoteError (409) when it is no longer its own."""
+        self._request("POST", f"/v1/builds/{int(job_id)}/lease", json={"builder": builder, "lease_seconds": lease})
+
+    def finish_build(self, job_id: int, result: dict[str, Any]) -> None:
+        """Record how `result["builder"]`'s job ended (status, detail, compile_seconds, built)."""
+        self._request("POST", f"/v1/builds/{int(job_id)}/finish", json=result)
+
+
 def with_libraries(entry: Entry, arches: list[str]) -> Entry:
     """`entry` naming only its libraries for `arches` (what a client downloads with it)."""
     return dataclasses.replace(entry, shared_libs={a: lib for a, lib in entry.shared_libs.items() if a in arches})

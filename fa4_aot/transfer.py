@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import kernel_keys, lean_transfer, signing
+from . import kernel_keys, lean_miss, lean_transfer, signing
 from .build import Report, Result, Work, build_calls
 from .calls import Call
 from .errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
 from .exact import ExactCall
+from .executors import Executor
 from .remote import Remote
 from .skus import Sku
 from .store import Store
@@ -38,10 +39,11 @@ class Transfer:
 
 
 def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, progress: Progress | None = None,
-         ) -> Transfer:
-    """Publish every local kernel (of `sku`) to `remote`, uploading only objects it lacks. Never raises for
-    one kernel: failures are listed in the result."""
-    entries = list(store.entries(sku))
+         keys: Collection[str] | None = None) -> Transfer:
+    """Publish every local kernel (of `sku`; only those held under `keys` when given, as a builder publishes a
+    job's kernels) to `remote`, uploading only objects it lacks. Never raises for one kernel: failures are
+    listed in the result."""
+    entries = [e for e in store.entries(sku) if keys is None or e.kernel_key in keys]
     result = Transfer(kernels=sum(not e.is_signpost for e in entries))  # a kernel, not its signpost too
     sent: set[str] = set()
 
@@ -138,11 +140,13 @@ def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
 
 
 def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], jobs: int = 1,
-                 progress: Callable[..., None] | None = None) -> list[Report]:
+                 progress: Callable[..., None] | None = None, executor: Executor | None = None) -> list[Report]:
     """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows: a miss that carries the exact
     FA4 arguments of its call (`args`, exact.py) is replayed through FA4 with them, an older one re-plans the Call
-    it carries. A missed kernel the rebuild does not produce (no call recorded, or the call no longer selects it)
-    is a failure in its SKU's report, so nothing is left out silently."""
+    it carries; a lean runtime's miss (family "recipe", lean_miss.py) plans its Call, which records its recipe
+    regions with its kernels and libraries. A missed kernel the rebuild does not produce (no call recorded, or
+    the call no longer selects it), or a lean call no region then serves, is a failure in its SKU's report, so
+    nothing is left out silently. `executor` (default: a local pool of `jobs`) is left open for its owner."""
     by_sku: dict[str, dict[str, dict[str, Any]]] = {}
     for miss in misses:
         if miss.get("sku") in matrix.skus:
@@ -151,8 +155,8 @@ def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], job
     for name, wanted in sorted(by_sku.items()):
         items = [_item(m) for m in wanted.values()]
         work: Work = list(dict.fromkeys(("from-misses", c) for c in items if c is not None))
-        report = build_calls(matrix.sku(name), store, work, jobs=jobs, progress=progress)
-        _unreproduced(report, wanted, store)
+        report = build_calls(matrix.sku(name), store, work, jobs=jobs, progress=progress, executor=executor)
+        _unreproduced(report, wanted, store, matrix.sku(name))
         reports.append(report)
     return reports
 
@@ -179,19 +183,27 @@ def _call(doc: Any) -> Call | None:
         return None
 
 
-def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Store) -> None:
+def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Store, sku: Sku) -> None:
     done = _done_keys(report, store)
     for key, miss in sorted(wanted.items()):
-        if key in done:
+        if key in done or _lean_served(miss, store, sku):
             continue
         item = _item(miss)
-        why = ("the client could not describe the call (score_mod, block sparsity...)" if item is None
+        why = ("no recipe region the build recorded serves this lean call (see the report's lean failures)"
+               if miss.get("family") == lean_miss.FAMILY and item is not None else
+               "the client could not describe the call (score_mod, block sparsity...)" if item is None
                else "replaying the recorded arguments did not ask for it (was FA4 or the SKU table changed?)"
                if isinstance(item, ExactCall) else
                "re-planning the recorded call did not select it (an older client's miss, without its exact "
                "arguments: run the workload again with this fa4-aot)")
         report.results.append(Result("failed", miss["family"], key, "from-misses", item.describe() if item else "",
                                      error=f"missed kernel not rebuilt: {why}"))
+
+
+def _lean_served(miss: dict[str, Any], store: Store, sku: Sku) -> bool:
+    """A lean miss is closed when the store serves its call (a region and every kernel it launches)."""
+    call = _call(miss.get("call"))
+    return miss.get("family") == lean_miss.FAMILY and call is not None and lean_miss.served(store, sku, call)
 
 
 def _done_keys(report: Report, store: Store) -> set[str]:

@@ -27,6 +27,10 @@ class Settings(BaseSettings):
                                         "worker process; past it POST /v1/bundles answers 503 with Retry-After.")
     anonymous_misses_per_minute: int = Field(default=120, gt=0, description="New misses one client address may "
                                              "report a minute without a token (per worker process); then 429.")
+    build_queue_max: int = Field(default=1024, gt=0, description="Build jobs queued or running at once, all "
+                                 "clients together; a miss past it is recorded but not queued (its answer says so).")
+    build_queue_per_token: int = Field(default=64, gt=0, description="Build jobs one token (or one address, "
+                                       "without a token) may have queued or running at once.")
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")

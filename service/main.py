@@ -32,6 +32,7 @@ from .limits import Budget, ClientRate, JsonBodyLimit
 from .metrics import Metrics, MetricsMiddleware
 from .routes import (
     audit,
+    builds,
     bundles,
     health,
     kernels,
@@ -68,8 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(405, openapi.method_not_allowed)
-    for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, revocations,
-                   audit, token):
+    for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, builds,
+                   revocations, audit, token):
         app.include_router(module.router)
     docs.mount(app)
     app.openapi = openapi.builder(app)  # type: ignore[method-assign]

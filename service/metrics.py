@@ -27,6 +27,13 @@ class Metrics:
         self.misses = Gauge("fa4_aot_misses", "Distinct kernels reported missing", registry=self.registry)
         self.signed_manifests = Gauge("fa4_aot_signed_manifests", "Signed manifests held", registry=self.registry)
         self.revocations = Gauge("fa4_aot_revocations", "Revoked keys and manifests", registry=self.registry)
+        self.build_jobs = Gauge("fa4_aot_build_jobs", "Build jobs by status (queued and running: the queue depth)",
+                                ["status"], registry=self.registry)
+        self.build_compile = Histogram("fa4_aot_build_compile_seconds", "CPU seconds a build job's compiles took, "
+                                       "per finished job", registry=self.registry, buckets=_BUILD_BUCKETS)
+        self.miss_to_publish = Histogram("fa4_aot_build_miss_to_publish_seconds", "Seconds from a miss's first "
+                                         "report to its job's kernels published, per done job",
+                                         registry=self.registry, buckets=_BUILD_BUCKETS)
 
     def set_counts(self, counts: dict[str, int]) -> None:
         self.objects.set(counts["objects"])
@@ -34,6 +41,20 @@ class Metrics:
         self.misses.set(counts["misses"])
         self.signed_manifests.set(counts["signed_manifests"])
         self.revocations.set(counts["revocations"])
+
+
+    def set_builds(self, depth: dict[str, int]) -> None:
+        for status, n in depth.items():
+            self.build_jobs.labels(status).set(n)
+
+    def observe_build(self, job: Any) -> None:
+        """A job finished (service/crud_builds.finish): its compile seconds and, when done, miss to publish."""
+        self.build_compile.observe(job.compile_seconds)
+        if job.status == "done" and job.finished is not None:
+            self.miss_to_publish.observe(max(0.0, (job.finished - job.created).total_seconds()))
+
+
+_BUILD_BUCKETS = (1, 2.5, 5, 10, 15, 30, 60, 120, 300, 600, 1800)
 
 
 class MetricsMiddleware:

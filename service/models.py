@@ -185,3 +185,34 @@ class AuditEntry(Base):
     action: Mapped[str] = mapped_column(String(32))
     target: Mapped[str] = mapped_column(String(255))
     detail: Mapped[str] = mapped_column(Text)
+
+
+class BuildJob(Base):
+    """A build the service asks for (fa4_aot/builder.py runs it): one per (SKU, missed key), so that any number
+    of clients missing one kernel, or one lean region, cause one compile. `kernel_key` is the miss's key: a
+    kernel's, or for a lean miss the key of its call (fa4_aot/lean_miss.py). A builder claims a job with a lease
+    it renews while it works; a job whose lease ran out (its builder died) is claimed again."""
+
+    __tablename__ = "build_jobs"
+    __table_args__ = (UniqueConstraint("sku", "kernel_key", name="uq_build_jobs_sku_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sku: Mapped[str] = mapped_column(String(64))
+    kernel_key: Mapped[str] = mapped_column(String(64))
+    family: Mapped[str] = mapped_column(String(128))
+    compile_key: Mapped[str] = mapped_column(Text)
+    call: Mapped[str | None] = mapped_column(Text, nullable=True)  # canonical JSON, as Miss.call
+    args: Mapped[str | None] = mapped_column(Text, nullable=True)  # canonical JSON, as Miss.args
+    # queued -> running -> done | failed | rejected (FA4 refused the call: answered with its reason, not retried)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    requester: Mapped[str] = mapped_column(String(160), index=True)  # token name, or "address:<ip>" without one
+    reports: Mapped[int] = mapped_column(Integer, default=1)  # miss reports that asked for it
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims (a claim after a builder died: > 1)
+    builder: Mapped[str] = mapped_column(String(128), default="")
+    lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    created: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    finished: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")  # why it failed or was rejected; what it published
+    compile_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    built: Mapped[int] = mapped_column(Integer, default=0)  # kernels compiled for it

@@ -6,8 +6,10 @@ import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
+from fastapi.responses import JSONResponse
 
-from .. import crud, crud_misses
+from .. import crud, crud_builds, crud_misses
+from ..build_schemas import MissAnswer
 from ..deps import AdminDep, CredentialsDep, SessionDep, require_read
 from ..openapi import ADMIN, READ
 from ..schemas import HEX64, MissIn, MissOut
@@ -17,20 +19,29 @@ router = APIRouter(prefix="/v1/misses", tags=["misses"])
 KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, description="64 lowercase hex")]
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_class=Response,
-             responses={202: {"description": "Recorded"}, **errors(400, 401, 403, 404, 413, 429)},
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=MissAnswer,
+             responses={202: {"description": "Recorded; the build job that builds it, or why none was queued"},
+                        **errors(400, 401, 403, 404, 413, 429)},
              dependencies=[Depends(require_read)], openapi_extra=READ)
 def report_miss(miss: MissIn, request: Request, session: SessionDep, credentials: CredentialsDep) -> Response:
-    """Record that a client needed `kernel_key` and lacked it (count += 1). Open to readers; at most 64 KiB,
-    only for SKUs the service holds (404 otherwise), at most 10,000 distinct misses a SKU (429). Without a valid
-    token, one client address may add at most FA4_AOT_ANONYMOUS_MISSES_PER_MINUTE new misses a minute (429),
-    so an anonymous flood cannot fill a SKU's misses; reports of known misses are always counted."""
+    """Record that a client needed `kernel_key` and lacked it (count += 1), and answer with the build job that
+    builds it (one per SKU and key, however many clients report it; a builder, `fa4-aot builder`, runs it), or
+    why none was queued (the queue is bounded per token, FA4_AOT_BUILD_QUEUE_PER_TOKEN, and in all,
+    FA4_AOT_BUILD_QUEUE_MAX). Open to readers; at most 64 KiB, only for SKUs the service holds (404 otherwise),
+    at most 10,000 distinct misses a SKU (429). Without a valid token, one client address may add at most
+    FA4_AOT_ANONYMOUS_MISSES_PER_MINUTE new misses a minute (429), so an anonymous flood cannot fill a SKU's
+    misses; reports of known misses are always counted."""
     token = crud.find_token(session, plaintext=credentials.credentials) if credentials else None
     anonymous = token is None or token.revoked
     client = request.client.host if request.client else ""
     may_add = functools.partial(request.app.state.miss_rate.allow, client) if anonymous else None
     crud_misses.record_miss(session, miss=miss, may_add=may_add)
-    return Response(status_code=status.HTTP_202_ACCEPTED)
+    settings = request.app.state.settings
+    job, why = crud_builds.enqueue(session, miss=miss, requester=f"address:{client}" if anonymous else token.name,
+                                   max_total=settings.build_queue_max,
+                                   max_per_requester=settings.build_queue_per_token)
+    answer = MissAnswer(build=None if job is None else crud_builds.out(job), detail=why)
+    return JSONResponse(answer.model_dump(mode="json"), status_code=status.HTTP_202_ACCEPTED)
 
 
 @router.get("", response_model=list[MissOut], responses=errors(400, 401, 403),
