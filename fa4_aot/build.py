@@ -10,20 +10,24 @@ the signpost. Failures are reported per call and per kernel while the rest goes 
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from . import build_lean, kernel_keys
+from . import build_lean
 from .calls import Call
+from .commit import commit, commit_kernel, put_built, stored_key
 from .exact import ExactCall
 from .executors import CompileTask, Executor, LocalExecutor, Outcome, Work
 from .signature import Signature
 from .skus import Sku
-from .store import Entry, Store
+from .store import Store
 from .variants import Matrix, ModelVariant, Variant
+from .worker import Kernel
+
+__all__ = ["Report", "Result", "Work", "build", "build_calls", "work_of", "describe",
+           "commit", "put_built", "stored_key"]  # the last three live in commit.py; kept here for callers
 
 Progress = Callable[[int, int, "Result"], None]
 
@@ -82,26 +86,7 @@ class Report:
         }
 
 
-@dataclass(frozen=True)
-class Planned:
-    family: str
-    ident: str  # canonical compile-key JSON
-    kernel_key: str  # the base key (no constants): the compile decides what it consumes
-    work_index: int  # the first work item that needs it
-    call: Call | ExactCall  # a concrete call of that item that makes FA4 choose it
-
-
 Present = Callable[[str], str | None]  # base key -> the key it is held under, or None
-
-
-def stored_key(store: Store, base_key: str, sku: Sku) -> str | None:
-    """The key under which `store` holds the kernel with base key `base_key` for `sku`, or None: the base key
-    when its kernel consumed no constant, else the variant for the SKU's constant values if it is stored."""
-    entry = store.get_entry(base_key)
-    if entry is None or not entry.hardware_queries:
-        return None if entry is None else base_key
-    full = kernel_keys.variant_key(entry, sku.constants())
-    return full if store.has_entry(full) else None
 
 
 def build(matrix: Matrix, sku: Sku, store: Store, variants: list[Variant | ModelVariant] | None = None,
@@ -172,31 +157,33 @@ def _count_stored(tasks: list[CompileTask], store: Store, report: Report) -> Non
 
 
 def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_run: bool,
-          planning: Callable[[int, int], None] | None = None) -> list[Planned]:
-    """Every distinct kernel of `work`, each attributed to the first work item that needs it; the recipe regions
-    the workers recorded are saved to the store (none are recorded in a dry run)."""
+          planning: Callable[[int, int], None] | None = None) -> list[Kernel]:
+    """Every distinct kernel of `work`, each attributed to the first work item that needs it (its work_index
+    an index into `work`); the recipe regions the workers recorded are saved to the store (none are recorded
+    in a dry run)."""
     n = max(1, min(ex.plan_chunks(len(work)), len(work)))
     offsets = [list(range(i, len(work), n)) for i in range(n)]
-    planned: dict[str, Planned] = {}
+    planned: dict[str, Kernel] = {}
     recorded: dict[str, list[dict[str, Any]]] = {}
     chunks = [[work[i] for i in chunk] for chunk in offsets]
     # a dry run plans only: recording the lean runtime's recipes replays FA4 per planned call, which costs more
     done = 0
-    for c, (kernels, failures, regions, lean_failures) in ex.plan(sku, store, chunks, record=not dry_run):
+    for c, out in ex.plan(sku, store, chunks, record=not dry_run):
         done += len(chunks[c])
         if planning:
             planning(done, len(work))
-        for key, found in regions.items():
+        for key, found in out.regions.items():
             recorded.setdefault(key, []).extend(found)
-        report.lean_failures += lean_failures
-        for family, ident, kernel_key, local, call in kernels:
-            index = offsets[c][local]
-            report.by_variant.setdefault(work[index][0], set()).add(kernel_key)
-            if kernel_key not in planned or index < planned[kernel_key].work_index:
-                planned[kernel_key] = Planned(family, ident, kernel_key, index, call)
-        for local, error in failures:
-            name, item = work[offsets[c][local]]
-            report.call_failures.append(Result("failed", "", "", name, describe(item), error=error, sku=sku.name))
+        report.lean_failures += out.lean_failures
+        for kernel in out.kernels:
+            index = offsets[c][kernel.work_index]
+            report.by_variant.setdefault(work[index][0], set()).add(kernel.kernel_key)
+            if kernel.kernel_key not in planned or index < planned[kernel.kernel_key].work_index:
+                planned[kernel.kernel_key] = kernel._replace(work_index=index)
+        for rejected in out.rejected:
+            name, item = work[offsets[c][rejected.work_index]]
+            report.call_failures.append(Result("failed", "", "", name, describe(item), error=rejected.error,
+                                               sku=sku.name))
     report.call_failures.sort(key=lambda r: (r.variant, r.call))
     report.recipes = build_lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
@@ -208,7 +195,7 @@ def describe(item: Call | ExactCall | Signature) -> str:
     return item.call(0, 0, 0).describe().replace(" b=0 sq=0 sk=0", " all shapes")
 
 
-def _triage(planned: list[Planned], work: Work, present: Present, report: Report,
+def _triage(planned: list[Kernel], work: Work, present: Present, report: Report,
             dry_run: bool) -> list[CompileTask]:
     """Record kernels already held (or, in a dry run, all of them); one compile task for each of the rest."""
     todo = []
@@ -219,7 +206,7 @@ def _triage(planned: list[Planned], work: Work, present: Present, report: Report
             report.results.append(Result("present" if held else "planned", p.family, held or p.kernel_key, name,
                                          p.call.describe(), sku=report.sku))
         else:
-            todo.append(CompileTask(name, p.call, ((p.family, p.ident, p.kernel_key),)))
+            todo.append(CompileTask(name, p.call, (p.wanted(),)))
     return todo
 
 
@@ -238,43 +225,14 @@ def _compile(ex: Executor, sku: Sku, store: Store, tasks: list[CompileTask], rep
 
 
 def _result(store: Store, task: CompileTask, outcome: Outcome, sku: Sku) -> Result:
-    """The outcome as a report line; bytes that came back are committed here, object first, entries last."""
-    if outcome.data is not None and outcome.entries and not commit(store, outcome.entries, outcome.data,
-                                                                   outcome.objects):
-        outcome.status, outcome.error = "failed", "the bytes that came back do not hash to the worker's digest"
+    """The outcome as a report line; bytes that came back are committed here (commit.commit_kernel: objects
+    first, entries last, under the kernel's lock), or discarded when another builder stored the kernel first."""
+    if outcome.data is not None and outcome.entries:
+        status = commit_kernel(store, outcome.entries, outcome.data, outcome.objects)
+        if status == "corrupt":
+            outcome = replace(outcome, status="failed",
+                              error="the bytes that came back do not hash to the worker's digest")
+        elif status == "present":
+            outcome = replace(outcome, status="present")
     return Result(outcome.status, outcome.family, outcome.kernel_key, task.variant, task.call.describe(),
                   seconds=outcome.seconds, size=outcome.size, error=outcome.error, sku=sku.name)
-
-
-def commit(store: Store, entries: Sequence[Entry], data: bytes,
-           libraries: Mapping[str, bytes] | None = None) -> bool:
-    """Store one kernel that a remote worker built, with the `libraries` it linked ({digest: bytes}), under its
-    base key's lock (as the local workers lock it), unless the store has it already; see put_built. An entry
-    names only the libraries the store then holds with every runtime library they need: the others are linked
-    again on this host afterwards (build_lean.unlinked), never named without their bytes."""
-    with store.lock(entries[-1].kernel_key):
-        if store.has_entry(entries[0].kernel_key):
-            return True
-        for digest, lib in (libraries or {}).items():
-            if store.put_object(lib) != digest:
-                return False
-        return put_built(store, [_with_held_libraries(store, e) for e in entries], data)
-
-
-def _with_held_libraries(store: Store, entry: Entry) -> Entry:
-    held = {arch: lib for arch, lib in entry.shared_libs.items()
-            if all(store.has_object(d) for d in entry.lib_digests(arch))}
-    return entry if held == entry.shared_libs else dataclasses.replace(entry, shared_libs=held)
-
-
-def put_built(store: Store, entries: Sequence[Entry], data: bytes) -> bool:
-    """Store one built kernel, its caller holding the base key's lock: its object first, then its entries (the
-    full key's first, then the base key's signpost if the store has none; a signpost already there stays).
-    Returns False (and stores no entry) when the bytes do not hash to the entries' digest."""
-    full = entries[0]
-    if store.put_object(data) != full.object_digest:
-        return False
-    for entry in entries:
-        if entry is full or not store.has_entry(entry.kernel_key):
-            store.put_entry(entry)
-    return True

@@ -23,17 +23,18 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from . import flavours
 from .calls import Call
+from .commit import commit_kernel, stored_key
 from .exact import ExactCall
 from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
 from .worker import PlanOut, Wanted
 
-# (label, a concrete call, a client's exact record of one, or a shape-complete signature)
+# (label, a concrete call, a client's exact record of one, or a shape-complete signature): the callers' input
 Work = list[tuple[str, Call | ExactCall | Signature]]
 
 
@@ -44,15 +45,19 @@ class CompileTask:
     wanted: tuple[Wanted, ...]
 
 
-@dataclass
+Status = Literal["built", "present", "failed"]
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How one kernel of a task ended. `entries` (full key first, then the base key's signpost if any), `data`
     and `objects` (its linked libraries, {digest: bytes}) come back when the executor's workers do not write the
-    store themselves; the orchestrator then commits them (objects first, entries last)."""
+    store themselves; the orchestrator then commits them (objects first, entries last). "present": the store
+    had it, before the compile or, for a builder that lost the race to commit it, after (its bytes discarded)."""
 
     kernel_key: str
     family: str
-    status: str  # "built", "present" or "failed"
+    status: Status
     error: str = ""
     seconds: float = 0.0
     size: int = 0
@@ -175,7 +180,20 @@ class _spawning_with:
 
 
 # -- in the pool's workers --------------------------------------------------------------------------
-_state: dict[str, Any] = {}
+@dataclass
+class WorkerState:
+    """What a pool worker serves, set once by _init; `stopping` once a SIGTERM arrived."""
+
+    sku: Sku
+    store: Store
+    stopping: bool = False
+
+
+_worker: list[WorkerState] = []  # this worker's state: one item once _init ran, none in the driver
+
+
+def _state() -> WorkerState:
+    return _worker[0]
 
 
 def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
@@ -189,11 +207,12 @@ def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
     # configure() runs in the first task, so that a wrong environment fails that task with a BuildError
     if sys_path:  # a worker of another flavour's interpreter: multiprocessing gave it the driver's sys.path
         sys.path[:] = sys_path
-    _state.update(sku=sku, store=Store(Path(store_root)))
+    _worker[:] = [WorkerState(sku, Store(Path(store_root)))]
 
 
 def _on_sigterm(*_: object) -> None:
-    _state["stopping"] = True
+    if _worker:
+        _state().stopping = True
     raise SystemExit(143)
 
 
@@ -207,7 +226,7 @@ def _ends_on_sigterm(task: Any) -> Any:
         try:
             return task(*args)
         finally:
-            if _state.get("stopping"):
+            if _worker and _state().stopping:
                 os._exit(143)
 
     return run
@@ -234,39 +253,36 @@ def _end_with_parent(signum: int) -> None:
 def _plan_task(work: Work, record: bool) -> PlanOut:
     from . import worker
 
-    return worker.plan_calls(_state["sku"], work, _state["store"], record)
+    return worker.plan_calls(_state().sku, work, _state().store, record)
 
 
 @_ends_on_sigterm
 def _relink_task(keys: list[str]) -> list[str]:
     from . import worker
 
-    return worker.relink(_state["sku"], _state["store"], keys)
+    return worker.relink(_state().sku, _state().store, keys)
 
 
 @_ends_on_sigterm
 def _compile_task(task: CompileTask) -> list[Outcome]:
-    """Compile under the kernels' locks, re-checking first: another builder on this store may have finished."""
+    """Check, compile unlocked, then commit each kernel under its lock (commit.commit_kernel): a kernel another
+    builder of this store holds already is not compiled; one it commits while this worker compiles is discarded.
+    No lock is held while FA4 compiles (issue 20, point 6)."""
     from . import worker
-    from .build import put_built, stored_key
 
-    store: Store = _state["store"]
+    state = _state()
     outcomes: list[Outcome] = []
 
-    def sink(entries: list[Entry], data: bytes) -> None:  # under the lock taken below
-        put_built(store, entries, data)  # True: the worker's digest is the sha256 of these very bytes
+    def sink(entries: list[Entry], data: bytes) -> None:  # no lock held: commit_kernel takes it to commit
         full = entries[0]
-        outcomes.append(Outcome(full.kernel_key, full.family, "built", seconds=full.compile_seconds, size=full.size))
+        status = commit_kernel(state.store, entries, data)  # not "corrupt": the digest is of these very bytes
+        outcomes.append(Outcome(full.kernel_key, full.family, "failed" if status == "corrupt" else status,
+                                error="the object does not hash to its digest" if status == "corrupt" else "",
+                                seconds=full.compile_seconds, size=full.size))
 
-    with ExitStack() as stack:
-        for _family, _ident, kk in sorted(task.wanted, key=lambda w: w[2]):
-            stack.enter_context(store.lock(kk))
-        held = {w: stored_key(store, w[2], _state["sku"]) for w in task.wanted}
-        pending = [w for w, key in held.items() if key is None]
-        outcomes += [Outcome(key, w[0], "present") for w, key in held.items() if key is not None]
-        errors = worker.compile_kernels(_state["sku"], task.variant, task.call, pending, sink,
-                                        store) if pending else {}
-    by_key = {w[2]: w[0] for w in task.wanted}
-    outcomes += [Outcome(kk, by_key[kk], "failed", error=error) for kk, error in errors.items()]
-    return outcomes
-
+    held = {w: stored_key(state.store, w.kernel_key, state.sku) for w in task.wanted}
+    outcomes += [Outcome(key, w.family, "present") for w, key in held.items() if key is not None]
+    pending = [w for w, key in held.items() if key is None]
+    errors = worker.compile_kernels(state.sku, task.variant, task.call, pending, sink, state.store) if pending else {}
+    family = {w.kernel_key: w.family for w in task.wanted}
+    return outcomes + [Outcome(kk, family[kk], "failed", error=error) for kk, error in errors.items()]

@@ -14,7 +14,8 @@ ray; `import fa4_aot` never does.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from . import flavours
 from .errors import BuildError
@@ -58,7 +59,7 @@ class RayExecutor:
         return max(1, min(int(self._ray.cluster_resources().get("CPU", 1)), calls))
 
     def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
-        refs = [self._submit(sku, "plan", (chunk, record)) for chunk in chunks]
+        refs = [self._submit(sku, PlanJob(chunk, record)) for chunk in chunks]
         for i, ref in enumerate(refs):
             try:
                 yield i, self._ray.get(ref)
@@ -66,8 +67,8 @@ class RayExecutor:
                 raise BuildError(f"planning {sku.name} on Ray failed: {_reason(e)}") from e
 
     def compile(self, sku: Sku, store: Store, tasks: list[CompileTask]) -> Iterator[tuple[int, list[Outcome]]]:
-        runtime = self._submit(sku, "runtime", None) if tasks and not self._push else None
-        index = {self._submit(sku, "compile", task): i for i, task in enumerate(tasks)}
+        runtime = self._submit(sku, None) if tasks and not self._push else None
+        index = {self._submit(sku, task): i for i, task in enumerate(tasks)}
         pending = list(index)
         try:
             if runtime is not None:
@@ -103,9 +104,9 @@ class RayExecutor:
     def close(self, stop: bool = False) -> None:
         self._ray.shutdown()  # in-flight tasks were cancelled by compile() when the orchestrator stopped
 
-    def _submit(self, sku: Sku, kind: str, payload: Any) -> Any:
+    def _submit(self, sku: Sku, payload: PlanJob | CompileTask | None) -> Any:
         return self._task.options(num_cpus=1, max_retries=self._retries, retry_exceptions=False,
-                                  runtime_env=self._env(sku)).remote(kind, sku, payload, self._push)
+                                  runtime_env=self._env(sku)).remote(sku, payload, self._push)
 
     def _env(self, sku: Sku) -> dict[str, Any]:
         if sku not in self._envs:
@@ -118,8 +119,8 @@ class RayExecutor:
         try:
             return self._ray.get(ref)
         except self._ray.exceptions.RayError as e:  # retries exhausted, or the task itself broke
-            return [Outcome(kk, family, "failed", error=f"Ray task failed: {_reason(e)}")
-                    for family, _ident, kk in task.wanted]
+            return [Outcome(w.kernel_key, w.family, "failed", error=f"Ray task failed: {_reason(e)}")
+                    for w in task.wanted]
 
 
 def _reason(e: BaseException) -> str:
@@ -127,15 +128,23 @@ def _reason(e: BaseException) -> str:
 
 
 # -- in Ray workers ----------------------------------------------------------------------------------
-def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None) -> Any:
+class PlanJob(NamedTuple):
+    """The payload of a planning task."""
+
+    work: Work
+    record: bool
+
+
+def _run(sku: Sku, payload: PlanJob | CompileTask | None,
+         push: tuple[str, str | None] | None) -> PlanOut | dict[str, bytes] | list[Outcome]:
+    """A Ray task: plan (a PlanJob), compile (a CompileTask), or, for None, the runtime libraries' bytes."""
     from . import worker
 
-    if kind == "plan":
-        work, record = payload
-        return worker.plan_calls(sku, work, None, record)
-    if kind == "runtime":
+    if isinstance(payload, PlanJob):
+        return worker.plan_calls(sku, payload.work, None, payload.record)
+    if payload is None:
         return worker.runtime_objects(sku)
-    task: CompileTask = payload
+    task = payload
     outcomes: list[Outcome] = []
 
     def sink(entries: list[Entry], data: bytes) -> None:
@@ -143,15 +152,14 @@ def _run(kind: str, sku: Sku, payload: Any, push: tuple[str, str | None] | None)
         built = Outcome(full.kernel_key, full.family, "built", seconds=full.compile_seconds, size=full.size)
         libraries = [lib["digest"] for lib in full.shared_libs.values()]
         if push is None:
-            built.entries, built.data = tuple(entries), data
-            built.objects = worker.lean_objects(sku, libraries)
+            built = replace(built, entries=tuple(entries), data=data, objects=worker.lean_objects(sku, libraries))
         else:
             needed = [d for arch in full.shared_libs for d in full.lib_digests(arch)]
             _publish(push, entries, data, worker.lean_objects(sku, needed))
         outcomes.append(built)
 
     errors = worker.compile_kernels(sku, task.variant, task.call, list(task.wanted), sink)
-    families = {kk: family for family, _ident, kk in task.wanted}
+    families = {w.kernel_key: w.family for w in task.wanted}
     return outcomes + [Outcome(kk, families[kk], "failed", error=error) for kk, error in errors.items()]
 
 

@@ -19,18 +19,29 @@ from .skus import Constants, Sku
 
 class Entry(Protocol):
     """The fields of an index entry (fa4_aot.store.Entry) that its key is computed from. A protocol, not the
-    class: the store proves every entry's key as it reads it, so it imports this module, not the reverse."""
+    class: the store proves every entry's key as it reads it, so it imports this module, not the reverse. Read-only
+    members, so that a frozen dataclass satisfies it."""
 
-    kernel_key: str
-    family: str
-    compile_key: Any
-    arch: str
-    sm_count: int
-    l2_bytes: int
-    cuda_major: int
-    toolchain: dict[str, str]
-    hardware_queries: list[Any]
-    host: str
+    @property
+    def kernel_key(self) -> str: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def compile_key(self) -> Any: ...
+    @property
+    def arch(self) -> str: ...
+    @property
+    def sm_count(self) -> int: ...
+    @property
+    def l2_bytes(self) -> int: ...
+    @property
+    def cuda_major(self) -> int: ...
+    @property
+    def toolchain(self) -> dict[str, str]: ...
+    @property
+    def hardware_queries(self) -> list[Any]: ...
+    @property
+    def host(self) -> str: ...
 
 
 def canonical(value: Any) -> Any:
@@ -136,6 +147,14 @@ def key_problem(entry: Entry, asked: str) -> str | None:
     if asked in keys or asked == legacy_key(entry):
         return None
     return f"its fields hash to {keys[1]}, not to its key {asked}: it was altered"
+
+
+def toolchain_drift(built: dict[str, str], tools: dict[str, str]) -> list[str]:
+    """The names whose values differ between the toolchain an entry was `built` with and `tools` (this process's,
+    fa4.toolchain()), a name either lacks included, sorted. Non-empty: no key computed with `tools` finds the
+    entry, and no migration can re-file it honestly (an entry from before source digests names no source: nothing
+    says which FA4 or CuTe code made its bytes), so its kernels must be built again."""
+    return sorted(name for name in built.keys() | tools.keys() if built.get(name) != tools.get(name))
 
 
 def variant_key(base: Entry, constants: Constants) -> str:

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import build_lean, fa4, kernel_keys
 from .calls import Call
@@ -28,11 +28,44 @@ from .signature import Signature
 from .skus import Sku
 from .store import Entry, Store
 
-Wanted = tuple[str, str, str]  # (family, canonical compile-key JSON, kernel key)
-# (family, ident, base key, index into the work, a call choosing it)
-Kernels = list[tuple[str, str, str, int, Call | ExactCall]]
-# kernels, rejected items (index, error), recorded recipe regions {recipe key: regions}, lean-runtime errors
-PlanOut = tuple[Kernels, list[tuple[int, str]], dict[str, list[dict[str, Any]]], list[str]]
+
+class Wanted(NamedTuple):
+    """A kernel a compile task is to build."""
+
+    family: str
+    ident: str  # canonical compile-key JSON
+    kernel_key: str  # its base key: the compile decides which SKU constants it consumes
+
+
+class Kernel(NamedTuple):
+    """A kernel some work item needs, as planning found it."""
+
+    family: str
+    ident: str  # canonical compile-key JSON
+    kernel_key: str  # its base key
+    work_index: int  # the work item (in the list planned) that needs it
+    call: Call | ExactCall  # a concrete call of that item that makes FA4 choose it
+
+    def wanted(self) -> Wanted:
+        return Wanted(self.family, self.ident, self.kernel_key)
+
+
+class Rejected(NamedTuple):
+    """A work item FA4 rejected while planning."""
+
+    work_index: int
+    error: str
+
+
+class PlanOut(NamedTuple):
+    """What planning a list of work items found."""
+
+    kernels: list[Kernel]
+    rejected: list[Rejected]
+    regions: dict[str, list[dict[str, Any]]]  # recorded recipe regions {recipe key: regions}; {} unless asked
+    lean_failures: list[str]  # recipes the lean runtime will lack, and why
+
+
 Sink = Callable[[list[Entry], bytes], None]
 
 _configured: list[Sku] = []
@@ -62,8 +95,8 @@ def plan_calls(sku: Sku, work: list[tuple[str, Call | ExactCall | Signature]], s
     planned, skipping those `store` already has."""
     configure(sku)  # first: planning imports FA4, which must see the SKU's arch
     tools = fa4.toolchain()
-    kernels: Kernels = []
-    failures: list[tuple[int, str]] = []
+    kernels: list[Kernel] = []
+    rejected: list[Rejected] = []
     for i, (_name, item) in enumerate(work):
         found: Mapping[tuple[str, str], tuple[Any, Call | ExactCall]]
         try:
@@ -72,21 +105,22 @@ def plan_calls(sku: Sku, work: list[tuple[str, Call | ExactCall | Signature]], s
             else:
                 found = fa4.plan_signature(item, sku)
         except Exception as e:  # FA4 rejects the item for this SKU: report it, go on
-            failures.append((i, one_line(e)))
+            rejected.append(Rejected(i, one_line(e)))
             continue
         for (family, ident), (key, call) in found.items():
-            kernels.append((family, ident, kernel_keys.kernel_key(family, key, sku, tools), i, call))
+            kernels.append(Kernel(family, ident, kernel_keys.kernel_key(family, key, sku, tools), i, call))
     if not record:
-        return kernels, failures, {}, []
-    return (kernels, failures, *build_lean.record_work(_lean_state(sku, store), *_for_recipes(work, kernels, failures),
-                                                       one_line))
+        return PlanOut(kernels, rejected, {}, [])
+    regions, errors = build_lean.record_work(_lean_state(sku, store), *_for_recipes(work, kernels, rejected),
+                                             one_line)
+    return PlanOut(kernels, rejected, regions, errors)
 
 
-def _for_recipes(work: list[tuple[str, Call | ExactCall | Signature]], kernels: Kernels,
-                 failures: list[tuple[int, str]]) -> tuple[list[tuple[str, Call | Signature]], Kernels,
-                                                           list[tuple[int, str]]]:
-    """(work, kernels, failures) as build_lean.record_work takes them: recipes are recorded at a Call's sizes, so
-    an ExactCall stands as the Call its client summarised it as, and one without a Call is left out."""
+def _for_recipes(work: list[tuple[str, Call | ExactCall | Signature]], kernels: list[Kernel], rejected: list[Rejected]
+                 ) -> tuple[list[tuple[str, Call | Signature]], list[tuple[Any, ...]], list[tuple[int, str]]]:
+    """(work, kernels, rejected) as build_lean.record_work takes them (Kernel and Rejected tuples): recipes are
+    recorded at a Call's sizes, so an ExactCall stands as the Call its client summarised it as, and one without a
+    Call is left out."""
     kept: list[tuple[str, Call | Signature]] = []
     index: dict[int, int] = {}
     for i, (name, item) in enumerate(work):
@@ -94,8 +128,11 @@ def _for_recipes(work: list[tuple[str, Call | ExactCall | Signature]], kernels: 
         if stand_in is not None:
             index[i] = len(kept)
             kept.append((name, stand_in))
-    return (kept, [(*k[:3], index[k[3]], k[4]) for k in kernels if k[3] in index],
-            [(index[i], e) for i, e in failures if i in index])
+    moved: list[tuple[Any, ...]] = [k._replace(work_index=index[k.work_index]) for k in kernels
+                                    if k.work_index in index]
+    refused: list[tuple[int, str]] = [r._replace(work_index=index[r.work_index]) for r in rejected
+                                      if r.work_index in index]
+    return kept, moved, refused
 
 
 def relink(sku: Sku, store: Store, keys: list[str]) -> list[str]:
@@ -140,7 +177,7 @@ def compile_kernels(sku: Sku, variant: str, call: Call | ExactCall, wanted: list
     its linked library, stored in `store` or, without one, held for `lean_objects` (build_lean.shared_libs).
     Returns {kernel key: error} for the wanted kernels that did not reach the sink; raises DiskFull only."""
     configure(sku)  # first: FA4 must see the SKU's arch when it is imported
-    by_ident = {(f, ident): kk for f, ident, kk in wanted}
+    by_ident = {(w.family, w.ident): w.kernel_key for w in wanted}
     sunk: set[str] = set()
     asked = [len(fa4.hardware_calls())]  # kernels compile one after another: later queries are the next one's
 

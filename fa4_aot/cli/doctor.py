@@ -10,6 +10,7 @@ import click
 
 from .. import __version__
 from ..errors import Fa4AotError
+from ..store import Store
 from .common import emit, load_matrix, state
 
 Check = dict[str, str]  # {"check", "status": ok|warn|fail, "detail", "next"}
@@ -63,7 +64,22 @@ def _store(sku: str | None) -> Check:
     if not counts or (sku and not counts.get(sku)):
         return _check("store", "warn", detail,
                       f"`fa4-aot build --sku {sku or 'NAME'}` (or pull it) before running jobs")
+    stale = _built_by_another_toolchain(store)
+    if stale:
+        return _check("store", "warn", detail, "; ".join(stale))
     return _check("store", "ok", detail, "`fa4-aot verify` re-hashes every object")
+
+
+def _built_by_another_toolchain(store: Store) -> list[str]:
+    """What to do about kernels no key of this installation finds (migrate.foreign); nothing on a host without
+    FA4 (a lean-runtime host finds kernels through recipes, not through its own toolchain)."""
+    from ..fa4 import toolchain
+    from ..migrate import foreign, rebuild_advice
+
+    tools = toolchain()
+    if tools.get("flash-attn-4") == "absent":
+        return []
+    return rebuild_advice(*foreign(store.entries(), tools))
 
 
 def _server(url: str | None, token: str | None) -> list[Check]:

@@ -208,13 +208,16 @@ def _installed_toolchain() -> dict[str, str]:
 def migrate(store: Store, dry_run: bool, as_json: bool) -> None:
     """Re-file kernels built before per-SKU constants were keyed by need (issue 13) under today's keys.
 
-    Objects are kept; old signed manifests list the old keys, so sign each SKU again afterwards."""
+    Objects are kept; old signed manifests list the old keys, so sign each SKU again afterwards. Kernels built by
+    another toolchain (other FA4, CuTe or fa4-aot patch source) cannot be re-filed: it says to rebuild them."""
     from ..migrate import migrate as run
+    from ..migrate import rebuild_advice
 
-    result = run(store, dry_run=dry_run)
+    result = run(store, dry_run=dry_run, tools=_installed_toolchain())
     verb = "would re-file" if dry_run else "re-filed"
     lines = [f"{result.entries} entries: {verb} {result.migrated}, {result.current} already current"]
     lines += [f"UNRECOGNISED {k}: its key matches neither the old nor today's formula (left alone; "
               "`fa4-aot verify` checks it)" for k in result.unrecognised]
     lines += [f"re-sign: fa4-aot sign --sku {name} --key KEYFILE" for name in result.skus if not dry_run]
+    lines += rebuild_advice(result.other_toolchain, result.drift)
     emit(as_json, result.to_dict(), "\n".join(lines))

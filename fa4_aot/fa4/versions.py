@@ -1,33 +1,151 @@
-"""The toolchain a kernel key names: versions of the packages that generate kernels, and the CUDA flavour of
-the CuTe compiler. Changing any of them changes every kernel key (fa4_aot.kernel_keys)."""
+"""The toolchain a kernel key names: everything installed that generates a kernel's bytes. Changing any of it
+changes every kernel key (fa4_aot.kernel_keys), so a store never serves bytes of one toolchain under the keys
+of another.
+
+`toolchain()` is {name: value} of:
+- the versions of the distributions that generate kernels (TOOLCHAIN_DISTRIBUTIONS), and the name and version
+  of every installed `nvidia-cutlass-dsl*` distribution (the CuTe compiler's native libraries: its MLIR
+  passes and code generators are binaries, named by their distribution's version);
+- `cutlass-dsl-cuda`: the CUDA flavour of the CuTe compiler this process loaded (cu12 or cu13);
+- `source:<package>`: a digest of the Python source of each package whose code runs while a kernel is traced
+  and compiled (SOURCE_PACKAGES): FA4's kernels, the CuTe DSL, and quack, whose @cute.jit helpers FA4's
+  kernels call. A version string does not name the code: FA4 or CuTe installed from a commit, or patched in
+  place, keeps its version. FA4's own disk cache fingerprints its source the same way;
+- `source:fa4-aot`: a digest of fa4-aot's own code that changes the bytes of a kernel with a given key
+  (PATCHES, and the LLVM triple and CPU of each host target, see `patches_digest`).
+
+A source digest hashes each `.py` file's path relative to its package and its bytes, in path order: no
+absolute path, mtime, `.pyc` or `__pycache__`, so identical installs anywhere give identical digests (a
+build host and a GPU host, a venv and a copy of it). It leaves out the files the CuTe compiler's wheel
+generates to fingerprint its binary (`_cutlass_ir_version_cu*.py`): they name the Python ABI (cpython-311 vs
+-312), which does not change a kernel's bytes and must not change its key; that binary is named by its
+distribution's version. Digests are computed once per process (bench/RESULTS.md: the cost, cold and warm).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
+import os
+import re
 import sys
-from functools import lru_cache
+from collections.abc import Iterable
+from functools import cache, lru_cache
 from importlib import metadata
+from pathlib import Path
+
+from ..hosts import TARGETS
 
 # The distributions whose code generates the kernels. Changing any of them changes the keys.
 TOOLCHAIN_DISTRIBUTIONS = ("flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")
+DSL_DISTRIBUTIONS = "nvidia-cutlass-dsl"  # every distribution whose name starts so: the CuTe compiler's parts
+# Packages whose Python source runs while FA4 traces and compiles a kernel. Not `iket` (beside `cutlass` in the
+# DSL's wheel): a trace decoder and profiler run on the host, which generates no kernel code.
+SOURCE_PACKAGES = ("flash_attn.cute", "cutlass", "quack")
+# fa4-aot's modules that change what FA4 compiles or the bytes kept of it, and why each:
+PATCHES = (
+    "l2.py",  # rewrites FA4's tile-scheduler source and FlashPrepareScheduler's L2 budgets
+    "target.py",  # answers FA4's and CuTe's hardware questions, arch variables and FA4's CUDA-12 2-CTA switch
+    "objects.py",  # turns the compiled kernel into the object bytes stored (export module, host code, -O level)
+)
+_GENERATED = re.compile(r"_cutlass_ir_version_cu\d+\.py")  # see the module docstring
+ABSENT = "absent"
 
 
 @lru_cache(maxsize=1)
 def toolchain() -> dict[str, str]:
-    """Installed versions of the kernel-generating packages, plus the CUDA flavour of the CuTe compiler."""
-    versions = {}
-    for dist in TOOLCHAIN_DISTRIBUTIONS:
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "absent"
-    versions["cutlass-dsl-cuda"] = cutlass_cuda_flavor()
+    """What kernel keys name in this process (see the module). Imports cutlass (for its CUDA flavour), so call
+    it only where FA4 is about to be used anyway, and after fa4.configure() in a build worker."""
+    return {**distributions(), "cutlass-dsl-cuda": cutlass_cuda_flavor(), **sources()}
+
+
+def distributions() -> dict[str, str]:
+    """{distribution: version} of TOOLCHAIN_DISTRIBUTIONS ('absent' when not installed) and of every installed
+    nvidia-cutlass-dsl* distribution."""
+    versions = {dist: _version(dist) for dist in TOOLCHAIN_DISTRIBUTIONS}
+    for dist in metadata.distributions():
+        name = _normalise(dist.metadata["Name"] or "")
+        if name.startswith(DSL_DISTRIBUTIONS):
+            versions.setdefault(name, dist.version)  # first on sys.path wins, as for imports
     return versions
+
+
+def sources() -> dict[str, str]:
+    """{'source:<package>': digest} of SOURCE_PACKAGES as installed ('absent' for one that is not), and
+    {'source:fa4-aot': patches_digest()}."""
+    found = {f"source:{name}": _package_digest(name) for name in SOURCE_PACKAGES}
+    return {**found, "source:fa4-aot": patches_digest()}
+
+
+@cache
+def _package_digest(name: str) -> str:
+    root = package_root(name)
+    return source_digest(root) if root is not None else ABSENT
+
+
+def package_root(name: str) -> Path | None:
+    """The folder of package `name` as this interpreter would import it, found without importing it (only a
+    dotted name's parents are imported: `flash_attn` is a namespace package); None when it is not installed."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def source_digest(root: Path) -> str:
+    """sha256 over (path relative to `root`, sha256 of bytes) of every .py file below `root`, in path order;
+    no __pycache__, no file the compiler's wheel generates (_GENERATED)."""
+    digest = hashlib.sha256()
+    for rel, path in sorted(_python_files(root)):
+        digest.update(f"{rel}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
+    return digest.hexdigest()
+
+
+def _python_files(root: Path) -> Iterable[tuple[str, Path]]:
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.endswith(".py") and not _GENERATED.fullmatch(name):
+                path = Path(folder) / name
+                yield path.relative_to(root).as_posix(), path
+
+
+def patches_digest(folder: Path | None = None) -> str:
+    """sha256 of fa4-aot's code that changes a kernel's bytes: the PATCHES in `folder` (default: this package)
+    and, for each host target, the LLVM triple and CPU its host code is generated for (hosts.TARGETS; a key names
+    its host target by name only). Not the rest of fa4-aot: which kernels a call needs is FA4's compile key,
+    which the kernel key holds."""
+    folder = folder or Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in PATCHES:
+        digest.update(f"{name}\0{hashlib.sha256((folder / name).read_bytes()).hexdigest()}\n".encode())
+    hosts = {name: [t.triple, t.cpu] for name, t in sorted(TARGETS.items())}
+    digest.update(json.dumps(hosts, sort_keys=True, separators=(",", ":")).encode())
+    return digest.hexdigest()
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ABSENT
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
 
 
 def cutlass_cuda_flavor() -> str:
     """'cu12' or 'cu13': the toolkit flavour the CuTe compiler loaded (it picks the newest one installed when
-    no driver is present). Imports cutlass, so call it only where FA4 is about to be used anyway."""
-    import cutlass  # noqa: F401  (loads the flavoured _cutlass_ir module)
+    no driver is present), 'absent' without the CuTe DSL. Imports cutlass, so call it only where FA4 is about
+    to be used anyway."""
+    try:
+        import cutlass  # noqa: F401  (loads the flavoured _cutlass_ir module)
+    except ImportError:  # a lean-runtime host: `fa4-aot doctor` still reports the toolchain
+        return ABSENT
 
     module = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
     name = getattr(module, "__file__", "") or ""

@@ -22,5 +22,7 @@ def test_api_functions_survive_loading_every_seam_module() -> None:
 
 def test_toolchain_names_every_kernel_generating_package() -> None:
     tools = fa4.toolchain()
-    assert set(tools) == {"flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels", "cutlass-dsl-cuda"}
+    assert set(tools) == {"flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels", "cutlass-dsl-cuda",
+                          "source:flash_attn.cute", "source:cutlass", "source:quack", "source:fa4-aot",
+                          *(name for name in tools if name.startswith("nvidia-cutlass-dsl-"))}
     assert tools["cutlass-dsl-cuda"] in ("cu12", "cu13")
