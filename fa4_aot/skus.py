@@ -199,6 +199,14 @@ def unknown(name: str, known: Iterable[str], what: str = "SKU") -> UnknownSku:
                       "(`fa4-aot skus` lists them; names are lowercase)")
 
 
+def check_name(name: str, *known: Iterable[str]) -> None:
+    """Refuse a SKU name found in none of `known` (the SKU table's names, a store's, a server's) with unknown()'s
+    "did you mean" over all of them: a typo must not select nothing and exit 0 (issue 22, point 7)."""
+    names = {n for group in known for n in group}
+    if name not in names:
+        raise unknown(name, names)
+
+
 def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None = None,
            cpu: hosts.HostCpu | None = None) -> tuple[Sku, Constants, list[str]]:
     """Match `device` by need: (the table row whose manifests and dispatch the client uses, the constants

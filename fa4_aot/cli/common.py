@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -98,6 +98,24 @@ def existing(store: Store) -> Store:
         raise Fa4AotError(f"no store at {store.root}: check --cache-dir or FA4_AOT_CACHE (a store is made by "
                           "`fa4-aot build --sku NAME` or `fa4-aot pull`)")
     return store
+
+
+def check_sku(name: str, *elsewhere: Iterable[str]) -> None:
+    """Refuse a SKU name that is neither in the SKU table (variants.toml) nor among `elsewhere` (a store's SKUs,
+    a server's): UnknownSku with a "did you mean". Every command taking --sku checks it so (build, coverage and
+    sign through the table alone, as they need a SKU's facts)."""
+    from ..skus import check_name
+
+    try:
+        table = list(load_matrix(None).skus)
+    except Fa4AotError:  # no readable table: the other names still judge
+        table = []
+    check_name(name, table, *elsewhere)
+
+
+def server_skus(remote: Remote) -> set[str]:
+    """The names of the SKUs `remote` holds kernels for."""
+    return {str(s.get("name", s.get("sku", ""))) for s in remote.skus()}
 
 
 def remote_for(server: str, token: str | None, param: str = "server") -> Remote:

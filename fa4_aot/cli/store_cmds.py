@@ -10,11 +10,9 @@ from typing import Any
 import click
 
 from .. import maintenance
-from ..errors import Fa4AotError
 from ..maintenance import VerifyReport
-from ..skus import unknown
 from ..store import Entry, Store
-from .common import emit, existing, json_option, load_matrix, pass_store
+from .common import check_sku, emit, existing, json_option, pass_store
 from .progress import Progress, quiet_option
 
 
@@ -32,7 +30,7 @@ def list_(store: Store, sku: str | None, variant: str | None, family: str | None
     the CuTe runtime library included)."""
     everything = [e for e in existing(store).entries() if not e.is_signpost]
     if sku is not None and sku not in {e.sku for e in everything}:
-        _check_sku_name(sku, {e.sku for e in everything})
+        check_sku(sku, {e.sku for e in everything})
     entries = [e for e in everything if (sku is None or e.sku == sku) and (variant is None or e.variant == variant)
                and (family is None or family in e.family)]
     per_sku = _per_sku(store, entries)
@@ -43,16 +41,6 @@ def list_(store: Store, sku: str | None, variant: str | None, family: str | None
     rows += _summary_lines(per_sku) if len(per_sku) > 1 else []
     rows.append(f"{len(entries)} kernel(s), {store.bytes_of(entries)} bytes")
     emit(as_json, [asdict(e) for e in entries], "\n".join(rows))
-
-
-def _check_sku_name(sku: str, in_store: set[str]) -> None:
-    """An unknown SKU is an error with a suggestion; a known one the store lacks is just empty."""
-    try:
-        known = set(load_matrix(None).skus)
-    except Fa4AotError:
-        known = set()
-    if sku not in known:
-        raise unknown(sku, known | in_store)
 
 
 def _per_sku(store: Store, entries: list[Entry]) -> list[dict[str, Any]]:
@@ -186,7 +174,7 @@ def prune(store: Store, sku: str | None, toolchain: str | None, older_than: str 
         toolchain=_installed_toolchain() if toolchain == "old" else None,
         flash_attn=toolchain if toolchain not in (None, "old") else None)
     if sku is not None:  # a typo must not prune nothing and exit 0
-        _check_sku_name(sku, {e.sku for e in existing(store).entries()})
+        check_sku(sku, {e.sku for e in existing(store).entries()})
     report = mod.prune(existing(store), rules, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     doc = {"dry_run": dry_run, "entries": report.entries, "objects": report.objects, "bytes": report.bytes_freed,

@@ -70,4 +70,4 @@ def test_test_sh_reuses_current_environments_and_passes_its_arguments_to_pytest(
     done = subprocess.run(["./test.sh", "--collect-only", "-q", "tests/unit/test_commit.py"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "test_commit.py::" in done.stdout and "pip" not in done.stdout + done.stderr
+    assert "tests/unit/test_commit.py" in done.stdout and "pip" not in done.stdout + done.stderr

@@ -270,3 +270,36 @@ def test_counts_and_bytes_mean_kernels_and_every_object_they_need(tmp_path: Path
     pruned = json.loads(cli(tmp_path, "prune", "--max-size", "40K", "--json").output)
     assert pruned["removed"] == 2 and pruned["kept"] == 0 and pruned["bytes"] == row["bytes"]
     assert list(store.entries()) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["build", "--sku", "h20", "--model", "llama-3.1-8b", "--dry-run"],
+    ["build", "--sku", "h200,h20", "--model", "llama-3.1-8b", "--dry-run"],
+    ["coverage", "--sku", "h20", "--model", "llama-3.1-8b"],
+    ["sign", "--sku", "h20", "--key", "no-such.key"],
+    ["list", "--sku", "h20"],
+    ["prune", "--sku", "h20"],
+    ["push", "--server", "http://127.0.0.1:9", "--sku", "h20"],
+    ["token", "create", "--scope", "publish", "--sku", "h20"],
+], ids=lambda args: " ".join(args[:2]))
+def test_every_command_taking_sku_refuses_an_unknown_name_with_did_you_mean(tmp_path: Path, args: list[str]) -> None:
+    """Issue 22, point 7: `pull --sku h20` said to build SKU "h20" and `prune --sku h20` removed nothing with exit
+    0. Every --sku is judged by the SKU table (and the names the store or server holds): one error, a suggestion,
+    exit 1, nothing done (pull's test, with a server, is in tests/service/test_prefetch.py)."""
+    put(Store(tmp_path / "store"), "one")
+    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path / "store"), *args],
+                                env={"FA4_AOT_DB_URL": f"sqlite:///{tmp_path / 'tokens.db'}"})
+    assert result.exit_code == 1, result.output
+    assert "unknown SKU 'h20'; did you mean 'h200' or 'h200-cu12'?" in result.output, result.output
+    assert "Traceback" not in result.output
+    assert len(list(Store(tmp_path / "store").entries())) == 1
+
+
+def test_a_sku_only_the_store_holds_is_known_to_list_prune_and_push(tmp_path: Path) -> None:
+    """A store may hold a SKU of another variants file: it is no typo (prune said it was one, before)."""
+    store = Store(tmp_path / "store")
+    put(store, "one", sku="lab-gpu")
+    result = cli(tmp_path / "store", "prune", "--sku", "lab-gpu", "--dry-run")
+    assert result.exit_code == 0 and "would remove 1 kernel(s)" in result.output, result.output
+    typo = cli(tmp_path / "store", "prune", "--sku", "lab-gpo", "--dry-run")
+    assert typo.exit_code == 1 and "did you mean 'lab-gpu'" in typo.output, typo.output
