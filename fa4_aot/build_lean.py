@@ -1,21 +1,25 @@
-"""What a build adds for the lean runtime: a linked library per kernel and a recipe region per planned call.
+"""What a build adds for the lean runtime: a linked library per kernel and recipe regions covering every size of
+each planned signature.
 
 Worker side (in worker.py's processes, through the FA4 seam): `shared_libs` links an exported object
 (fa4.link) and stores it with, once, the CuTe runtime it needs (`runtime_needs`), into the store, or into
-`Held` in a worker without one (Ray's: the library travels back with its kernel); `record_recipe` records the
-region of a call (fa4.record_recipe) unless one already covers it; `relink` adds libraries to entries built
-before linking.
-`record_work` records the regions of a planning worker's work items. Parent side: `unlinked` lists the entries
-to relink, `save` merges the recorded regions into the store.
+`Held` in a worker without one (Ray's: the library travels back with its kernel); `explore` records a signature's
+regions (fa4.record_recipe) until they cover its whole size space (recipe_space), `record_recipe` the region of one
+call unless one already covers it; `relink` adds libraries to entries built before linking.
+`record_work` explores the signatures of a planning worker's work items (a training one's forward without LSE
+too). Parent side: `unlinked` lists the entries to relink, `save` merges the recorded regions into the store.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
-from . import fa4, kernel_keys, recipe, recipe_format, recipe_store
+import numpy as np
+
+from . import fa4, kernel_keys, probes, recipe, recipe_format, recipe_space, recipe_store
 from .calls import Call
 from .errors import DiskFull
 from .lean_libs import has_library
@@ -61,37 +65,129 @@ def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[d
     file is by GQA ratio: a region recorded for other head counts of the ratio may cover it)."""
     if call.layout not in recipe.SIZE_NAMES:
         return
-    sig, sku, store = Signature.of(call), worker["sku"], worker["store"]
-    key = recipe_store.recipe_key(sig, sku)
-    known = worker.setdefault("regions", {})
-    if key not in known:
-        stored = recipe_store.load(store, key) if store is not None else []  # Ray workers have no store
-        known[key] = [r for r in stored if r.get("toolchain") == worker["tools"]]
+    sig = Signature.of(call)
+    known = _known(worker, recipe_store.recipe_key(sig, worker["sku"]))
     sizes = {**recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
              recipe.HEADS: call.heads_kv}
-    if recipe_store.find(known[key], sizes) is None:
-        region = fa4.record_recipe(sig, sizes, sku)
-        recipe_format.check_region(region)  # what clients would refuse is a failure here, never a stored file
-        known[key].append(region)
-        recorded.setdefault(key, []).append(region)
+    if recipe_store.find(known, sizes) is None:
+        _record(worker, sig, sizes, recorded)
+
+
+@dataclass(frozen=True)
+class Explored:
+    """What exploring one signature's size space did: regions recorded, points judged, FA4's refusals."""
+
+    recorded: int
+    points: int
+    refused: tuple[str, ...]
+
+
+def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[dict[str, Any]]],
+            first: list[dict[str, int]] = ()) -> Explored:
+    """Record regions of `sig` until they cover its whole size space (recipe_space.space): points are drawn in
+    rounds of ROUND; at each point no region covers, FA4 is recorded there (a region holding exactly where FA4
+    makes the same choices); exploring ends after CLEAN_ROUNDS rounds in a row in which every point was covered.
+    `first`: sizes to record at before drawing (a call's own). Regions already in the store (or recorded for
+    other head counts of the GQA ratio) count, so a rebuild records only what is missing."""
+    if sig.layout not in recipe.SIZE_NAMES:
+        return Explored(0, 0, ())
+    sku = worker["sku"]
+    known = _known(worker, recipe_store.recipe_key(sig, sku))
+    sp = recipe_space.space(sig, sku)
+    rng = np.random.default_rng(int(hashlib.sha256(kernel_keys.dumps(sig.to_dict()).encode()).hexdigest()[:15], 16))
+    before, refused, judged, clean = len(known), [], 0, 0
+    seeds = [{**p, recipe.HEADS: sig.heads_kv} for p in first]
+    while clean < CLEAN_ROUNDS:
+        points = _with_seeds(recipe_space.draw(sp, rng, ROUND, {n: _hints(known) for n in sp.names}), seeds)
+        seeds, judged = [], judged + len(points[recipe.HEADS])
+        open_ = ~_covered(known, points)
+        clean = clean + 1 if not open_.any() else 0
+        while open_.any():
+            at = recipe_space.point(points, int(np.argmax(open_)))
+            open_[int(np.argmax(open_))] = False
+            try:
+                region = _record(worker, sig, at, recorded)
+            except Exception as e:  # FA4 refuses these sizes: so does FA4 at run time; go on with the others
+                refused.append(f"{at}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                if len(refused) >= MAX_REFUSED:
+                    return Explored(len(known) - before, judged, tuple(refused))
+                continue
+            open_ &= ~recipe_space.covered(region["guards"], points)
+    return Explored(len(known) - before, judged, tuple(refused))
+
+
+ROUND = 20_000  # points drawn per round of exploring
+CLEAN_ROUNDS = 2  # rounds in a row with every point covered before a signature's space counts as covered
+MAX_REFUSED = 32  # points FA4 refuses before exploring a signature stops
+
+
+def _with_seeds(points: dict[str, Any], seeds: list[dict[str, int]]) -> dict[str, Any]:
+    if not seeds:
+        return points
+    return {n: np.concatenate([np.array([s[n] for s in seeds], dtype=np.int64), v]) for n, v in points.items()}
+
+
+def _covered(regions: list[dict[str, Any]], points: dict[str, Any]) -> Any:
+    found = np.zeros(len(points[recipe.HEADS]), dtype=bool)
+    for region in regions:
+        found |= recipe_space.covered(region["guards"], points)
+    return found
+
+
+def _hints(regions: list[dict[str, Any]]) -> set[int]:
+    return recipe_space.constants(g for r in regions for g in r["guards"])
+
+
+def _known(worker: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The regions under `key` recorded in this worker or in the store with this toolchain (kept per worker)."""
+    known = worker.setdefault("regions", {})
+    if key not in known:
+        store = worker["store"]
+        stored = recipe_store.load(store, key) if store is not None else []  # Ray workers have no store
+        known[key] = [r for r in stored if r.get("toolchain") == worker["tools"]]
+    return known[key]
+
+
+def _record(worker: dict[str, Any], sig: Signature, sizes: dict[str, int],
+            recorded: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    key = recipe_store.recipe_key(sig, worker["sku"])
+    region = fa4.record_recipe(sig, sizes, worker["sku"])
+    recipe_format.check_region(region)  # what clients would refuse is a failure here, never a stored file
+    if not recipe.covers(region, {**sizes, recipe.HEADS: sig.heads_kv}):
+        raise ValueError(f"the region recorded at {sizes} does not hold there (a recorder fault)")
+    _known(worker, key).append(region)
+    recorded.setdefault(key, []).append(region)
+    return region
 
 
 def record_work(worker: dict[str, Any], work: list[tuple[str, Call | Signature]], kernels: list[tuple[Any, ...]],
                 failures: list[tuple[int, str]], one_line: Any) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
-    """(regions recorded, errors) for the work items FA4 accepted (worker.plan_calls's `kernels`, `failures`): a
-    Call's region at its own sizes; a Signature's at the calls its shape-complete plan chose (one per kernel),
-    not at every shape, so sizes between them may fall outside every region (KernelMissing names them)."""
+    """(regions recorded, errors) for the work items FA4 accepted (worker.plan_calls's `kernels`, `failures`):
+    each item's signature explored over its whole size space (`explore`; a Call's own sizes first), and for a
+    training signature its forward without LSE too (the kernel complete.py plans for it), so a forward-only call
+    is served wherever training is."""
     rejected = {i for i, _error in failures}
     recorded: dict[str, list[dict[str, Any]]] = {}
     errors: list[str] = []
+    done: set[Signature] = set()
     for i, (_label, item) in enumerate(work):
         if i in rejected:
             continue
-        for call in [item] if isinstance(item, Call) else dict.fromkeys(k[4] for k in kernels if k[3] == i):
+        sig = Signature.of(item) if isinstance(item, Call) else item
+        first = [recipe.sizes_of_call(item.layout, item.batch, item.seqlen_q, item.seqlen_k, item.page_size)] \
+            if isinstance(item, Call) else []
+        for each in (sig, *probes.forward_of(sig)):
+            if each in done:
+                continue
+            done.add(each)
             try:
-                record_recipe(worker, call, recorded)
+                found = explore(worker, each, recorded, first if each == sig else [])
             except Exception as e:  # the call still builds for install(); the lean runtime will say it lacks a recipe
-                errors.append(f"recipe of {call.describe()}: {one_line(e)}")
+                errors.append(f"recipes of {each.call(1, 1, 1).describe()}: {one_line(e)}")
+                continue
+            if found.refused:
+                errors.append(f"recipes of {each.call(1, 1, 1).describe()}: FA4 refuses {len(found.refused)} "
+                              f"point(s) of its size space, e.g. {found.refused[0]}")
     return recorded, errors
 
 

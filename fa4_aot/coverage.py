@@ -1,8 +1,13 @@
 """`fa4-aot coverage`: would these calls (or this model's signatures) run from the store without compiling?
 
-Judging is pure: given the kernels FA4's dispatch picks for each call (planned on fake tensors in processes
-configured for the SKU, as a build plans) and what the store holds, each call is served or missing, with the
-kernels it lacks and the command that adds them. No GPU is needed.
+Two runtimes are judged. FA4 over install() (`--runtime fa4`): given the kernels FA4's dispatch picks for each call
+(planned on fake tensors in processes configured for the SKU, as a build plans) and what the store holds, each call
+is served or missing, with the kernels it lacks and the command that adds them. The lean runtime (`--runtime
+lean`): a call is served when a recipe region of its signature (recipe_store.sources: its own file, or its
+training signature's for a forward with LSE) holds at its sizes and every kernel that region names is stored for
+the SKU with a library for its host; a model signature is served when its regions cover its whole size space
+(recipe_space: the points a build explores, drawn afresh) with every kernel present. Judging is pure (`judge`,
+`judge_lean`); no GPU and, for the lean runtime, no FA4 is needed.
 """
 
 from __future__ import annotations
@@ -27,16 +32,17 @@ class Verdict:
     missing: list[Kernel] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # FA4 rejected a call: no build can serve it
     fix: str = ""  # the command that adds what is missing
+    unrecorded: list[str] = field(default_factory=list)  # lean runtime: calls no recipe region holds for
 
     @property
     def served(self) -> bool:
-        return not self.missing and not self.errors
+        return not self.missing and not self.errors and not self.unrecorded
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "served": self.served, "items": [c.to_dict() for c in self.calls],
                 "kernels": len(self.kernels),
                 "missing": [{"family": f, "kernel_key": k} for f, k in self.missing], "errors": self.errors,
-                "fix": "" if self.served else self.fix}
+                "unrecorded": self.unrecorded, "fix": "" if self.served else self.fix}
 
 
 def judge(label: str, calls: list[Any], planned: Iterable[tuple[list[Kernel], str]], has: Callable[[str], bool],
@@ -49,6 +55,35 @@ def judge(label: str, calls: list[Any], planned: Iterable[tuple[list[Kernel], st
         if error:
             verdict.errors.append(f"{label if not isinstance(call, Call) else call.describe()}: {error}")
         for kernel in kernels:
+            seen[kernel] = None
+    verdict.kernels = list(seen)
+    verdict.missing = [k for k in verdict.kernels if not has(k[1])]
+    return verdict
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the store holds for one item on the lean runtime: the kernels of the regions serving it, and where
+    no region holds ('' when one always does: then it is served if every kernel is present)."""
+
+    kernels: tuple[Kernel, ...]
+    outside: str = ""
+    unsupported: str = ""  # what the lean runtime refuses about the item whatever the store holds
+
+
+def judge_lean(label: str, calls: list[Any], lookups: Iterable[Lookup], has: Callable[[str], bool],
+               fix: str) -> Verdict:
+    """Pure: the lean runtime's verdict on `calls` (one Lookup each): served when a region holds for each and
+    `has(kernel key)` (stored for the SKU, with a library for its host) for every kernel of those regions."""
+    verdict = Verdict(label=label, calls=calls, fix=fix)
+    seen: dict[Kernel, None] = {}
+    for lookup, call in zip(lookups, calls, strict=True):
+        what = call.describe() if isinstance(call, Call) else label
+        if lookup.unsupported:
+            verdict.errors.append(f"{what}: {lookup.unsupported}")
+        elif lookup.outside:
+            verdict.unrecorded.append(f"{what}: no recipe region holds at {lookup.outside}")
+        for kernel in lookup.kernels:
             seen[kernel] = None
     verdict.kernels = list(seen)
     verdict.missing = [k for k in verdict.kernels if not has(k[1])]
@@ -68,10 +103,12 @@ def lines(verdicts: list[Verdict]) -> list[str]:
         if v.served:
             out.append(f"served   {v.label}  ({len(v.kernels)} kernel(s))")
             continue
-        out.append(f"MISSING  {v.label}  ({len(v.missing)} of {len(v.kernels)} kernel(s) not in the store)")
+        lacks = f", {len(v.unrecorded)} without a recipe region" if v.unrecorded else ""
+        out.append(f"MISSING  {v.label}  ({len(v.missing)} of {len(v.kernels)} kernel(s) not in the store{lacks})")
         out += [f"    {family} {key[:16]}…" for family, key in v.missing]
+        out += [f"    {e}" for e in v.unrecorded]
         out += [f"    FA4 rejects {e}" for e in v.errors]
-        if v.missing:
+        if v.missing or v.unrecorded:
             out.append(f"    add with: {v.fix}")
     s = summary(verdicts)
     out.append(f"{s['served']} of {s['total']} served, {s['missing']} missing")
@@ -131,26 +168,41 @@ def plan(sku: Any, store_root: Path, items: list[Any], jobs: int = 1) -> list[tu
     return out
 
 
-def check_calls(sku: Any, store: Any, calls: list[Call], calls_file: Path, jobs: int = 1) -> list[Verdict]:
-    """One verdict per call; the fix builds exactly the calls of the file."""
-    planned = plan(sku, store.root, calls, jobs)
+RUNTIMES = ("fa4", "lean")
+
+
+def check_calls(sku: Any, store: Any, calls: list[Call], calls_file: Path, jobs: int = 1,
+                runtime: str = "fa4") -> list[Verdict]:
+    """One verdict per call on `runtime`; the fix builds exactly the calls of the file."""
     fix = f"fa4-aot build --sku {sku.name} --calls {calls_file}"
+    if runtime == "lean":
+        from . import coverage_lean
+
+        found = coverage_lean.Regions(store, sku)
+        return [judge_lean(c.describe(), [c], [found.of_call(c)], coverage_lean.held(store, sku), fix)
+                for c in calls]
+    planned = plan(sku, store.root, calls, jobs)
     return [judge(c.describe(), [c], [p], _held(store, sku), fix) for c, p in zip(calls, planned, strict=True)]
 
 
 def check_model(sku: Any, store: Any, model: Any, tps: tuple[int, ...], workloads: tuple[str, ...],
-                model_arg: str, jobs: int = 1) -> list[Verdict]:
-    """One verdict per (TP degree, signature) of `model`, judged over the signature's shape-complete plan."""
+                model_arg: str, jobs: int = 1, runtime: str = "fa4") -> list[Verdict]:
+    """One verdict per (TP degree, signature) of `model` on `runtime`, judged over the signature's shape-complete
+    plan (fa4) or its whole size space (lean)."""
     from . import modelwork
 
     items = modelwork.items(model, tps, workloads)
+    fixes = [f"fa4-aot build --sku {sku.name} --model {model_arg} --tp {item.tp} --workload {','.join(item.workloads)}"
+             for item in items]
+    if runtime == "lean":
+        from . import coverage_lean
+
+        found = coverage_lean.Regions(store, sku)
+        return [judge_lean(item.label, [item.signature], [found.of_signature(item.signature)],
+                           coverage_lean.held(store, sku), fix) for item, fix in zip(items, fixes, strict=True)]
     planned = plan(sku, store.root, [i.signature for i in items], jobs)
-    out = []
-    for item, p in zip(items, planned, strict=True):
-        fix = (f"fa4-aot build --sku {sku.name} --model {model_arg} --tp {item.tp} "
-               f"--workload {','.join(item.workloads)}")
-        out.append(judge(item.label, [item.signature], [p], _held(store, sku), fix))
-    return out
+    return [judge(item.label, [item.signature], [p], _held(store, sku), fix)
+            for item, p, fix in zip(items, planned, fixes, strict=True)]
 
 
 def _held(store: Any, sku: Any) -> Any:

@@ -23,6 +23,8 @@ checks that claim against FA4's real dispatch on random shapes.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .signature import Signature
 from .skus import Sku
 
@@ -104,3 +106,10 @@ def seqlens_k(sig: Signature) -> list[int]:
 def splits_matter(sig: Signature) -> bool:
     """Whether split-KV can happen: the heuristic (0) or a fixed N > 1."""
     return sig.num_splits != 1
+
+
+def forward_of(sig: Signature) -> tuple[Signature, ...]:
+    """The forward-only signature (no LSE) a training signature's build covers too: FA4 compiles another kernel
+    for a forward without LSE (its compile key holds `lse is None`), so a model built for training serves its
+    inference calls with it (the planner plans it, the build records its recipes). () for other passes."""
+    return (dataclasses.replace(sig, pass_="fwd"),) if sig.pass_ in ("bwd", "bwd_det") else ()

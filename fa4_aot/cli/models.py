@@ -73,17 +73,21 @@ def _attention(m: Model) -> str:
               help="Workloads for --model: train, prefill, decode.")
 @click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
               help="JSON lines of calls, as FA4_AOT_RECORD writes them: judge each call.")
+@click.option("--runtime", type=click.Choice(["fa4", "lean"]), default="fa4", show_default=True,
+              help="Which runtime to judge: fa4 (FA4 over fa4_aot.install()) or lean (fa4_aot.flash_attn_func).")
 @variants_option("Variants file holding the SKU table (default: variants.toml).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 256), help="Planning processes.")
 @json_option()
 @pass_store
 def coverage(store: Store, sku: str, model_arg: str | None, tp_arg: str, workload_arg: str,
-             calls_file: Path | None, variants_file: Path | None, jobs: int, as_json: bool) -> None:
+             calls_file: Path | None, runtime: str, variants_file: Path | None, jobs: int, as_json: bool) -> None:
     """Would these calls run from the store without compiling? No GPU needed.
 
-    Runs FA4's dispatch on fake tensors for the SKU (as a build plans) and looks every kernel up in the store.
-    Prints served or missing per call (--calls) or per model signature (--model), the kernels missing and the
-    command that adds them. Exits 1 when anything is missing.
+    --runtime fa4 (default): runs FA4's dispatch on fake tensors for the SKU (as a build plans) and looks every
+    kernel up in the store. --runtime lean: finds each call's recipe region in the store (as the lean runtime
+    does; no FA4 needed) and looks up the kernels it names, with a library for the SKU's host; a model signature
+    needs regions over its whole size space. Prints served or missing per call (--calls) or per model signature
+    (--model), what is missing and the command that adds it. Exits 1 when anything is missing.
     """
     from .. import coverage as cov
     from .. import models, modelwork
@@ -92,15 +96,15 @@ def coverage(store: Store, sku: str, model_arg: str | None, tp_arg: str, workloa
         raise click.UsageError("give exactly one of --model NAME_OR_CONFIG_JSON and --calls FILE")
     target = load_matrix(variants_file).sku(sku)
     if calls_file:
-        verdicts = cov.check_calls(target, store, cov.read_calls(calls_file), calls_file, jobs=jobs)
+        verdicts = cov.check_calls(target, store, cov.read_calls(calls_file), calls_file, jobs=jobs, runtime=runtime)
     else:
         assert model_arg is not None
         model = models.resolve(model_arg)
         tps, workloads = parse_tps(tp_arg), parse_workloads(workload_arg)
         for why in modelwork.skipped(model, tps):
             click.echo(why, err=True)
-        verdicts = cov.check_model(target, store, model, tps, workloads, model_arg, jobs=jobs)
-    doc = {"sku": sku, "store": str(store.root), **cov.summary(verdicts)}
+        verdicts = cov.check_model(target, store, model, tps, workloads, model_arg, jobs=jobs, runtime=runtime)
+    doc = {"sku": sku, "runtime": runtime, "store": str(store.root), **cov.summary(verdicts)}
     if not verdicts:  # e.g. --tp 3 for a model whose heads it does not divide: nothing was checked
         raise Fa4AotError("nothing to check: the request selects no call (see the lines above); "
                           "`fa4-aot coverage --help` shows the options")

@@ -26,12 +26,18 @@ Kernels = dict[tuple[str, str], tuple[Any, Call]]  # (family, canonical key JSON
 
 
 def kernels_for_signature(sig: Signature, sku: Sku) -> Kernels:
-    """{(family, canonical compile key JSON): (compile key, a Call that needs it)} over every shape of `sig`.
+    """{(family, canonical compile key JSON): (compile key, a Call that needs it)} over every shape of `sig`, and
+    for a training signature of its forward without LSE too (probes.forward_of: a model built for training then
+    serves its forward-only calls, on either runtime).
 
     Must run in a process configured for `sku` (fa4.configure). Calls FA4
     rejects at some shapes are skipped; raises ValueError when it rejects every shape of the signature.
     """
-    return dict(_cached(sig, sku))
+    found = dict(_cached(sig, sku))
+    for forward in probes.forward_of(sig):
+        for ident, planned in _cached(forward, sku):
+            found.setdefault(ident, planned)
+    return found
 
 
 def kernels_for_each(calls: list[Call]) -> list[dict[tuple[str, str], Any] | None]:

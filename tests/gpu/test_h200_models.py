@@ -77,15 +77,28 @@ def rel(a: Any, b: Any) -> float:
 
 # -- scenarios -----------------------------------------------------------------------------------------------
 class Rank:
-    """One tensor-parallel rank of a model: makes tensors and runs FA4 calls, checking against the reference."""
+    """One tensor-parallel rank of a model: makes tensors and runs attention calls, checking against the reference.
+    `runtime`: "fa4" calls flash_attn.cute's entry points (after fa4_aot.install()), "lean" fa4_aot's own
+    (the lean runtime, which never reaches FA4)."""
 
-    def __init__(self, model: models.Model, tp: int) -> None:
+    def __init__(self, model: models.Model, tp: int, runtime: str = "fa4") -> None:
         import torch
 
-        self.model, self.tp = model, tp
+        self.model, self.tp, self.runtime = model, tp, runtime
         self.hq, self.hkv = models.shard(model.heads, model.kv_heads, tp)  # type: ignore[misc]
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[model.dtype]
         self.failures: list[str] = []
+        self.outcomes: dict[str, str] = {}  # scenario -> "served", or why not (KernelMissing, an error)
+
+    def entry(self, varlen: bool) -> Callable[..., Any]:
+        """flash_attn_func (varlen=False) or flash_attn_varlen_func of this rank's runtime."""
+        if self.runtime == "lean":
+            import fa4_aot
+
+            return fa4_aot.flash_attn_varlen_func if varlen else fa4_aot.flash_attn_func
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+        return flash_attn_varlen_func if varlen else flash_attn_func
 
     def t(self, *shape: int, scale: float = 1.0) -> Any:
         import torch
@@ -105,19 +118,23 @@ class Rank:
 
     def check(self, what: str, fn: Callable[[], list[tuple[str, Any, Any]]]) -> None:
         try:
-            for label, got, want in fn():
-                err = rel(got, want)
-                if not err < TOLERANCE:
-                    self.failures.append(f"{what}: {label} relative error {err:.3e}")
+            results = fn()
         except Exception as e:  # KernelMissing and friends: report every failing scenario, not the first
             self.failures.append(f"{what}: {type(e).__name__}: {str(e)[:400]}")
+            self.outcomes[what] = type(e).__name__
+            return
+        self.outcomes[what] = "served"
+        for label, got, want in results:
+            err = rel(got, want)
+            if not err < TOLERANCE:
+                self.failures.append(f"{what}: {label} relative error {err:.3e}")
 
 
 def dense(rank: Rank, mask: str, window: tuple[int, int], b: int, sq: int, sk: int, train: bool,
           lse: bool = False) -> list[tuple[str, Any, Any]]:
     import torch
-    from flash_attn.cute import flash_attn_func
 
+    flash_attn_func = rank.entry(varlen=False)
     sink = rank.sink()
     parts = [rank.qkv(sq, sk) for _ in range(b)]
     q, k, v = (torch.stack([p[i] for p in parts]).requires_grad_(train) for i in range(3))
@@ -147,8 +164,8 @@ def _ref_with_grad(rank: Rank, q: Any, k: Any, v: Any, mask: str, window: tuple[
 def varlen(rank: Rank, mask: str, window: tuple[int, int], lens: list[int], train: bool,
            lse: bool = False) -> list[tuple[str, Any, Any]]:
     import torch
-    from flash_attn.cute import flash_attn_varlen_func
 
+    flash_attn_varlen_func = rank.entry(varlen=True)
     sink = rank.sink()
     q, k, v = (x.requires_grad_(train) for x in rank.qkv(sum(lens), sum(lens)))
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
@@ -172,8 +189,8 @@ def cache(rank: Rank, mask: str, window: tuple[int, int], used: list[int],
           page_size: int) -> list[tuple[str, Any, Any]]:
     """Decode against a KV cache: paged (page_size > 0, shuffled pages) or contiguous with seqused_k."""
     import torch
-    from flash_attn.cute import flash_attn_varlen_func
 
+    flash_attn_varlen_func = rank.entry(varlen=True)
     sink, b, cap = rank.sink(), len(used), max(used)
     m = rank.model
     q = torch.stack([rank.qkv(1, 1)[0] for _ in range(b)])
@@ -255,20 +272,26 @@ PARAMS = [pytest.param(n, t, marks=pytest.mark.xfail(strict=True, reason="FA4 sm
           if n in UPSTREAM_DQ_BUG else (n, t) for n, t in SUITE]
 
 
-@pytest.mark.parametrize("name,tp", PARAMS, ids=[f"{n}-tp{t}" for n, t in SUITE])
-def test_model_calls_strict_zero_compiles_and_correct(strict: Any, name: str, tp: int) -> None:
+def run_rank(name: str, tp: int, runtime: str = "fa4") -> Rank:
+    """Every scenario of (model, TP degree) on `runtime`, same seed and so the same tensors on either runtime."""
     import torch
 
-    count, inst = strict
-    before = count["n"]
     torch.manual_seed(tp)
     model = models.catalog()[name]
-    rank = Rank(model, tp)
+    rank = Rank(model, tp, runtime)
     for mask, window in model.masks():
         scenarios = encoder_scenarios(rank) if model.kind == "encoder" else decoder_scenarios(rank, mask, window)
         for what, fn in scenarios.items():
             rank.check(f"{mask} {what}", fn)
     torch.cuda.synchronize()
+    return rank
+
+
+@pytest.mark.parametrize("name,tp", PARAMS, ids=[f"{n}-tp{t}" for n, t in SUITE])
+def test_model_calls_strict_zero_compiles_and_correct(strict: Any, name: str, tp: int) -> None:
+    count, inst = strict
+    before = count["n"]
+    rank = run_rank(name, tp)
     assert not rank.failures, f"{name} tp{tp} ({rank.hq}/{rank.hkv} heads):\n" + "\n".join(rank.failures)
     assert count["n"] == before and inst.stats.compiled == 0, f"{name}: {count['n'] - before} JIT compile(s)"
 

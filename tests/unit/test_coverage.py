@@ -34,3 +34,27 @@ def test_report_lines_and_summary() -> None:
     assert "_flash_attn_bwd bbbbbbbbbbbbbbbb…" in text[2] and text[3] == "    add with: fa4-aot build X"
     assert text[-1] == "1 of 2 served, 1 missing"
     assert coverage.summary([ok, bad])["ok"] is False and coverage.summary([ok])["ok"] is True
+
+
+@pytest.mark.parametrize("lookups,stored,served,missing,unrecorded,errors", [
+    ([coverage.Lookup((A, B))], {A[1], B[1]}, True, [], 0, 0),
+    ([coverage.Lookup((A, B))], {A[1]}, False, [B], 0, 0),  # a region whose kernel is not stored (or unlinked)
+    ([coverage.Lookup((), outside="batch=32, seqlen_q=1")], {A[1]}, False, [], 1, 0),  # no region holds
+    ([coverage.Lookup((A,)), coverage.Lookup((A, C))], {A[1]}, False, [C], 0, 0),  # kernels of every call, once
+    ([coverage.Lookup((), unsupported="num_splits=3 on sm_90")], set(), False, [], 0, 1),  # never served
+])
+def test_judge_lean(lookups, stored, served, missing, unrecorded, errors) -> None:
+    calls = [CALL] * len(lookups)
+    v = coverage.judge_lean("x", calls, lookups, stored.__contains__, fix="fa4-aot build --sku h200 --calls f")
+    assert (v.served, v.missing, len(v.unrecorded), len(v.errors)) == (served, missing, unrecorded, errors)
+    doc = v.to_dict()
+    assert doc["served"] == served and len(doc["unrecorded"]) == unrecorded
+    assert doc["fix"] == ("" if served else "fa4-aot build --sku h200 --calls f")
+
+
+def test_lean_lines_name_the_sizes_no_region_holds_and_the_fix() -> None:
+    bad = coverage.judge_lean("decode", [CALL], [coverage.Lookup((), outside="batch=32, seqlen_q=1")], set().__contains__,
+                              fix="fa4-aot build X")
+    text = coverage.lines([bad])
+    assert text[0] == "MISSING  decode  (0 of 0 kernel(s) not in the store, 1 without a recipe region)"
+    assert "no recipe region holds at batch=32, seqlen_q=1" in text[1] and text[2] == "    add with: fa4-aot build X"
