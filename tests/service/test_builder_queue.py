@@ -1,0 +1,91 @@
+"""The build queue in the server's database (issue 21, point 1), over SQLite and PostgreSQL with a real uvicorn:
+concurrent reports of one miss make one job; claims take each job once; a lease that runs out lets another
+builder take the job over (its builder died), and the dead builder's late result is refused; the jobs survive a
+restart of the server. No compile here: builders are played through the HTTP API (test_builder.py runs real
+ones)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
+
+import httpx
+from builder_helpers import hold_sku, tiny
+from service_helpers import Server
+
+from fa4_aot import lean_miss
+
+
+def miss(batch: int) -> dict[str, Any]:
+    return asdict(lean_miss.miss_of(tiny(batch=batch), "h200"))
+
+
+def claim(c: httpx.Client, builder: str, lease: float = 60.0) -> httpx.Response:
+    return c.post("/v1/builds/claim", json={"builder": builder, "lease_seconds": lease})
+
+
+def test_concurrent_reports_of_one_miss_make_one_job(server: Server) -> None:
+    hold_sku(server)
+    doc = miss(1001)
+
+    def report(_i: int) -> int:
+        with server.client() as c:
+            return int(c.post("/v1/misses", json=doc).json()["build"]["id"])
+
+    with ThreadPoolExecutor(32) as pool:
+        ids = list(pool.map(report, range(64)))
+    assert len(set(ids)) == 1
+    with server.client() as c:
+        job = c.get(f"/v1/builds/{ids[0]}").json()
+    assert job["reports"] == 64 and job["status"] == "queued" and job["kernel_key"] == doc["kernel_key"]
+
+
+def test_claims_take_each_job_once_and_a_lapsed_lease_is_taken_over(server: Server) -> None:
+    hold_sku(server)
+    with server.client("publish") as c:
+        while claim(c, "drain").status_code == 200:  # jobs other tests left queued
+            pass
+        ids = [c.post("/v1/misses", json=miss(2000 + i)).json()["build"]["id"] for i in range(3)]
+
+        def take(name: str) -> int | None:
+            answer = claim(c, name, lease=1.0)
+            return int(answer.json()["id"]) if answer.status_code == 200 else None
+
+        with ThreadPoolExecutor(8) as pool:
+            taken = [t for t in pool.map(take, [f"b{i}" for i in range(8)]) if t is not None]
+        assert sorted(taken) == sorted(ids)  # each job once, to one builder
+        assert claim(c, "late").status_code == 204
+        time.sleep(2.5)  # every lease lapses: their builders are as good as dead
+        again = claim(c, "heir").json()
+        assert again["id"] in ids and again["attempts"] == 2 and again["args"] is None and again["compile_key"]
+        dead = next(j for j in c.get("/v1/builds?status=running").json() if j["id"] == again["id"])
+        assert dead["builder"] == "heir"
+        # the dead builder's result comes too late: refused, the heir's stands
+        old = {"builder": "b0", "status": "done", "detail": "", "compile_seconds": 1.0, "built": 1}
+        refused = [c.post(f"/v1/builds/{again['id']}/finish", json={**old, "builder": f"b{i}"}).status_code
+                   for i in range(8)]
+        assert set(refused) == {409}
+        assert c.post(f"/v1/builds/{again['id']}/lease", json={"builder": "heir", "lease_seconds": 60}).status_code == 200
+        done = c.post(f"/v1/builds/{again['id']}/finish", json={**old, "builder": "heir"}).json()
+        assert done["status"] == "done" and done["finished"] and done["built"] == 1
+    with server.client("read") as c:  # builders need a publish token
+        assert claim(c, "reader").status_code == 403
+    text = httpx.get(f"{server.url}/metrics").text
+    assert "fa4_aot_build_compile_seconds_count" in text and 'fa4_aot_build_jobs{status="running"}' in text
+
+
+def test_jobs_survive_a_server_restart(launch: Any) -> None:
+    server: Server = launch()
+    hold_sku(server)
+    with server.client("publish") as c:
+        queued = c.post("/v1/misses", json=miss(3000)).json()["build"]
+        second = c.post("/v1/misses", json=miss(3001)).json()["build"]
+        assert claim(c, "x").json()["id"] == queued["id"]
+    server.kill()
+    server.start()
+    with server.client("publish") as c:
+        assert c.get(f"/v1/builds/{queued['id']}").json()["status"] == "running"
+        assert claim(c, "y").json()["id"] == second["id"]
+        assert c.post("/v1/misses", json=miss(3000)).json()["build"]["reports"] == 2
