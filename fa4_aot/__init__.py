@@ -5,6 +5,7 @@
     attn = fa4_aot.load(q.shape, causal=True)          # lean, one signature's kernels loaded up front
     out, lse = attn(q, k, v)
     fa4_aot.install()                                  # or: FA4 itself reads the store (any FA4 feature)
+    fa4_aot.prefetch("llama-3.1-8b", tp=[1, 2])        # a model's kernels from FA4_AOT_SERVER, before the first call
 
 `import fa4_aot` imports neither torch nor FA4; install() imports FA4, the lean entry points never do.
 """
@@ -16,7 +17,7 @@ from typing import Any
 from .errors import BuildError, ConfigError, Fa4AotError, IntegrityError, KernelMissing, StoreError, UnknownSku
 
 __version__ = "0.1.0"
-__all__ = ["install", "load", "flash_attn_func", "flash_attn_varlen_func",
+__all__ = ["install", "load", "flash_attn_func", "flash_attn_varlen_func", "prefetch",
            "Fa4AotError", "ConfigError", "UnknownSku", "KernelMissing", "IntegrityError",
            "StoreError", "BuildError"]
 
@@ -45,5 +46,12 @@ def flash_attn_func(*args: Any, **kwargs: Any) -> Any:
 def flash_attn_varlen_func(*args: Any, **kwargs: Any) -> Any:
     """See fa4_aot.lean_api.flash_attn_varlen_func (lean runtime)."""
     from .lean_api import flash_attn_varlen_func as _fn
+
+    return _fn(*args, **kwargs)
+
+
+def prefetch(*args: Any, **kwargs: Any) -> Any:
+    """See fa4_aot.model_fetch.prefetch: fetch one model's kernel set from a server, so a node starts warm."""
+    from .model_fetch import prefetch as _fn
 
     return _fn(*args, **kwargs)

@@ -12,7 +12,7 @@ import click
 
 from ..errors import Fa4AotError
 from ..store import Store
-from .common import emit, json_option, pass_store, remote_for, state
+from .common import check_sku, emit, json_option, load_matrix, pass_store, remote_for, server_skus, state
 from .progress import Progress, quiet_option
 
 if TYPE_CHECKING:
@@ -134,6 +134,8 @@ def token_create(scope: str, name: str, skus: tuple[str, ...], db_url: str | Non
     from service import crud
 
     with _session(db_url, create=True) as session:
+        for sku in skus:  # a token limited to a mistyped SKU could publish nothing
+            check_sku(sku, {s.name for s in crud.list_skus(session)})
         click.echo(crud.create_token(session, name=name, scope=scope, skus=list(skus) or None))
     click.echo(f"{scope} token {name or '(unnamed)'} stored in {_where(db_url)}: servers using this database "
                "(`fa4-aot serve` with the same --cache-dir or --db) accept it", err=True)
@@ -188,6 +190,8 @@ def push(store: Store, server: str, token: str | None, sku: str | None, jobs: in
     """Publish local kernels to a server, uploading only the objects it lacks (HEAD first)."""
     from ..transfer import push as run
 
+    if sku is not None:  # a typo must not push nothing and exit 0
+        check_sku(sku, {e.sku for e in store.entries()})
     remote = _remote(server, token)
     with Progress("push", quiet=quiet, as_json=as_json) as bar:
         result = run(store, remote, sku, jobs, _progress(bar))
@@ -201,16 +205,30 @@ def push(store: Store, server: str, token: str | None, sku: str | None, jobs: in
 @click.command()
 @_server
 @_token
-@click.option("--sku", required=True, help="SKU to mirror.")
+@click.option("--sku", required=True, help="SKU to mirror (`fa4-aot skus`; an unknown name is an error, with a "
+              "suggestion from the SKU table and the server's SKUs).")
+@click.option("--model", "model_arg", metavar="NAME_OR_CONFIG_JSON",
+              help="Only this model's kernel set (a catalog name, `fa4-aot models`, or a Hugging Face config.json): "
+                   "its recipe files, kernels and this host's libraries, the kernels in one bundle; what the server "
+                   "lacks is reported to it as misses (build jobs where a builder runs), and the exit status is 1.")
+@click.option("--tp", "tp_arg", default="1", show_default=True, help="TP degrees for --model, e.g. 1,2,4,8.")
+@click.option("--workload", "workload_arg", default="train,prefill,decode", show_default=True,
+              help="Workloads for --model: train, prefill, decode.")
 @_jobs
 @json_option("Print the summary as JSON on stdout; one JSON line per kernel on stderr.")
 @quiet_option
 @pass_store
-def pull(store: Store, server: str, token: str | None, sku: str, jobs: int, as_json: bool, quiet: bool) -> None:
-    """Mirror a SKU's kernels from a server into the local store (verified), e.g. for an air-gapped copy."""
+def pull(store: Store, server: str, token: str | None, sku: str, model_arg: str | None, tp_arg: str,
+         workload_arg: str, jobs: int, as_json: bool, quiet: bool) -> None:
+    """Mirror a SKU's kernels from a server into the local store (verified), e.g. for an air-gapped copy; with
+    --model, only what that model runs, so a node starts warm (as fa4_aot.prefetch does in Python)."""
     from ..transfer import pull as run
 
     remote = _remote(server, token)
+    check_sku(sku, server_skus(remote))
+    if model_arg:
+        _pull_model(store, remote, sku, model_arg, tp_arg, workload_arg, as_json)
+        return
     with Progress("pull", quiet=quiet, as_json=as_json) as bar:
         result = run(store, remote, sku, jobs, _progress(bar))
     emit(as_json, result.to_dict(), f"pulled {result.fetched} of {result.kernels} missing kernel(s) of {sku} "
@@ -219,4 +237,33 @@ def pull(store: Store, server: str, token: str | None, sku: str, jobs: int, as_j
     for refused in result.lean_refused[:5]:  # install() can use these kernels; the lean runtime cannot
         click.echo(f"warning: {refused}", err=True)
     if result.failures:
+        sys.exit(1)
+
+
+def _pull_model(store: Store, remote: Remote, sku: str, model_arg: str, tp_arg: str, workload_arg: str,
+                as_json: bool) -> None:
+    """`pull --model`: the model's kernel set (model_fetch.py); exit 1 unless the store then holds all of it."""
+    from .. import model_fetch, models, modelwork
+    from .models import parse_tps, parse_workloads
+
+    model, tps = models.resolve(model_arg), parse_tps(tp_arg)
+    for why in modelwork.skipped(model, tps):
+        click.echo(why, err=True)
+    target = load_matrix(None).skus.get(sku)
+    if target is None:  # a SKU only the server knows
+        raise Fa4AotError(f"SKU {sku!r} is not in this host's SKU table (`fa4-aot skus`): --model needs its facts "
+                          "to name its recipe files")
+    r = model_fetch.run(store, remote, target, model, tps, parse_workloads(workload_arg))
+    if not r.signatures:
+        raise Fa4AotError(f"{model.name} has no signature at TP {tp_arg}: nothing to pull")
+    lines = [f"unbuilt on the server: {label}" for label in r.unbuilt]
+    lines += [f"missing on the server: kernel {key[:16]}" for key in r.missing]
+    lines += [f"FAILED {f}" for f in dict.fromkeys(r.failures)]
+    lines.append(f"{model.name} on {sku} at TP {','.join(map(str, tps))}: {r.signatures} signature(s), {r.kernels} "
+                 f"kernel(s); fetched {r.fetched} kernel(s) in {r.bundles} bundle(s) ({r.bytes} bytes) and "
+                 f"{r.recipes} recipe file(s) into {Path(store.root)}"
+                 + (f"; {len(r.unbuilt)} signature(s) and {len(r.missing)} kernel(s) the server lacks, "
+                    f"{r.reported} reported to it as misses" if r.unbuilt or r.missing else ""))
+    emit(as_json, r.to_dict(), "\n".join(lines))
+    if not r.complete:
         sys.exit(1)
