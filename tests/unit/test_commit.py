@@ -1,5 +1,7 @@
-"""build.commit: how a kernel built by a remote (Ray) worker enters the driver's store with the library the
-worker linked for the lean runtime, objects first and entries last, never naming bytes the store lacks."""
+"""commit.commit_kernel (build.commit): how a built kernel enters a store: a kernel built by a remote (Ray) worker
+with the library the worker linked for the lean runtime, objects first and entries last, never naming bytes the
+store lacks; and, as builders compile with no lock held, a second builder's copy of a kernel the store already
+holds is discarded under the lock (issue 20, point 6)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import hashlib
 from pathlib import Path
 
 from fa4_aot import build
+from fa4_aot.commit import commit_kernel
 from fa4_aot.maintenance import verify
 from fa4_aot.store import Entry, Store
 from tests.unit.test_store import make_entry
@@ -45,4 +48,25 @@ def test_returned_library_bytes_that_do_not_hash_to_their_digest_store_no_entry(
     store.put_object(RUNTIME)
     entry = _built_remotely(tmp_path, "c" * 64)
     assert not build.commit(store, [entry], OBJECT, {_sha(LIBRARY): b"something else"})
+    assert store.get_entry(entry.kernel_key) is None
+
+
+def test_the_builder_that_commits_second_discards_its_bytes(tmp_path: Path) -> None:
+    """Two builders compiled the same kernel unlocked; the loser's entries and bytes (here: other bytes, as a
+    nondeterministic compile would give) never reach the store, and the winner's stay."""
+    store = Store(tmp_path / "store")
+    winner = _built_remotely(tmp_path, "d" * 64)
+    store.put_object(RUNTIME)
+    assert commit_kernel(store, [winner], OBJECT, {_sha(LIBRARY): LIBRARY}) == "built"
+    loser = dataclasses.replace(winner, object_digest=_sha(b"other bytes"), size=len(b"other bytes"))
+    assert commit_kernel(store, [loser], b"other bytes", {_sha(b"other lib"): b"other lib"}) == "present"
+    assert store.get_entry(winner.kernel_key) == winner
+    assert not store.has_object(_sha(b"other bytes")) and not store.has_object(_sha(b"other lib"))
+    assert verify(store).ok
+
+
+def test_bytes_that_do_not_hash_to_the_entrys_digest_are_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    entry = _built_remotely(tmp_path, "e" * 64)
+    assert commit_kernel(store, [entry], b"not the object", {}) == "corrupt"
     assert store.get_entry(entry.kernel_key) is None
