@@ -140,19 +140,25 @@ def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Pro
         if executor is None or report.interrupted:  # a given executor is closed by its owner, unless stopping
             ex.close(stop=report.interrupted)
     if report.interrupted:
-        _count_stored(tasks, store, report)
+        _count_stored(tasks, store, report, sku)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _count_stored(tasks: list[CompileTask], store: Store, report: Report) -> None:
+def _count_stored(tasks: list[CompileTask], store: Store, report: Report, sku: Sku) -> None:
     """After an interrupt: a local worker stores each kernel as it finishes, before its outcome comes back, so
-    the store, not the outcomes, says which kernels of the unfinished tasks were built."""
+    the store, not the outcomes, says which kernels of the unfinished tasks were built. A kernel is looked up as
+    the build looks it up (stored_key: under its full key for this SKU's constants): an outcome reports that key,
+    and a signpost alone (the kernel of another SKU's constants) is not this SKU's kernel. Comparing base keys
+    with the reported full keys counted every reported kernel with a signpost twice (issue 22, point 3)."""
     reported = {r.kernel_key for r in report.results}
     for task in tasks:
         for family, _ident, kk in task.wanted:
-            if kk not in reported and store.has_entry(kk):
-                report.results.append(Result("built", family, kk, task.variant, task.call.describe(), sku=report.sku))
+            held = stored_key(store, kk, sku)
+            if held is not None and held not in reported:
+                report.results.append(Result("built", family, held, task.variant, task.call.describe(),
+                                             sku=report.sku))
+                reported.add(held)
                 report.finished += 1
 
 
