@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
-from fa4_aot import kernel_keys
+from fa4_aot import fa4, kernel_keys, maintenance, migrate
 from fa4_aot.skus import Sku
+from fa4_aot.store import Store
+from tests.conftest import run_cli
 
 
 class Mask(enum.Enum):
@@ -194,3 +199,48 @@ def test_malformed_hardware_queries_make_no_valid_key() -> None:
     assert kernel_keys.has_valid_key(entry) is False  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="hardware_queries"):
         kernel_keys.entry_keys(entry)  # type: ignore[arg-type]
+
+
+# -- stores built before keys named the toolchain's source (issue 20, point 5) ------------------------------
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def _copy(name: str, to: Path) -> Store:
+    shutil.copytree(DATA / name, to, ignore=shutil.ignore_patterns("README.md"))
+    for path in [to, *to.rglob("*")]:  # as fa4-aot writes them; git keeps neither mode
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    return Store(to)
+
+
+@pytest.mark.parametrize("name", ["store_v1", "store_h200_xeon"])
+def test_an_old_store_loads_but_no_key_of_todays_toolchain_finds_it(tmp_path: Path, name: str) -> None:
+    """Its entries keep proving their keys (verify, sign, serve take them), but a build or client computing keys
+    with this installation's toolchain finds none of them, and says why and what to do."""
+    store = _copy(name, tmp_path / name)
+    tools = fa4.toolchain()
+    kernels = [e for e in store.entries() if not e.is_signpost]
+    assert kernels
+    for entry in kernels:
+        assert store.get_entry(entry.kernel_key) == entry  # it proves its key (get_entry refuses one that does not)
+        today = kernel_keys.key_of(entry.family, entry.compile_key, arch=entry.arch, cuda_major=entry.cuda_major,
+                                   toolchain=tools, consumed=kernel_keys.consumed_of(entry.hardware_queries),
+                                   host=entry.host)
+        assert today != entry.kernel_key and not store.has_entry(today)
+    counts, drift = migrate.foreign(store.entries(), tools)
+    assert counts == {"h200": len(kernels)}
+    assert {"source:flash_attn.cute", "source:cutlass", "source:quack", "source:fa4-aot"} <= set(drift)
+
+
+def test_migrate_and_doctor_say_to_rebuild_an_old_store(tmp_path: Path) -> None:
+    store = _copy("store_v1", tmp_path / "store")
+    done = run_cli("migrate", cache=store.root)
+    assert done.returncode == 0, done.stderr
+    assert "5 h200 kernel(s) built by another toolchain (" in done.stdout
+    assert ("rebuild with `fa4-aot build --sku h200`, then remove them with `fa4-aot prune --toolchain old`"
+            in done.stdout)
+    doctor = run_cli("doctor", "--json", cache=store.root, env={"FA4_AOT_SKU": "h200", "FA4_AOT_SERVER": ""})
+    (check,) = [c for c in json.loads(doctor.stdout) if c["check"] == "store"]
+    assert check["status"] == "warn" and "5 h200 kernel(s) built by another toolchain" in check["next"]
+    pruned = run_cli("prune", "--toolchain", "old", "--json", cache=store.root)
+    assert pruned.returncode == 0 and json.loads(pruned.stdout)["removed"] == 5
+    assert maintenance.verify(store).ok and list(store.entries()) == []
