@@ -70,7 +70,7 @@ def outcome_of(reports: list[Report], sku: str) -> Outcome:
 
 def published_keys(report: Report, store: Store) -> set[str]:
     """Every key the job's kernels are held under (full keys and base-key signposts): what it publishes."""
-    keys = set()
+    keys: set[str] = set()
     for r in report.results:
         entry = store.get_entry(r.kernel_key) if r.status in ("built", "present") else None
         if entry is not None:

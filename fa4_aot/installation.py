@@ -5,8 +5,9 @@ install() hands the Installation to the FA4 seam, whose compile caches ask it (f
 A kernel missing from the local store is fetched from the server when FA4_AOT_SERVER is set (see remote.py).
 Strict mode never compiles: a kernel neither has raises KernelMissing naming the SKU, the call and the command
 that adds it; with FA4_AOT_BUILD_WAIT=SECONDS it first waits that long for the server's on-demand build of it
-(build_wait.py), then fetches and verifies it as any fetch. Fallback mode lets FA4 compile it, records the miss (locally for `fa4-aot misses`, and on the
-server for `fa4-aot build --from-misses`) with the Call and the exact FA4 arguments that needed it, and goes on.
+(build_wait.py), then fetches and verifies it as any fetch. Fallback mode lets FA4 compile it, records the miss
+(locally for `fa4-aot misses`, and on the server for `fa4-aot build --from-misses`) with the Call and the exact
+FA4 arguments that needed it, and goes on.
 """
 
 from __future__ import annotations

@@ -136,9 +136,9 @@ class Attention:
             raise KernelMissing(
                 f"no recorded recipe of {self.sig} for {fields} on SKU {self.rt.sku.name} in {self.rt.store.root}"
                 f"{server} ({len(self.regions)} region(s) recorded); add these sizes to a [shapes] grid of a "
-                f"[[variants]] entry and run `fa4-aot build --sku {self.rt.sku.name}` (and `fa4-aot push`), or build the "
-                "recorded miss (`fa4-aot build --from-misses`; with a builder, FA4_AOT_BUILD_WAIT=SECONDS waits for "
-                "it), or use fa4_aot.install() with FA4",
+                f"[[variants]] entry and run `fa4-aot build --sku {self.rt.sku.name}` (and `fa4-aot push`), or "
+                "build the recorded miss (`fa4-aot build --from-misses`; with a builder, FA4_AOT_BUILD_WAIT=SECONDS "
+                "waits for it), or use fa4_aot.install() with FA4",
                 sku=self.rt.sku.name, family="recipe", kernel_key="", compile_key="")
         return found
 

@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from . import build_wait, record, recipe_store
+from . import build_wait, recipe_store, record
 from .calls import Call
 from .errors import Fa4AotError
 from .kernel_keys import dumps

@@ -144,7 +144,7 @@ def depth(session: Session) -> dict[str, int]:
 def out(job: models.BuildJob, *, task: bool = False) -> BuildOut:
     """The job as the API shows it; with `task`, also what a builder needs to run it (compile key, args)."""
     doc = BuildOut(
-        id=job.id, sku=job.sku, kernel_key=job.kernel_key, family=job.family, status=job.status,
+        id=job.id, sku=job.sku, kernel_key=job.kernel_key, family=job.family, status=job.status,  # type: ignore[arg-type]
         reports=job.reports, attempts=job.attempts, builder=job.builder, created=job.created, started=job.started,
         finished=job.finished, lease_until=job.lease_until, detail=job.detail,
         compile_seconds=job.compile_seconds, built=job.built, call=_loaded(job.call))

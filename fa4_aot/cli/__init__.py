@@ -49,7 +49,8 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
 COMMANDS = (
     build.skus, build.hosts, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify,
     store_cmds.gc, store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve, server.token, server.push,
-    server.pull, builds.builder, builds.builds, account.login, account.logout, trust.keys, trust.sign, trust.revoke, doctor.doctor,
+    server.pull, builds.builder, builds.builds, account.login, account.logout, trust.keys, trust.sign, trust.revoke,
+    doctor.doctor,
 )
 for _command in COMMANDS:
     main.add_command(_command)

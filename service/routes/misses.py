@@ -37,7 +37,8 @@ def report_miss(miss: MissIn, request: Request, session: SessionDep, credentials
     may_add = functools.partial(request.app.state.miss_rate.allow, client) if anonymous else None
     crud_misses.record_miss(session, miss=miss, may_add=may_add)
     settings = request.app.state.settings
-    job, why = crud_builds.enqueue(session, miss=miss, requester=f"address:{client}" if anonymous else token.name,
+    requester = f"address:{client}" if token is None or token.revoked else token.name
+    job, why = crud_builds.enqueue(session, miss=miss, requester=requester,
                                    max_total=settings.build_queue_max,
                                    max_per_requester=settings.build_queue_per_token)
     answer = MissAnswer(build=None if job is None else crud_builds.out(job), detail=why)

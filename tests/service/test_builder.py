@@ -158,3 +158,52 @@ def test_builds_command_lists_the_jobs(server: Server, builders: Any) -> None:
     listed = run_cli("builds", "--server", server.url, "--json")
     assert listed.returncode == 0, listed.stderr
     assert any(j["kernel_key"] == lean_miss.key_of(tiny(batch=11), "h200") for j in json.loads(listed.stdout))
+
+
+FA4_CLIENT = r'''
+import json
+import fa4_aot
+
+inst = fa4_aot.install("strict")  # FA4_AOT_SKU=h200: FA4 plans for the H200 on this CPU host
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from flash_attn.cute import flash_attn_func
+from fa4_aot.fa4 import caches
+
+found = []
+
+class Probe(caches.StoreCache):
+    """Asks the installation exactly as install()'s caches do, then lets FA4 go on without loading: fake tensors
+    launch nothing."""
+    def __contains__(self, key):
+        if key not in self.cache:
+            found.append(str(self.source.object_for(self.family, key)))
+            self.cache[key] = lambda *a, **k: None
+        return True
+
+with FakeTensorMode(), caches.swapped(lambda family, _old: Probe(family, inst)), torch.no_grad():
+    q = torch.empty(1, 200, 2, 64, dtype=torch.bfloat16, device="cuda")
+    flash_attn_func(q, q, q, causal=True)
+print(json.dumps({"objects": found, "fetched": inst.stats.fetched, "compiled": inst.stats.compiled}))
+'''
+
+
+def test_an_fa4_strict_miss_waits_for_the_build_and_loads_it(server: Server, builders: Any, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    builders()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FA4_AOT_")}
+    env.update(FA4_AOT_CACHE=str(tmp_path / "fa4-client"), FA4_AOT_SKU="h200", FA4_AOT_SERVER=server.url,
+               FA4_AOT_INSECURE="1", FA4_AOT_BUILD_WAIT="300", TORCH_CPP_LOG_LEVEL="ERROR")
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", FA4_CLIENT], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["compiled"] == 0 and result["fetched"] == len(result["objects"]) >= 1, result
+    assert all(Path(p).is_file() for p in result["objects"])
+    fa4_jobs = [j for j in jobs(server) if j["family"] != "recipe"]
+    assert [j["status"] for j in fa4_jobs] == ["done"] * len(fa4_jobs) and fa4_jobs, fa4_jobs

@@ -67,7 +67,8 @@ def test_claims_take_each_job_once_and_a_lapsed_lease_is_taken_over(server: Serv
         refused = [c.post(f"/v1/builds/{again['id']}/finish", json={**old, "builder": f"b{i}"}).status_code
                    for i in range(8)]
         assert set(refused) == {409}
-        assert c.post(f"/v1/builds/{again['id']}/lease", json={"builder": "heir", "lease_seconds": 60}).status_code == 200
+        renewed = c.post(f"/v1/builds/{again['id']}/lease", json={"builder": "heir", "lease_seconds": 60})
+        assert renewed.status_code == 200
         done = c.post(f"/v1/builds/{again['id']}/finish", json={**old, "builder": "heir"}).json()
         assert done["status"] == "done" and done["finished"] and done["built"] == 1
     with server.client("read") as c:  # builders need a publish token
@@ -89,3 +90,21 @@ def test_jobs_survive_a_server_restart(launch: Any) -> None:
         assert c.get(f"/v1/builds/{queued['id']}").json()["status"] == "running"
         assert claim(c, "y").json()["id"] == second["id"]
         assert c.post("/v1/misses", json=miss(3000)).json()["build"]["reports"] == 2
+
+
+def test_a_wait_that_times_out_raises_kernel_missing_naming_the_job(server: Server, tmp_path: Any,
+                                                                     monkeypatch: Any) -> None:
+    import pytest
+    from builder_helpers import lean_client, served
+
+    from fa4_aot.errors import KernelMissing
+
+    hold_sku(server)
+    monkeypatch.setenv("FA4_AOT_BUILD_WAIT", "1.5")  # no builder runs: the job stays queued
+    started = time.monotonic()
+    with pytest.raises(KernelMissing, match=r"build job \d+ was still queued after FA4_AOT_BUILD_WAIT=1.5 s"):
+        served(lean_client(server, tmp_path / "client"), tiny(batch=4000))
+    assert time.monotonic() - started < 30
+    monkeypatch.setenv("FA4_AOT_BUILD_WAIT", "soon")
+    with pytest.raises(Exception, match="invalid FA4_AOT_BUILD_WAIT='soon'"):
+        served(lean_client(server, tmp_path / "client"), tiny(batch=4000))
