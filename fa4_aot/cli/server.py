@@ -225,7 +225,11 @@ def pull(store: Store, server: str, token: str | None, sku: str, model_arg: str 
     from ..transfer import pull as run
 
     remote = _remote(server, token)
-    check_sku(sku, server_skus(remote))
+    held = server_skus(remote)
+    check_sku(sku, held)
+    if model_arg and sku not in held:  # its misses would be refused too: the server records them for its SKUs
+        raise Fa4AotError(f"{server} holds no kernel of SKU {sku} yet: build the model for it (`fa4-aot build --sku "
+                          f"{sku} --model {model_arg} --tp {tp_arg}`) and `fa4-aot push` it there")
     if model_arg:
         _pull_model(store, remote, sku, model_arg, tp_arg, workload_arg, as_json)
         return

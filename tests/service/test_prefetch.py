@@ -132,3 +132,6 @@ def test_pull_of_an_unknown_sku_suggests_the_table_and_the_servers_names(built: 
         done = run_cli("pull", "--server", server.url, *args, cache=tmp_path / "node", env=INSECURE)
         assert done.returncode == 1 and "unknown SKU 'h20'; did you mean 'h200'" in done.stderr, done.stderr
         assert "fa4-aot build --sku h20" not in done.stderr and "Traceback" not in done.stderr
+    absent = run_cli("pull", "--server", server.url, "--sku", "b200", *MODEL, cache=tmp_path / "node", env=INSECURE)
+    assert absent.returncode == 1 and "holds no kernel of SKU b200" in absent.stderr, absent.stderr
+    assert "fa4-aot build --sku b200 --model llama-3.1-8b --tp 1" in absent.stderr
