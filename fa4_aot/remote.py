@@ -401,7 +401,7 @@ class Remote:
 
     def claim_build(self, builder: str, lease: float) -> dict[str, Any] | None:
         """The next job for `builder` (leased for `lease` seconds), or None when none waits. Publish token."""
-        response = self._request("POST", "/v1/builds/claim", ok=(200, 204),
+        response = self._request("POST", "/v1/build-claims", ok=(200, 204),
                                  json={"builder": builder, "lease_seconds": lease})
         return None if response.status_code == 204 else _shaped(_decoded(response, self.url), dict, self.url)
 

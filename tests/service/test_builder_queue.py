@@ -23,7 +23,7 @@ def miss(batch: int) -> dict[str, Any]:
 
 
 def claim(c: httpx.Client, builder: str, lease: float = 60.0) -> httpx.Response:
-    return c.post("/v1/builds/claim", json={"builder": builder, "lease_seconds": lease})
+    return c.post("/v1/build-claims", json={"builder": builder, "lease_seconds": lease})
 
 
 def test_concurrent_reports_of_one_miss_make_one_job(server: Server) -> None:
