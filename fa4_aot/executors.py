@@ -2,7 +2,8 @@
 an executor only runs its tasks in worker processes configured for the task's SKU and says how each ended.
 
 - LocalExecutor (default): a process pool on this host, one SKU at a time; its workers write the store
-  themselves, each kernel under its lock, so several builders may share one store.
+  themselves, compiling with no lock held and taking a kernel's lock only to re-check and commit it
+  (commit.py), so several builders may share one store and none waits for another's compile.
 - farm.RayExecutor (`--executor ray`, extra `fa4-aot[farm]`): Ray tasks on a cluster; objects travel back to
   the driver, which writes them, or go straight to a server.
 
@@ -189,11 +190,13 @@ class WorkerState:
     stopping: bool = False
 
 
-_worker: list[WorkerState] = []  # this worker's state: one item once _init ran, none in the driver
+_worker: WorkerState | None = None  # set by _init in a pool worker; None in the driver
 
 
 def _state() -> WorkerState:
-    return _worker[0]
+    if _worker is None:
+        raise RuntimeError("executors' worker functions run in LocalExecutor's pool workers only")
+    return _worker
 
 
 def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
@@ -207,12 +210,13 @@ def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
     # configure() runs in the first task, so that a wrong environment fails that task with a BuildError
     if sys_path:  # a worker of another flavour's interpreter: multiprocessing gave it the driver's sys.path
         sys.path[:] = sys_path
-    _worker[:] = [WorkerState(sku, Store(Path(store_root)))]
+    global _worker
+    _worker = WorkerState(sku, Store(Path(store_root)))
 
 
 def _on_sigterm(*_: object) -> None:
-    if _worker:
-        _state().stopping = True
+    if _worker is not None:
+        _worker.stopping = True
     raise SystemExit(143)
 
 
@@ -226,7 +230,7 @@ def _ends_on_sigterm(task: Any) -> Any:
         try:
             return task(*args)
         finally:
-            if _worker and _state().stopping:
+            if _worker is not None and _worker.stopping:
                 os._exit(143)
 
     return run

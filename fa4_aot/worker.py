@@ -3,8 +3,9 @@
 Both executors (executors.py: a local process pool; farm.py: Ray) run these functions. `plan_calls` lists the
 kernels of some work items (calls, or signatures planned at every shape); `compile_kernels` compiles the wanted
 kernels of one call and hands each one, as its index entries (full key first, then the base key's signpost when
-the kernel consumed SKU constants) plus its object bytes, to a sink: the local pool's sink writes the shared
-store under a lock, Ray's returns the bytes to the driver or publishes them to a server. Given the store,
+the kernel consumed SKU constants) plus its object bytes, to a sink: the local pool's sink commits to the shared
+store (commit.py: the kernel's lock is taken after the compile, only to re-check and commit), Ray's returns the
+bytes to the driver or publishes them to a server. Given the store,
 planning also records the lean runtime's recipe regions; compiling links each kernel's library (build_lean.py)
 into the store, or, in a worker without one (Ray's), holds it until it travels with the kernel (`lean_objects`).
 FA4 is reached only through the seam, fa4_aot.fa4.
