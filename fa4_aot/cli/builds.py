@@ -50,6 +50,7 @@ def builder(store: Store, server: str, token: str | None, jobs: int, executor: s
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per claim would bury the jobs' lines
     matrix = load_matrix(variants_file)
     ex = _executor(executor, jobs, ray_address, None, None, token)
     wait_for_server(remote_for(server, token), 60.0)
