@@ -36,18 +36,15 @@ def load(*args: Any, **kwargs: Any) -> Any:
     return _load(*args, **kwargs)
 
 
-def flash_attn_func(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.lean_api.flash_attn_func (lean runtime)."""
-    from .lean_api import flash_attn_func as _fn
+def __getattr__(name: str) -> Any:
+    """flash_attn_func and flash_attn_varlen_func: fa4_aot.lean_api's own functions (lean runtime), imported on
+    first use; no wrapper runs per call (a wrapper cost about 1 us of a decode step's host time)."""
+    if name in ("flash_attn_func", "flash_attn_varlen_func"):
+        from . import lean_api
 
-    return _fn(*args, **kwargs)
-
-
-def flash_attn_varlen_func(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.lean_api.flash_attn_varlen_func (lean runtime)."""
-    from .lean_api import flash_attn_varlen_func as _fn
-
-    return _fn(*args, **kwargs)
+        found = globals()[name] = getattr(lean_api, name)
+        return found
+    raise AttributeError(f"module 'fa4_aot' has no attribute {name!r}")
 
 
 def prefetch(*args: Any, **kwargs: Any) -> Any:

@@ -209,6 +209,8 @@ def run(attn: Attention, sizes: dict[str, int], tensors: dict[str, Any], scale: 
             tensors[name] = tensors[name].contiguous()
     bound = attn.bound(sizes, tensors["q"].device, scale)
     bound.check(tensors)
+    if not bound.bwd:  # forward only (inference, decode): no autograd node, FA4's steps run as they are
+        return bound.forward(tensors)
     names = tuple(tensors)
     return _autograd[0].apply(bound, names, *tensors.values())
 

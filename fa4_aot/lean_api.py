@@ -5,6 +5,20 @@ Same arguments and results as flash_attn.cute's functions for what the planner r
 causal, local, softcap, learnable sink, GQA, deterministic backward, return_lse, split-KV (num_splits > 1, or 0
 for FA4's heuristic). Anything else raises lean.Unsupported naming the argument, and runs with FA4 itself
 through fa4_aot.install().
+
+Per-call host work: a forward-only call none of whose inputs requires grad (inference, decode) is planned once per
+shapes, dtype, device, flags, max lengths and scale (_plans); a repeated call checks its tensors (shape, dtype,
+device, a unit last stride) and runs FA4's allocation and launch, with no autograd node. Training calls go through
+the autograd Function.
+
+CUDA graphs (decode as vLLM and SGLang capture it): such a call can be captured with torch.cuda.graph, also as
+the process's first call, and replayed after new contents are written in place into its tensors (q, k, v,
+seqused_k, page_table): the host reads only shapes and Python scalars, never a tensor's contents, so a replay equals
+a fresh call on the same tensors, bitwise (tests/gpu/test_h200_lean_graphs.py). What the host decided is fixed at
+capture, as with FA4 and vLLM: every shape (batch, the KV cache or page pool, pages per sequence), max_seqlen_q/k
+(FA4's dispatch reads them: the pack-GQA choice, the split count of num_splits=0), the flags, softmax_scale and the
+output tensors (a replay rewrites the captured out and lse). seqused_k values must stay within the cache (seqlen_k,
+or pages_per_seq x page_size), as FA4 requires of any call: the kernels read them on the device, unchecked.
 """
 
 from __future__ import annotations
@@ -19,7 +33,33 @@ _UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "score_mod_bwd", "mask_m
                 "block_sparse_tensors", "block_sparse_tensors_bwd", "pack_gqa", "seqused_q", "min_seqlen_k",
                 "scheduler_metadata", "seqlen_k_per_split")
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
-_cache: dict[tuple[Any, ...], lean.Attention] = {}
+# Forward-only calls none of whose inputs requires grad (inference, decode): the bound plan by all that planning reads
+# (shapes, dtype, device, flags, max lengths, scale), so that a repeated call goes from its arguments straight to
+# FA4's allocation and launch
+_plans: dict[tuple[Any, ...], recipe.Bound] = {}
+
+
+class _Attentions(dict):  # type: ignore[type-arg]
+    """Attention per call flags; clearing it (another runtime) drops the plans bound from them too."""
+
+    def clear(self) -> None:
+        super().clear()
+        _plans.clear()
+
+
+_cache: dict[tuple[Any, ...], lean.Attention] = _Attentions()
+
+
+def _torch() -> Any:
+    """torch, imported on first use (importing fa4_aot does not import it)."""
+    if not _modules:
+        import torch
+
+        _modules.append(torch)
+    return _modules[0]
+
+
+_modules: list[Any] = []
 
 
 def _refuse(extra: dict[str, Any]) -> None:
@@ -37,11 +77,9 @@ def _refuse(extra: dict[str, Any]) -> None:
 def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: Any, softcap: float,
                learnable_sink: Any, num_splits: int, deterministic: bool, return_lse: bool) -> lean.Attention:
     """The Attention of this call's signature (cached per flags; paged: the page size is k's dimension 1)."""
-    import torch
-
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (
         learnable_sink is not None and learnable_sink.requires_grad)
-    training = torch.is_grad_enabled() and needs_grad
+    training = needs_grad and _torch().is_grad_enabled()
     if training and return_lse:
         raise lean.Unsupported("return_lse=True with a backward pass: FA4 then back-propagates through lse, which "
                                "no recipe records; call FA4 after fa4_aot.install() for this")
@@ -103,14 +141,52 @@ def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, 
                     **extra: Any) -> tuple[Any, Any]:
     """flash_attn.cute.flash_attn_func on the lean runtime: returns (out, lse); lse is None unless the call
     trains or return_lse."""
-    _refuse(extra)
+    if extra:
+        _refuse(extra)
+    tensors = {"q": q, "k": k, "v": v}
+    key = None
+    if learnable_sink is None and not (q.requires_grad or k.requires_grad or v.requires_grad):
+        key = ("dense", q.shape, k.shape, v.shape, q.dtype, q.device, causal, window_size, softcap, num_splits,
+               deterministic, return_lse, softmax_scale)
+        if q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1:
+            found = _planned(key, tensors)
+            if found is not None:
+                return found
     attn = _attention("dense", q, k, v, causal, window_size, softcap, learnable_sink, num_splits, deterministic,
                       return_lse)
     sizes = {"batch": q.shape[0], "seqlen_q": q.shape[1], "seqlen_k": k.shape[1]}
-    tensors = {"q": q, "k": k, "v": v}
     if learnable_sink is not None:
         tensors["learnable_sink"] = learnable_sink
-    return lean.run(attn, sizes, tensors, softmax_scale)
+    return _remember(key, attn, sizes, dict(tensors), softmax_scale)
+
+
+def _planned(key: tuple[Any, ...], tensors: dict[str, Any]) -> tuple[Any, Any] | None:
+    """(out, lse) of a forward-only call through the plan bound for `key` by an earlier call; None when there is
+    none. The caller checked that q, k, v and page_table have a unit last stride (else the planning path copies
+    them, as FA4 does)."""
+    try:
+        bound = _plans.get(key)
+    except TypeError:  # an unhashable argument (a window_size list): the planning path each time
+        return None
+    if bound is None:
+        return None
+    bound.check(tensors)
+    return bound.forward(tensors)
+
+
+def _remember(key: tuple[Any, ...] | None, attn: lean.Attention, sizes: dict[str, int], tensors: dict[str, Any],
+              scale: float | None) -> tuple[Any, Any]:
+    """Run the call through the planning path (lean.run); with a `key` (a forward-only call without grad), keep
+    its bound plan for the next call with that key."""
+    result = lean.run(attn, sizes, tensors, scale)
+    if key is not None:
+        bound = attn.bound(sizes, tensors["q"].device, scale)
+        try:
+            if not bound.bwd:
+                _plans[key] = bound
+        except TypeError:
+            pass
+    return result
 
 
 def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
@@ -125,28 +201,53 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any = None, cu_
     (batch, seqlen, heads, dim) with seqused_k) and paged (q as (batch, seqlen_q, heads, dim), k and v as
     (num_pages, page_size, heads, dim) pools, page_table and seqused_k); max_seqlen_q/k are optional for the
     last two, as in FA4."""
-    _refuse(extra)
-    layout = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table)
+    if extra:
+        _refuse(extra)
     tensors = {"q": q, "k": k, "v": v}
+    if cu_seqlens_q is not None:
+        tensors["cu_seqlens_q"] = cu_seqlens_q
+    if cu_seqlens_k is not None:
+        tensors["cu_seqlens_k"] = cu_seqlens_k
+    if page_table is not None:
+        tensors["page_table"] = page_table
+    if seqused_k is not None:
+        tensors["seqused_k"] = seqused_k
+    key = None
+    if learnable_sink is None and not (q.requires_grad or k.requires_grad or v.requires_grad):
+        key = ("varlen", q.shape, k.shape, v.shape, _shape(cu_seqlens_q), _shape(cu_seqlens_k), _shape(page_table),
+               _shape(seqused_k), q.dtype, q.device, max_seqlen_q, max_seqlen_k, causal, window_size, softcap,
+               num_splits, deterministic, return_lse, softmax_scale)
+        if q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and (
+                page_table is None or page_table.stride(-1) == 1):
+            found = _planned(key, tensors)
+            if found is not None:
+                return found
+    layout = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table)
     if layout == "varlen":
         if not isinstance(max_seqlen_q, int) or not isinstance(max_seqlen_k, int):
             raise lean.Unsupported("the lean varlen path needs integer max_seqlen_q/k (the sizes FA4's dispatch "
                                    "reads); call FA4 after fa4_aot.install() for tensor or missing max lengths")
         sizes = {"batch": cu_seqlens_q.shape[0] - 1, "total_q": q.shape[0], "total_k": k.shape[0],
                  "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k}
-        tensors.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     else:
         sizes = _decode_sizes(layout, q, k, page_table, max_seqlen_q, max_seqlen_k)
-        tensors.update({"page_table": page_table} if layout == "paged" else {}, seqused_k=seqused_k)
     if learnable_sink is not None:
         tensors["learnable_sink"] = learnable_sink
     attn = _attention(layout, q, k, v, causal, window_size, softcap, learnable_sink, num_splits, deterministic,
                       return_lse)
-    return lean.run(attn, sizes, tensors, softmax_scale)
+    return _remember(key, attn, sizes, dict(tensors), softmax_scale)
+
+
+def _shape(t: Any) -> Any:
+    return None if t is None else t.shape
 
 
 def _varlen_layout(q: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, seqused_k: Any, page_table: Any) -> str:
     """Which recorded layout a flash_attn_varlen_func call has; lean.Unsupported for other combinations."""
+    if cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is not None and q.dim() == 4:
+        return "seqused" if page_table is None else "paged"
+    if cu_seqlens_q is not None and cu_seqlens_k is not None and seqused_k is None and page_table is None:
+        return "varlen"
     given = tuple(name for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                                        ("seqused_k", seqused_k), ("page_table", page_table)) if t is not None)
     forms = {("cu_seqlens_q", "cu_seqlens_k"): "varlen", ("seqused_k",): "seqused",

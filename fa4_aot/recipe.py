@@ -13,7 +13,7 @@ then only allocates and launches, as FA4 would.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import symexpr
@@ -92,9 +92,32 @@ class Bound:
     doc: Mapping[str, Any]
     saved: list[int]  # forward slots the backward reads (what autograd saves)
     expected: dict[str, tuple[tuple[int, ...], Any]]  # input name -> (shape, torch dtype) FA4 expects at these sizes
+    # fwd for inputs none of which requires grad: FA4's detach steps alias their tensor (a detached tensor differs
+    # from its input in requires_grad alone, so the kernels receive the same storage, shape, strides and flags)
+    plain: list[Callable[[list[Any]], None]] = field(default_factory=list)
+
+    def forward(self, tensors: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(out, lse) of a forward-only call (no backward steps: nothing for autograd to record) on named inputs,
+        with no autograd node: the lean runtime's per-call host path for inference and decode."""
+        doc, slots = self.doc, [None] * self.doc["tensors"]
+        inputs, grad = doc["inputs"], False
+        for name, t in tensors.items():
+            slots[inputs[name]] = t
+            grad = grad or t.requires_grad
+        for step in self.fwd if grad or not self.plain else self.plain:
+            step(slots)
+        lse = doc["outputs"]["lse"]
+        return slots[doc["outputs"]["out"]], None if lse is None else slots[lse]
 
     def check(self, tensors: Mapping[str, Any]) -> None:
         """Raise ValueError unless every input has the shape and dtype FA4 asserts, on a CUDA device."""
+        expected = self.expected
+        for name, t in tensors.items():  # one pass when all is well (each call); the messages below otherwise
+            shape, dtype = expected[name]
+            if t.shape != shape or t.dtype != dtype or not t.is_cuda:
+                break
+        else:
+            return
         for name, t in tensors.items():
             shape, dtype = self.expected[name]
             if t.shape != shape or t.dtype != dtype:
@@ -145,8 +168,10 @@ def bind(doc: Mapping[str, Any], sizes: Mapping[str, int], functions: list[Any],
     for name, slot in doc["inputs"].items():
         shape, _stride, dtype = value(doc["meta"][slot])
         expected[name] = (tuple(shape), dtype)
-    return Bound([compile_step(s) for s in doc["fwd"]], [compile_step(s) for s in doc["bwd"]], doc, saved_slots(doc),
-                 expected)
+    fwd = [compile_step(s) for s in doc["fwd"]]
+    plain = [_alias(s["args"][0]["t"], s["out"][0]) if _is_detach(s) else step for s, step in zip(doc["fwd"], fwd,
+                                                                                                   strict=True)]
+    return Bound(fwd, [compile_step(s) for s in doc["bwd"]], doc, saved_slots(doc), expected, plain)
 
 
 def saved_slots(doc: Mapping[str, Any]) -> list[int]:
@@ -179,7 +204,32 @@ def _aten(name: str) -> Any:
     import torch
 
     namespace, op, overload = _allowed(name, ATEN_OPS, "op").split(".")
-    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    if name in _PUBLIC:  # the same aten op through torch's parsed binding: no boxing of arguments (about 2 us less)
+        return getattr(torch, _PUBLIC[name])
+    found = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    return getattr(found, "_op", found)  # the dispatcher's callable itself: OpOverload.__call__ only forwards to it
+
+
+# ops whose torch function takes the overload's arguments as recorded (positional, then keyword) and runs it
+_PUBLIC = {"aten.empty.memory_format": "empty", "aten.empty_like.default": "empty_like", "aten.zeros.default": "zeros",
+           "aten.detach.default": "detach", "aten.transpose.int": "transpose", "aten.unsqueeze.default": "unsqueeze"}
+
+
+def _is_detach(step: Mapping[str, Any]) -> bool:
+    """Whether `step` is FA4's detach of one tensor slot into another."""
+    args, outs = step.get("args"), step.get("out")
+    return (step.get("op") == "aten.detach.default" and isinstance(args, list) and len(args) == 1
+            and isinstance(args[0], dict) and set(args[0]) == {"t"} and isinstance(outs, list) and len(outs) == 1
+            and isinstance(outs[0], int))
+
+
+def _alias(slot: int, out: int) -> Callable[[list[Any]], None]:
+    """A detach step, for inputs that require no grad: its output slot is its input's tensor."""
+
+    def alias(slots: list[Any]) -> None:
+        slots[out] = slots[slot]
+
+    return alias
 
 
 def _resolver(args: Any) -> Callable[[list[Any]], Any]:
