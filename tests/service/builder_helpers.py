@@ -54,13 +54,14 @@ class BuilderProcess:
     cache: Path
     log: Path
     lease: float = 60.0
+    signing_key: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> BuilderProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "FA4_AOT_CACHE": str(self.cache)}
         cmd = [sys.executable, "-m", "fa4_aot", "builder", "--server", self.server.url, "--token",
                self.server.tokens["publish"], "--variants", str(TINY_VARIANTS), "-j", "1", "--poll", "0.2",
-               "--lease", str(self.lease)]
+               "--lease", str(self.lease), *(["--signing-key", str(self.signing_key)] if self.signing_key else [])]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
@@ -74,11 +75,12 @@ class BuilderProcess:
         self.proc = None
 
 
-def lean_client(server: Server, cache: Path) -> lean.Runtime:
-    """A lean runtime for h200 over `cache`, fetching from `server` (unsigned builds: FA4_AOT_INSECURE=1)."""
+def lean_client(server: Server, cache: Path, trusted: dict[str, Any] | None = None) -> lean.Runtime:
+    """A lean runtime for h200 over `cache`, fetching from `server`: trusting only what manifests signed by
+    `trusted` keys list, or without them everything (unsigned builds: FA4_AOT_INSECURE=1)."""
     store = Store(cache)
     remote = Remote(server.url, token=server.tokens["read"])
-    trust = Trust(SKU, store, remote, {}, insecure=True)
+    trust = Trust(SKU, store, remote, trusted or {}, insecure=not trusted)
     return lean.Runtime(store, SKU, trust=trust, fetcher=Fetcher(remote, trust, store))
 
 

@@ -20,7 +20,7 @@ import pytest
 from builder_helpers import BuilderProcess, hold_sku, jobs, lean_client, served, tiny, wait_until
 from service_helpers import Server
 
-from fa4_aot import build_wait, lean_miss
+from fa4_aot import build_wait, lean_miss, signing
 from fa4_aot.errors import KernelMissing
 from fa4_aot.remote import Remote
 from fa4_aot.store import Store
@@ -37,8 +37,9 @@ def new_db_url() -> Callable[[Path], str]:
 def builders(tmp_path: Path, server: Server) -> Iterator[Callable[..., BuilderProcess]]:
     made: list[BuilderProcess] = []
 
-    def start(lease: float = 60.0, cache: Path | None = None) -> BuilderProcess:
-        b = BuilderProcess(server, cache or tmp_path / "builder", tmp_path / f"builder{len(made)}.log", lease)
+    def start(lease: float = 60.0, cache: Path | None = None, signing_key: Path | None = None) -> BuilderProcess:
+        b = BuilderProcess(server, cache or tmp_path / "builder", tmp_path / f"builder{len(made)}.log", lease,
+                           signing_key)
         made.append(b.start())
         return b
 
@@ -87,7 +88,8 @@ def test_32_clients_missing_one_call_cause_one_compile(server: Server, builders:
     for t in threads:
         t.start()
     wait_until(lambda: job_of(server, call).get("reports") == 32, 60, "32 reports of one job")
-    builders()
+    private, public = signing.generate(tmp_path / "keys", "builder")
+    builders(signing_key=private)
     for t in threads:
         t.join(330)
     assert [problem for _job, problem in answers] == [""] * 32
@@ -95,7 +97,9 @@ def test_32_clients_missing_one_call_cause_one_compile(server: Server, builders:
     assert job["status"] == "done" and job["reports"] == 32 and job["attempts"] == 1, job
     assert job["built"] >= 1 and len({j["id"] for j, _p in answers}) == 1
     monkeypatch.setenv("FA4_AOT_BUILD_WAIT", "30")
-    served(lean_client(server, tmp_path / "late"), call)  # a late client is served, and builds nothing more
+    # a late client that trusts only the builder's key is served (its manifest lists the kernel, the library and
+    # the recipe file), and nothing more is built
+    served(lean_client(server, tmp_path / "late", trusted=signing.trusted_keys(public.line())), call)
     assert job_of(server, call)["built"] == job["built"] and len(jobs(server)) == len({j["id"] for j in jobs(server)})
 
 
