@@ -5,8 +5,9 @@ A call: its signature's recipe files in the order the runtime reads them (recipe
 head counts for stores from before, a training file's forward for a forward with LSE), the region whose guards
 hold at its sizes (with its KV head count), and that region's kernels, each served only if the store holds it for
 the SKU (the build with the SKU's constants where it consumed some) with a library for the SKU's host. A model
-signature: the same for every point of its size space a build explores (recipe_space), drawn afresh, for the
-signature and, when it trains, its forward without LSE (probes.forward_of: planned and recorded with it).
+signature: the same for every point of its size space a build explores (recipe_space), drawn afresh at its own
+head count, for the signature and, when it trains, its forward without LSE (probes.forward_of: planned and
+recorded with it).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Regions:
                 return Lookup((), unsupported=refused)
             regions = self.regions(each)
             points = recipe_space.draw(recipe_space.space(each, self.sku), np.random.default_rng(SEED), POINTS)
+            points[recipe.HEADS][:] = each.heads_kv  # the signature's own head count, as FA4's plan of it
             open_ = np.ones(POINTS, dtype=bool)
             for region in regions:
                 held = recipe_space.covered(region["guards"], points) & open_

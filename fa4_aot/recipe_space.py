@@ -46,11 +46,11 @@ class Size:
 
 @dataclass(frozen=True)
 class Space:
-    """The sizes of one signature's calls (recipe.size_names of its layout, each after the sizes its bound reads;
-    the KV head count fixed at the signature's)."""
+    """The sizes of one signature's calls (recipe.size_names of its layout, each after the sizes its bound reads)
+    and the KV head counts of its GQA ratio drawn (`heads`: the signature's first)."""
 
     sizes: tuple[Size, ...]
-    heads_kv: int
+    heads: tuple[int, ...]
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -82,7 +82,20 @@ def space(sig: Signature, sku: Sku) -> Space:
                  Size("max_seqlen_k", 1, big_k, sk, lambda p: p["pages_per_seq"] * page))
     else:
         raise ValueError(f"layout {sig.layout!r} has no recipes")
-    return Space(sizes, sig.heads_kv)
+    return Space(sizes, heads(sig))
+
+
+# KV head counts a file by GQA ratio serves: FA4's dispatch reads a head count apart from the ratio only in size-1
+# and layout tests of its tensors (a single KV head) and, on sm_100, 2 * batch * heads <= num_SMs (probes.py)
+HEAD_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def heads(sig: Signature) -> tuple[int, ...]:
+    """The KV head counts drawn for `sig`: its own first, then HEAD_COUNTS; with split-KV, its own and 1 only
+    (FA4 compiles its combine kernel for one query head count, so other counts need other kernels whatever the
+    recipes; each count would be regions of its own)."""
+    others = HEAD_COUNTS if sig.num_splits == 1 else (1,)
+    return (sig.heads_kv, *(h for h in others if h != sig.heads_kv))
 
 
 def _batches(sig: Signature, sku: Sku) -> tuple[int, ...]:
@@ -103,24 +116,45 @@ def _seqlens_k(sig: Signature) -> list[int]:
 
 # -- drawing points --------------------------------------------------------------------------------------------
 def draw(sp: Space, rng: np.random.Generator, count: int, extra: Mapping[str, Iterable[int]] = ()) -> dict[str, Any]:
-    """`count` points of `sp` as {size name: int64 array}, each size drawn from its probe values, from `extra`
-    values (those next to recorded guards' constants), or log-uniformly over its range, a third each."""
+    """`count` points of `sp` as {size name: int64 array}. Two points in five are structured: every size a probe
+    value or one of `extra` (next to recorded guards' constants), where FA4's decisions turn; the others draw each
+    size from those values, log-uniformly over its range, or next to its bounds, a third each."""
     points: dict[str, Any] = {}
     extra = dict(extra)
+    structured = rng.random(count) < 0.4
     for size in sp.sizes:
         high = np.full(count, size.high, dtype=np.int64)
         if size.upper is not None:
             high = np.minimum(high, np.asarray(size.upper(points), dtype=np.int64))
         high = np.maximum(high, size.low)
         values = np.array(sorted(set(size.probes) | set(extra.get(size.name, ()))), dtype=np.int64)
-        pick = rng.integers(0, 3, count)
+        pick = np.where(structured, 0, rng.integers(0, 3, count))
         chosen = values[rng.integers(0, len(values), count)]
         logs = rng.uniform(math.log(size.low), np.log(high + 1.0))
         spread = np.floor(np.exp(logs)).astype(np.int64)
         value = np.where(pick == 0, chosen, np.where(pick == 1, spread, _near(rng, high, size.low)))
         points[size.name] = np.clip(value, size.low, high)
-    points[HEADS] = np.full(count, sp.heads_kv, dtype=np.int64)
+    own = rng.integers(0, 2, count) == 0  # the signature's own head count half the time
+    others = np.array(sp.heads, dtype=np.int64)[rng.integers(0, len(sp.heads), count)]
+    points[HEADS] = np.where(own, sp.heads[0], others)
     return points
+
+
+def corners(sp: Space) -> dict[str, Any]:
+    """Every combination of each size at its low end, next to it, and at its high end (its range's, or the size it
+    may not exceed), at every head count: where FA4's size-1 tests all hold at once, or a huge batch meets
+    one-token sequences, which draws reach seldom."""
+    import itertools
+
+    rows: list[dict[str, int]] = [{}]
+    for size in sp.sizes:
+        grown = []
+        for row, pick in itertools.product(rows, range(3)):
+            high = size.high if size.upper is None else max(size.low, min(size.high, int(size.upper(row))))
+            grown.append({**row, size.name: (size.low, min(size.low + 1, high), high)[pick]})
+        rows = grown
+    rows = [{**row, HEADS: h} for row in rows for h in sp.heads]
+    return {name: np.array([row[name] for row in rows], dtype=np.int64) for name in rows[0]}
 
 
 def _near(rng: np.random.Generator, high: Any, low: int) -> Any:

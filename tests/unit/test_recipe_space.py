@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -36,6 +38,10 @@ def test_draws_lie_in_the_space_and_name_every_size(layout: str) -> None:
     assert set(sp.names) == set(recipe.SIZE_NAMES[layout])
     points = recipe_space.draw(sp, np.random.default_rng(1), 5000)
     assert set(points) == set(recipe.size_names(layout))
+    assert (points[recipe.HEADS] == 8).mean() > 0.4 and set(points[recipe.HEADS]) == {1, 8}  # split-KV: own and 1
+    plain = recipe_space.draw(recipe_space.space(dataclasses.replace(sig, num_splits=1), SKU),
+                              np.random.default_rng(1), 5000)
+    assert set(plain[recipe.HEADS]) == set(recipe_space.HEAD_COUNTS)
     for size in sp.sizes:
         values = points[size.name]
         assert values.min() >= size.low and values.max() <= size.high
@@ -65,3 +71,25 @@ def test_covered_agrees_with_symexpr_at_every_point() -> None:
 def test_constants_include_where_a_scaled_guard_turns() -> None:
     found = recipe_space.constants([["gt", ["mul", 4, S], 128]])
     assert {31, 32, 33, 34, 128, 129} <= found  # 4 * seqlen_q > 128 turns between 32 and 33
+
+
+def test_compiled_guards_in_region_lookup_agree_with_symexpr() -> None:
+    from fa4_aot import recipe_store
+
+    sp = recipe_space.space(dataclasses.replace(SIG, num_splits=1), SKU)
+    points = recipe_space.draw(sp, np.random.default_rng(4), 2000, {"batch": [3]})
+    rng = np.random.default_rng(5)
+    regions = [{"guards": [GUARDS[i] for i in rng.choice(len(GUARDS), size=rng.integers(1, 4), replace=False)]}
+               for _ in range(30)] + [{"guards": [["eq", ["pow", B, 2], ["mul", B, B]], ["gt", ["frac", 1, 2], 0]]}]
+    for i in range(2000):
+        at = recipe_space.point(points, i)
+
+        def holds(guards: list) -> bool:
+            try:
+                return symexpr.holds(guards, at)
+            except ValueError:
+                return False
+
+        expected = next((r for r in regions if holds(r["guards"])), None)
+        found = recipe_store.find(list(regions), at)
+        assert (found is None) == (expected is None) and (found is None or holds(found["guards"])), at
