@@ -131,11 +131,10 @@ class Builder:
         """Renew the lease every third of it until `stop`; set `lost` when the job is no longer this builder's."""
         while not stop.wait(self.lease / 3):
             try:
-                leases.renew_build(job_id, self.name, self.lease)
-            except RemoteError as e:
-                if "409" in str(e):
+                if not leases.renew_build(job_id, self.name, self.lease):
                     lost.set()
                     return
+            except Fa4AotError as e:  # the server is away: the next renewal may still come in time
                 log.warning("job %s: could not renew its lease: %s", job_id, e)
 
     def build(self, job: dict[str, Any]) -> Outcome:
@@ -147,7 +146,8 @@ class Builder:
             outcome = outcome_of(reports, job["sku"])
             if outcome.status == "done":
                 self.publish(reports[0])
-        except Fa4AotError as e:
+        except Exception as e:  # one job's failure (FA4, the store, the push) must not stop the builder
+            log.exception("job %s failed", job["id"])
             return Outcome("failed", f"{type(e).__name__}: {e}")
         return outcome
 

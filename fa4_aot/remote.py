@@ -405,9 +405,11 @@ class Remote:
                                  json={"builder": builder, "lease_seconds": lease})
         return None if response.status_code == 204 else _shaped(_decoded(response, self.url), dict, self.url)
 
-    def renew_build(self, job_id: int, builder: str, lease: float) -> None:
-        """Extend `builder`'s lease of job `job_id`; RemoteError (409) when it is no longer its own."""
-        self._request("POST", f"/v1/builds/{int(job_id)}/lease", json={"builder": builder, "lease_seconds": lease})
+    def renew_build(self, job_id: int, builder: str, lease: float) -> bool:
+        """Extend `builder`'s lease of job `job_id`; False when the job is no longer its own (409)."""
+        response = self._request("POST", f"/v1/builds/{int(job_id)}/lease", ok=(200, 409),
+                                 json={"builder": builder, "lease_seconds": lease})
+        return response.status_code == 200
 
     def finish_build(self, job_id: int, result: dict[str, Any]) -> None:
         """Record how `result["builder"]`'s job ended (status, detail, compile_seconds, built)."""

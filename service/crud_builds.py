@@ -19,6 +19,7 @@ from .build_schemas import BuildOut, BuildResult
 from .errors import Conflict, NotFound
 
 ACTIVE = ("queued", "running")
+MAX_ATTEMPTS = 3  # claims of one job: past them its builders kept dying on it
 FINAL = ("done", "failed", "rejected")
 
 
@@ -65,6 +66,17 @@ def _full(session: Session, requester: str, max_total: int, max_per_requester: i
     return ""
 
 
+def forget(session: Session, *, kernel_key: str) -> int:
+    """Delete the finished jobs of `kernel_key` (with its miss: an admin's retry of a failed build); returns how
+    many. Queued and running jobs stay."""
+    jobs = session.scalars(select(models.BuildJob).where(models.BuildJob.kernel_key == kernel_key,
+                                                         models.BuildJob.status.in_(FINAL))).all()
+    for job in jobs:
+        session.delete(job)
+    session.commit()
+    return len(jobs)
+
+
 def find(session: Session, *, sku: str, kernel_key: str) -> models.BuildJob | None:
     return session.scalar(select(models.BuildJob).where(models.BuildJob.sku == sku,
                                                         models.BuildJob.kernel_key == kernel_key))
@@ -80,16 +92,23 @@ def get(session: Session, *, job_id: int) -> models.BuildJob:
 
 def claim(session: Session, *, builder: str, lease_seconds: float) -> models.BuildJob | None:
     """The oldest queued job, or the oldest running one whose lease ran out, now running for `builder` until
-    its lease ends; None when there is none."""
+    its lease ends; None when there is none. A job whose builders died MAX_ATTEMPTS times (a call that kills its
+    compiler, say) fails instead of being claimed again."""
     db.lock_table(session, models.BuildJob)
     t = now()
-    job = session.scalar(
-        select(models.BuildJob)
-        .where(or_(models.BuildJob.status == "queued",
-                   and_(models.BuildJob.status == "running", models.BuildJob.lease_until < t)))
-        .order_by(models.BuildJob.id).limit(1))
+    while True:
+        job = session.scalar(
+            select(models.BuildJob)
+            .where(or_(models.BuildJob.status == "queued",
+                       and_(models.BuildJob.status == "running", models.BuildJob.lease_until < t)))
+            .order_by(models.BuildJob.id).limit(1))
+        if job is None or job.attempts < MAX_ATTEMPTS:
+            break
+        job.status, job.finished, job.lease_until = "failed", t, None
+        job.detail = (f"its builders stopped answering {job.attempts} times while building it (killed, or out of "
+                      "memory?); see their logs. DELETE /v1/misses/<key> forgets it: the next report queues it again")
     if job is None:
-        session.rollback()
+        session.commit()
         return None
     job.status, job.builder, job.attempts = "running", builder, job.attempts + 1
     job.lease_until, job.started = t + timedelta(seconds=lease_seconds), job.started or t

@@ -194,7 +194,9 @@ class BuildJob(Base):
     it renews while it works; a job whose lease ran out (its builder died) is claimed again."""
 
     __tablename__ = "build_jobs"
-    __table_args__ = (UniqueConstraint("sku", "kernel_key", name="uq_build_jobs_sku_key"),)
+    # ids are never reused (SQLite: AUTOINCREMENT), so a client following job N never follows another job
+    __table_args__ = (UniqueConstraint("sku", "kernel_key", name="uq_build_jobs_sku_key"),
+                      {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     sku: Mapped[str] = mapped_column(String(64))

@@ -56,6 +56,8 @@ def list_misses(session: SessionDep, offset: Annotated[int, Query(ge=0, lt=1 << 
 @router.delete("/{kernel_key}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response,
                responses=errors(400, 401, 403, 404), openapi_extra=ADMIN)
 def delete_miss(kernel_key: KeyPath, session: SessionDep, token: AdminDep) -> Response:
-    """Forget one miss (admin token): a bogus report, or one built since."""
+    """Forget one miss (admin token): a bogus report, or one built since; and its finished build jobs, so that
+    the next report of it queues a new one (a retry of a failed build)."""
     crud_misses.delete_miss(session, kernel_key=kernel_key, actor=crud.token_label(token))
+    crud_builds.forget(session, kernel_key=kernel_key)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

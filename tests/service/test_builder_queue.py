@@ -108,3 +108,23 @@ def test_a_wait_that_times_out_raises_kernel_missing_naming_the_job(server: Serv
     monkeypatch.setenv("FA4_AOT_BUILD_WAIT", "soon")
     with pytest.raises(Exception, match="invalid FA4_AOT_BUILD_WAIT='soon'"):
         served(lean_client(server, tmp_path / "client"), tiny(batch=4000))
+
+
+def test_a_job_whose_builders_keep_dying_fails_and_an_admin_can_retry_it(server: Server) -> None:
+    hold_sku(server)
+    doc = miss(5000)
+    with server.client("publish") as c:
+        while claim(c, "drain").status_code == 200:  # jobs other tests left queued
+            pass
+        job = c.post("/v1/misses", json=doc).json()["build"]
+        for attempt in (1, 2, 3):  # each builder dies: its lease lapses
+            assert claim(c, f"dies{attempt}", lease=1.0).json()["attempts"] == attempt
+            time.sleep(1.5)
+        assert claim(c, "next").status_code == 204
+        failed = c.get(f"/v1/builds/{job['id']}").json()
+        assert failed["status"] == "failed" and "stopped answering 3 times" in failed["detail"]
+        assert c.post("/v1/misses", json=doc).json()["build"]["status"] == "failed"  # reports: answered, not rerun
+    with server.client("admin") as c:
+        assert c.delete(f"/v1/misses/{doc['kernel_key']}").status_code == 204
+        again = c.post("/v1/misses", json=doc).json()["build"]
+    assert again["status"] == "queued" and again["id"] != job["id"]

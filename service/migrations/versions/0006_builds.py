@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("compile_seconds", sa.Float(), nullable=False),
         sa.Column("built", sa.Integer(), nullable=False),
         sa.UniqueConstraint("sku", "kernel_key", name="uq_build_jobs_sku_key"),
+        sqlite_autoincrement=True,  # ids are never reused: a client following job N never follows another
     )
     op.create_index("ix_build_jobs_status", "build_jobs", ["status"])
     op.create_index("ix_build_jobs_requester", "build_jobs", ["requester"])
