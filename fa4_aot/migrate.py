@@ -26,6 +26,8 @@ from typing import Any
 from .kernel_keys import entry_keys, legacy_key, toolchain_drift
 from .store import Entry, Store
 
+ABSENT = "absent"  # what fa4.toolchain() says for a package that is not installed
+
 
 @dataclass
 class Migration:
@@ -79,7 +81,10 @@ def _refile(store: Store, entry: Entry, base: str, full: str) -> None:
 
 def foreign(entries: Iterable[Entry], tools: dict[str, str]) -> tuple[dict[str, int], list[str]]:
     """({sku: kernels}, the toolchain names that differ) of the `entries` built by a toolchain other than
-    `tools`: kernels no key of this installation finds (see the module). Signposts are not counted."""
+    `tools`: kernels no key of this installation finds (see the module). Signposts are not counted. Nothing on a
+    host without FA4 (`tools` names it absent): it computes no keys (the lean runtime finds kernels by recipe)."""
+    if tools.get("flash-attn-4", ABSENT) == ABSENT:
+        return {}, []
     counts: dict[str, int] = {}
     names: set[str] = set()
     for entry in entries:

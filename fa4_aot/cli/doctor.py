@@ -71,15 +71,11 @@ def _store(sku: str | None) -> Check:
 
 
 def _built_by_another_toolchain(store: Store) -> list[str]:
-    """What to do about kernels no key of this installation finds (migrate.foreign); nothing on a host without
-    FA4 (a lean-runtime host finds kernels through recipes, not through its own toolchain)."""
+    """What to do about kernels no key of this installation finds (migrate.foreign)."""
     from ..fa4 import toolchain
     from ..migrate import foreign, rebuild_advice
 
-    tools = toolchain()
-    if tools.get("flash-attn-4") == "absent":
-        return []
-    return rebuild_advice(*foreign(store.entries(), tools))
+    return rebuild_advice(*foreign(store.entries(), toolchain()))
 
 
 def _server(url: str | None, token: str | None) -> list[Check]:

@@ -183,3 +183,14 @@ def test_rebuild_advice_names_the_sku_the_difference_and_the_commands() -> None:
     (line,) = migrate.rebuild_advice({"h200": 5}, ["source:cutlass", "source:flash_attn.cute"])
     assert line.startswith("5 h200 kernel(s) built by another toolchain (source:cutlass, source:flash_attn.cute")
     assert "`fa4-aot build --sku h200`" in line and "`fa4-aot prune --toolchain old`" in line
+
+
+def test_a_host_without_fa4_finds_no_kernel_of_another_toolchain(tmp_path: Path) -> None:
+    """A lean-runtime host computes no keys: it has no toolchain to compare entries with, so it advises nothing."""
+    from fa4_aot.store import Store
+    from tests.unit.test_store import make_entry
+
+    entry = make_entry(Store(tmp_path), b"object")
+    assert migrate.foreign([entry], {"flash-attn-4": "absent", "cutlass-dsl-cuda": "absent"}) == ({}, [])
+    assert migrate.foreign([entry], {"flash-attn-4": "4.0.0b36", "source:cutlass": "f"}) == (
+        {"h200": 1}, ["source:cutlass"])
