@@ -19,12 +19,12 @@ import multiprocessing.spawn
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, ParamSpec, Protocol, TypeVar
 
 from . import flavours
 from .calls import Call
@@ -173,11 +173,15 @@ class _spawning_with:
         self.saved = ""
 
     def __enter__(self) -> None:
-        self.saved = multiprocessing.spawn.get_executable() or sys.executable  # type: ignore[attr-defined]
+        self.saved = multiprocessing.spawn.get_executable() or sys.executable
         multiprocessing.spawn.set_executable(self.python)
 
     def __exit__(self, *exc: object) -> None:
         multiprocessing.spawn.set_executable(self.saved)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 # -- in the pool's workers --------------------------------------------------------------------------
@@ -220,15 +224,15 @@ def _on_sigterm(*_: object) -> None:
     raise SystemExit(143)
 
 
-def _ends_on_sigterm(task: Any) -> Any:
+def _ends_on_sigterm(task: Callable[P, R]) -> Callable[P, R]:
     """Make a worker task end the worker after a SIGTERM. The SystemExit the handler raises unwinds the task
     (finally blocks: temp files, locks), but the pool's worker loop catches BaseException from a task, reports
     it and takes the next queued task: a stopped or orphaned worker went on compiling and writing. So once the
     task has unwound, the process exits."""
     @functools.wraps(task)
-    def run(*args: Any) -> Any:
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return task(*args)
+            return task(*args, **kwargs)
         finally:
             if _worker is not None and _worker.stopping:
                 os._exit(143)

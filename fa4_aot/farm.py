@@ -56,7 +56,8 @@ class RayExecutor:
         """One chunk per CPU of the cluster, as the local pool has one per process: a work item costs from 1.5 ms
         (a call) to seconds (a model signature, planned at every shape, with its recipes recorded), against
         about 1 ms of Ray's own cost per task, so even a chunk of one item is worth a task."""
-        return max(1, min(int(self._ray.cluster_resources().get("CPU", 1)), calls))
+        cpus = self._ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]  # (ray's own hints)
+        return max(1, min(int(cpus), calls))
 
     def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
         refs = [self._submit(sku, PlanJob(chunk, record)) for chunk in chunks]
@@ -117,7 +118,8 @@ class RayExecutor:
 
     def _outcomes(self, ref: Any, task: CompileTask) -> list[Outcome]:
         try:
-            return self._ray.get(ref)
+            outcomes: list[Outcome] = self._ray.get(ref)
+            return outcomes
         except self._ray.exceptions.RayError as e:  # retries exhausted, or the task itself broke
             return [Outcome(w.kernel_key, w.family, "failed", error=f"Ray task failed: {_reason(e)}")
                     for w in task.wanted]
