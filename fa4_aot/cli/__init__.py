@@ -5,7 +5,7 @@
     models.py      models, coverage
     store_cmds.py  list, verify, gc, prune, misses, migrate
     server.py      serve, token, push, pull
-    builds.py      builder, builds (on-demand builds of clients' misses)
+    on_demand.py   builder, builds (on-demand builds of clients' misses)
     trust.py       keys, sign, revoke
     account.py     login, logout
     doctor.py      doctor
@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from . import account, build, builds, doctor, models, server, store_cmds, trust
+from . import account, build, doctor, models, on_demand, server, store_cmds, trust
 from .common import Fa4AotGroup, cache_dir_option, make_state
 
 
@@ -49,8 +49,8 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
 COMMANDS = (
     build.skus, build.hosts, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify,
     store_cmds.gc, store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve, server.token, server.push,
-    server.pull, builds.builder, builds.builds, account.login, account.logout, trust.keys, trust.sign, trust.revoke,
-    doctor.doctor,
+    server.pull, on_demand.builder, on_demand.builds, account.login, account.logout, trust.keys, trust.sign,
+    trust.revoke, doctor.doctor,
 )
 for _command in COMMANDS:
     main.add_command(_command)
