@@ -145,7 +145,8 @@ def gc(store: Store, dry_run: bool, min_age: float, as_json: bool) -> None:
 @json_option()
 @pass_store
 def misses(store: Store, as_json: bool) -> None:
-    """Kernels that clients in fallback mode needed and compiled themselves: add them to variants.toml."""
+    """What clients of this store missed: kernels FA4 compiled itself in fallback mode, and calls the lean runtime
+    had no recipe region for (family "recipe"); `fa4-aot build --from-misses` builds them."""
     found = existing(store).misses()
     rows = [f"{m.when}  {m.sku:<10} {m.family:<26} {m.kernel_key[:16]}" for m in found]
     rows.append(f"{len(found)} miss(es)")
