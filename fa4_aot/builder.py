@@ -110,15 +110,14 @@ class Builder:
             return False
         log.info("job %s: %s %s for %s (attempt %s)", job["id"], job["family"], job["kernel_key"][:16], job["sku"],
                  job["attempts"])
-        lost, renewing, leases = threading.Event(), threading.Event(), self.remote_factory()
-        renewer = threading.Thread(target=self._renew, args=(leases, job["id"], renewing, lost), daemon=True)
+        lost, renewing = threading.Event(), threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(job["id"], renewing, lost), daemon=True)
         renewer.start()
         try:
             outcome = self.build(job)
         finally:
             renewing.set()
             renewer.join()
-            leases.close()
         if lost.is_set():
             log.warning("job %s: lease lost to another builder; its result is dropped", job["id"])
         else:
@@ -127,15 +126,22 @@ class Builder:
         self.done += 1
         return True
 
-    def _renew(self, leases: Remote, job_id: int, stop: threading.Event, lost: threading.Event) -> None:
-        """Renew the lease every third of it until `stop`; set `lost` when the job is no longer this builder's."""
-        while not stop.wait(self.lease / 3):
-            try:
-                if not leases.renew_build(job_id, self.name, self.lease):
-                    lost.set()
-                    return
-            except Fa4AotError as e:  # the server is away: the next renewal may still come in time
-                log.warning("job %s: could not renew its lease: %s", job_id, e)
+    def _renew(self, job_id: int, stop: threading.Event, lost: threading.Event) -> None:
+        """Renew the lease every third of it until `stop`, on a Remote of its own (made again after a failure: a
+        Remote gives up on its server for good); set `lost` when the job is no longer this builder's."""
+        leases = self.remote_factory()
+        try:
+            while not stop.wait(self.lease / 3):
+                try:
+                    if not leases.renew_build(job_id, self.name, self.lease):
+                        lost.set()
+                        return
+                except Fa4AotError as e:  # the server is away: the next renewal may still come in time
+                    log.warning("job %s: could not renew its lease: %s", job_id, e)
+                    leases.close()
+                    leases = self.remote_factory()
+        finally:
+            leases.close()
 
     def build(self, job: dict[str, Any]) -> Outcome:
         """Build the job's miss into the builder's store and publish it; never raises for the build's sake."""

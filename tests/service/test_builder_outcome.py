@@ -1,0 +1,33 @@
+"""How a build job ends, from its build reports (fa4_aot.builder.outcome_of, pure): a table."""
+
+from __future__ import annotations
+
+import pytest
+
+from fa4_aot.build import Report, Result
+from fa4_aot.builder import outcome_of
+
+
+def report(*results: Result, rejected: str = "", recipes: int = 0) -> Report:
+    r = Report(sku="h200", results=list(results), recipes=recipes)
+    if rejected:
+        r.call_failures.append(Result("failed", "", "", "from-misses", "fwd", error=rejected))
+    return r
+
+
+BUILT = Result("built", "FlashAttentionForwardSm90", "a" * 64, "from-misses", "fwd", seconds=4.5)
+PRESENT = Result("present", "FlashAttentionForwardSm90", "b" * 64, "from-misses", "fwd")
+FAILED = Result("failed", "FlashAttentionForwardSm90", "c" * 64, "from-misses", "fwd", error="ptxas died")
+
+
+@pytest.mark.parametrize(("reports", "status", "detail", "built", "seconds"), [
+    ([report(BUILT, PRESENT, recipes=16)], "done", "1 kernel(s) built, 1 present, 16 recipe region(s)", 1, 4.5),
+    ([report(PRESENT)], "done", "0 kernel(s) built, 1 present", 0, 0.0),
+    ([report(BUILT, FAILED)], "failed", "ptxas died", 1, 4.5),
+    ([report(FAILED, rejected="head_dim must be <= 256")], "rejected", "head_dim must be <= 256", 0, 0.0),
+    ([], "failed", "this builder's variants file has no SKU 'h200'", 0, 0.0),
+])
+def test_outcome_of(reports: list[Report], status: str, detail: str, built: int, seconds: float) -> None:
+    outcome = outcome_of(reports, "h200")
+    assert (outcome.status, outcome.built, outcome.compile_seconds) == (status, built, seconds)
+    assert detail in outcome.detail
