@@ -31,3 +31,35 @@ def test_outcome_of(reports: list[Report], status: str, detail: str, built: int,
     outcome = outcome_of(reports, "h200")
     assert (outcome.status, outcome.built, outcome.compile_seconds) == (status, built, seconds)
     assert detail in outcome.detail
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("", 0.0), ("0", 0.0), ("120", 120.0), (" 2.5 ", 2.5)])
+def test_build_wait_seconds(monkeypatch: pytest.MonkeyPatch, value: str, seconds: float) -> None:
+    from fa4_aot import build_wait
+
+    monkeypatch.setenv("FA4_AOT_BUILD_WAIT", value)
+    assert build_wait.seconds() == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan"])
+def test_build_wait_refuses_what_is_not_seconds(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from fa4_aot import build_wait
+    from fa4_aot.errors import ConfigError
+
+    monkeypatch.setenv("FA4_AOT_BUILD_WAIT", value)
+    with pytest.raises(ConfigError, match="FA4_AOT_BUILD_WAIT"):
+        build_wait.seconds()
+
+
+@pytest.mark.parametrize(("job", "says"), [
+    ({"id": 4, "status": "done", "detail": ""}, ""),
+    ({"id": 4, "status": "rejected", "detail": "head_dim must be <= 256"},
+     "FA4 rejects this call (build job 4): head_dim must be <= 256"),
+    ({"id": 4, "status": "failed", "detail": "ptxas died"}, "build job 4 failed: ptxas died"),
+    ({"id": 4, "status": "running", "detail": ""}, "build job 4 was still running after FA4_AOT_BUILD_WAIT=30 s"),
+])
+def test_build_wait_says_why_a_job_did_not_help(job: dict, says: str) -> None:
+    from fa4_aot import build_wait
+
+    problem = build_wait._problem(job, 30.0)
+    assert problem.startswith(says) and bool(problem) == bool(says)
