@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import build_wait, recipe_store, record
@@ -45,14 +46,21 @@ def miss_of(call: Call, sku: str) -> Miss:
                 call=call.to_dict())
 
 
-def note(store: Store, miss: Miss, call: Call) -> None:
-    """Record `miss` in `store` (misses/) and `call` in $FA4_AOT_RECORD. Never raises: a read-only store must
-    not turn a miss into another error."""
+_noted: set[tuple[Path, str]] = set()  # (store, miss key) recorded by this process: once is enough
+
+
+def note(store: Store, miss: Miss, call: Call) -> bool:
+    """Record `miss` in `store` (misses/) and `call` in $FA4_AOT_RECORD, once per process; True the first time.
+    Never raises: a read-only store must not turn a miss into another error."""
+    if (store.root, miss.kernel_key) in _noted:
+        return False
+    _noted.add((store.root, miss.kernel_key))
     record.note(call)
     try:
         store.record_miss(miss)
     except (OSError, Fa4AotError):
         pass
+    return True
 
 
 def after_miss(attn: Attention, sizes: dict[str, int]) -> dict[str, Any] | None:
@@ -62,12 +70,13 @@ def after_miss(attn: Attention, sizes: dict[str, int]) -> dict[str, Any] | None:
     rt = attn.rt
     call = call_of(attn.sig, sizes)
     miss = miss_of(call, rt.sku.name)
-    note(rt.store, miss, call)
+    first = note(rt.store, miss, call)
     if rt.fetcher is None:
         return None
     deadline = build_wait.seconds()
     if not deadline:
-        rt.fetcher.remote.report_miss(asdict(miss))
+        if first:  # a call that misses on every step is reported once
+            rt.fetcher.remote.report_miss(asdict(miss))
         return None
     _job, problem = build_wait.wait(rt.fetcher.remote, asdict(miss), deadline)
     if problem:
