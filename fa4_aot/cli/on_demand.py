@@ -26,6 +26,8 @@ from .stopping import on_signals
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: a process pool here; ray: tasks on a Ray cluster (pip install 'fa4-aot[farm]').")
 @click.option("--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to use ($RAY_ADDRESS).")
+@click.option("--ray-node-ip", envvar="FA4_AOT_RAY_NODE_IP", help="This host's address in the Ray cluster, when "
+              "Ray cannot tell it ($FA4_AOT_RAY_NODE_IP).")
 @click.option("--lease", default=60.0, show_default=True, type=click.FloatRange(min=1, max=3600),
               help="Seconds a claimed job stays this builder's without renewal; renewed every third of it. A builder "
                    "that dies loses its job to the next claim after this long.")
@@ -39,8 +41,8 @@ from .stopping import on_signals
 @variants_option("The SKU table (default: variants.toml); the server's SKUs must be in it.")
 @pass_store
 def builder(store: Store, server: str, token: str | None, jobs: int, executor: str, ray_address: str | None,
-            lease: float, poll: float, name: str, signing_key: Path | None, max_jobs: int | None,
-            variants_file: Path | None) -> None:
+            ray_node_ip: str | None, lease: float, poll: float, name: str, signing_key: Path | None,
+            max_jobs: int | None, variants_file: Path | None) -> None:
     """Build what clients miss, once for the whole cluster: claim the server's build jobs (a job per missed
     kernel or lean call and SKU, however many clients miss it), build each into this store on the executor, and
     publish it as `fa4-aot push` does. Run one or more next to `fa4-aot serve` on CPU hosts; clients with
@@ -52,7 +54,7 @@ def builder(store: Store, server: str, token: str | None, jobs: int, executor: s
                         stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per claim would bury the jobs' lines
     matrix = load_matrix(variants_file)
-    ex = _executor(executor, jobs, ray_address, None, None, token)
+    ex = _executor(executor, jobs, ray_address, ray_node_ip, None, token)
     wait_for_server(remote_for(server, token), 60.0)
     worker = Builder(lambda: remote_for(server, token), matrix, store, ex, name, lease=lease, poll=poll,
                      signing_key=signing_key)

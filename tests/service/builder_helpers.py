@@ -55,13 +55,16 @@ class BuilderProcess:
     log: Path
     lease: float = 60.0
     signing_key: Path | None = None
+    extra: tuple[str, ...] = ()  # more options, e.g. the Ray executor's
+    env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> BuilderProcess:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "FA4_AOT_CACHE": str(self.cache)}
+        env = {**os.environ, **(self.env or {}), "PYTHONPATH": str(ROOT), "FA4_AOT_CACHE": str(self.cache)}
         cmd = [sys.executable, "-m", "fa4_aot", "builder", "--server", self.server.url, "--token",
                self.server.tokens["publish"], "--variants", str(TINY_VARIANTS), "-j", "1", "--poll", "0.2",
-               "--lease", str(self.lease), *(["--signing-key", str(self.signing_key)] if self.signing_key else [])]
+               "--lease", str(self.lease), *(["--signing-key", str(self.signing_key)] if self.signing_key else []),
+               *self.extra]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
