@@ -167,10 +167,11 @@ def _record(worker: dict[str, Any], sig: Signature, sizes: dict[str, int],
 
 def record_work(worker: dict[str, Any], work: list[tuple[str, Call | Signature]], kernels: list[tuple[Any, ...]],
                 failures: list[tuple[int, str]], one_line: Any) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
-    """(regions recorded, errors) for the work items FA4 accepted (worker.plan_calls's `kernels`, `failures`):
-    each item's signature explored over its whole size space (`explore`; a Call's own sizes first), and for a
-    training signature its forward without LSE too (the kernel complete.py plans for it), so a forward-only call
-    is served wherever training is."""
+    """(regions recorded, errors) for the work items FA4 accepted (not in `failures`): each item's signature
+    explored over its whole size space (`explore`; a Call's own sizes first), and for a training signature its
+    forward without LSE too (the kernels complete.py plans for it), so a forward-only call is served wherever
+    training is. `kernels` (worker.plan_calls's) is not read: where regions are recorded no longer depends on
+    the calls the planner chose."""
     rejected = {i for i, _error in failures}
     recorded: dict[str, list[dict[str, Any]]] = {}
     errors: list[str] = []

@@ -121,3 +121,66 @@ def test_refused_tp_is_said_and_bad_arguments_are_one_line_errors(tmp_path: Path
     bad.write_text('{"layout": "dense"}\n')
     result = run_cli("coverage", "--sku", "h200", "--calls", str(bad), cache=tmp_path)
     assert result.returncode == 1 and f"{bad}:1: not a call" in result.stderr
+
+
+PARITY_VARIANTS = ROOT / "tests" / "data" / "parity_variants.toml"
+
+
+def _parity_calls(seed: int, count: int) -> list[dict]:
+    """Calls of the signature parity_variants.toml builds (dense, causal, hd128, 32/8 heads, bf16) and of its
+    neighbours (other head counts of its GQA ratio, MQA, another head dim, no mask), every pass, at random sizes
+    over the whole range, and the calls issue 17 found missing: decode b32 sq1 sk4096, prefill at 8192 (8/1 heads
+    too), a forward without LSE."""
+    import random
+
+    from fa4_aot.signature import Signature
+
+    rng = random.Random(seed)
+    base = Signature(layout="dense", pass_="bwd", dtype="bf16", head_dim=128, head_dim_v=128, mask="causal",
+                     window=(0, 0), softcap=0.0, sink=False, num_splits=1, heads_q=32, heads_kv=8)
+
+    def sig(**kw: object) -> Signature:
+        return Signature(**{**base.to_dict(), **kw})
+
+    named = [sig(pass_="fwd").call(32, 1, 4096), sig(pass_="fwd_lse").call(1, 8192, 8192),
+             sig(pass_="fwd", heads_q=8, heads_kv=2).call(1, 8192, 8192), sig(pass_="fwd").call(2, 1024, 1024),
+             sig().call(2, 1024, 1024), sig(heads_q=8, heads_kv=1).call(1, 8192, 8192)]
+    kinds = [sig(pass_=p) for p in ("fwd", "fwd_lse", "bwd")] + [
+        sig(pass_="fwd", heads_q=16, heads_kv=4), sig(pass_="bwd", heads_q=4, heads_kv=1),
+        sig(pass_="fwd", head_dim=64, head_dim_v=64), sig(pass_="fwd", mask="full"), sig(pass_="bwd_det")]
+
+    def length(most: int) -> int:
+        return rng.choice([1, rng.randint(1, 300), rng.randint(1, 20000), int(2 ** rng.uniform(0, most))])
+
+    drawn = [rng.choice(kinds).call(rng.choice([1, 2, rng.randint(1, 64), int(2 ** rng.uniform(0, 12))]),
+                                    length(18), length(20)) for _ in range(count)]
+    return [c.to_dict() for c in named + drawn]
+
+
+def test_lean_and_fa4_verdicts_equal_on_every_call_of_a_model_build(tmp_path: Path) -> None:
+    """Issue 17 parity: on a store built for a shape-complete training signature, `coverage --runtime lean` and
+    `--runtime fa4` give the same verdict on every call of a random sample of sizes over the whole range."""
+    store = tmp_path / "store"
+    built = run_cli("build", "--sku", "h200", "--variants", str(PARITY_VARIANTS), "-j", "2", "--json", cache=store,
+                    timeout=3600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    calls = tmp_path / "calls.jsonl"
+    sample = _parity_calls(17, 60)
+    calls.write_text("".join(json.dumps(c) + "\n" for c in sample))
+    verdicts = {}
+    for runtime in ("fa4", "lean"):
+        result = run_cli("coverage", "--sku", "h200", "--variants", str(PARITY_VARIANTS), "--calls", str(calls),
+                         "--runtime", runtime, "--json", cache=store)
+        assert result.returncode in (0, 1), result.stderr[-2000:]
+        doc = json.loads(result.stdout)
+        assert doc["runtime"] == runtime
+        verdicts[runtime] = {r["label"]: r["served"] for r in doc["results"]}
+    differ = {label: (served, verdicts["lean"][label]) for label, served in verdicts["fa4"].items()
+              if verdicts["lean"][label] != served}
+    assert not differ, f"verdicts (fa4, lean) differ on {len(differ)} of {len(verdicts['fa4'])} calls: {differ}"
+    served = [label for label, ok in verdicts["lean"].items() if ok]
+    # the calls issue 17 found missing on the lean runtime are served, and calls of unbuilt signatures are not
+    for wanted in ("fwd dense bf16 d=128 causal b=32 sq=1 sk=4096 h=32/8", "fwd_lse dense bf16 d=128 causal b=1 "
+                   "sq=8192 sk=8192 h=32/8", "fwd dense bf16 d=128 causal b=1 sq=8192 sk=8192 h=8/2"):
+        assert any(label.startswith(wanted) for label in served), (wanted, served)
+    assert 0 < len(served) < len(verdicts["lean"])
