@@ -5,6 +5,7 @@
 # Writes a variants file with the SKU table and one model entry (models/tp/workloads) per (model, TP degree) of
 # the suite's SUITE list, and builds it with one `fa4-aot build`, so each kernel is compiled once.
 # Then, with that cache: python -m pytest -q -p no:cacheprovider tests/gpu/test_h200_models.py
+# (and tests/gpu/test_h200_models_lean.py: the same calls through both runtimes, equal served counts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
