@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -49,15 +50,19 @@ def builder(store: Store, server: str, token: str | None, jobs: int, executor: s
     FA4_AOT_BUILD_WAIT=SECONDS wait for the job instead of failing. Stops on SIGINT/SIGTERM; a job it held is
     taken over by the next claim once its lease runs out."""
     from ..builder import Builder, wait_for_server
+    from ..credentials import token_for
+    from ..remote import Remote
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per claim would bury the jobs' lines
     matrix = load_matrix(variants_file)
     ex = _executor(executor, jobs, ray_address, ray_node_ip, None, token)
-    wait_for_server(remote_for(server, token), 60.0)
-    worker = Builder(lambda: remote_for(server, token), matrix, store, ex, name, lease=lease, poll=poll,
-                     signing_key=signing_key)
+    first = remote_for(server, token)
+    wait_for_server(first, 60.0)
+    # remotes are made again in other threads (lease renewals), where there is no click context to ask
+    again = functools.partial(Remote, first.url, token=token or token_for(server), advice=first.advice)
+    worker = Builder(again, matrix, store, ex, name, lease=lease, poll=poll, signing_key=signing_key)
     click.echo(f"builder {name}: running {server}'s build jobs into {store.root} on {ex.name} ({jobs} job(s))",
                err=True)
     with on_signals() as stop:
