@@ -75,7 +75,8 @@ def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[d
 
 @dataclass(frozen=True)
 class Explored:
-    """What exploring one signature's size space did: regions recorded, points judged, FA4's refusals."""
+    """What exploring one signature's size space did: regions recorded, points judged, FA4's refusals (one each
+    for a region of sizes FA4 refuses alike: fa4/record.py's Refused carries its guards)."""
 
     recorded: int
     points: int
@@ -97,7 +98,8 @@ def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[dic
     known = _known(worker, recipe_store.recipe_key(sig, sku))
     sp = recipe_space.space(sig, sku)
     rng = np.random.default_rng(int(hashlib.sha256(kernel_keys.dumps(sig.to_dict()).encode()).hexdigest()[:15], 16))
-    before, refused, judged, clean = len(known), [], 0, 0
+    before, judged, clean = len(known), 0, 0
+    refused: dict[str, list[Any]] = {}  # FA4's refusal -> the guards under which it refuses (not stored)
     seeds = [{recipe.HEADS: sig.heads_kv, **p} for p in first]
     corners: dict[str, Any] | None = recipe_space.corners(sp)
     while clean < CLEAN_ROUNDS:
@@ -105,25 +107,30 @@ def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[dic
         points = _with_seeds(corners or recipe_space.draw(sp, rng, count, {n: _hints(known) for n in sp.names}),
                              seeds)
         seeds, corners, judged = [], None, judged + len(points[recipe.HEADS])
-        open_ = ~_covered(known, points)
+        open_ = ~(_covered(known, points) | _covered([{"guards": g} for g in refused.values()], points))
         clean = clean + 1 if not open_.any() else 0
         while open_.any():
             at = recipe_space.point(points, int(np.argmax(open_)))
             open_[int(np.argmax(open_))] = False
             try:
-                region = _record(worker, sig, at, recorded)
+                guards = _record(worker, sig, at, recorded)["guards"]
             except Exception as e:  # FA4 refuses these sizes: so does FA4 at run time; go on with the others
-                refused.append(f"{at}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                guards = getattr(e, "guards", None) or [_only(at)]
+                refused[f"{at}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"] = guards
                 if len(refused) >= MAX_REFUSED:
                     return Explored(len(known) - before, judged, tuple(refused))
-                continue
-            open_ &= ~recipe_space.covered(region["guards"], points)
+            open_ &= ~recipe_space.covered(guards, points)
     return Explored(len(known) - before, judged, tuple(refused))
+
+
+def _only(at: dict[str, int]) -> list[Any]:
+    """Guards holding at `at` alone."""
+    return [["eq", ["sym", name], value] for name, value in at.items()]
 
 
 ROUND = 20_000  # points drawn in a round of exploring after one that found an uncovered point
 CLEAN_ROUNDS = 4  # rounds in a row with every point covered before a signature's space counts as covered
-MAX_REFUSED = 32  # points FA4 refuses before exploring a signature stops
+MAX_REFUSED = 64  # refusals (each a region FA4 refuses, or a point) before exploring a signature stops
 
 
 def _with_seeds(points: dict[str, Any], seeds: list[dict[str, int]]) -> dict[str, Any]:

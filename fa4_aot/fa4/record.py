@@ -217,16 +217,54 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
     """The recipe of `sig` for the region of sizes containing `sizes` (names: recipe.size_names(layout); the KV
     head count defaults to the signature's, the query heads are always the signature's GQA ratio times it).
     With symbolic=False, FA4 runs at exactly `sizes`: what it does there, for comparing with a replay; the
-    size arguments named in `defaults` (max_seqlen_q/k of seqused and paged calls) are then left to FA4."""
+    size arguments named in `defaults` (max_seqlen_q/k of seqused and paged calls) are then left to FA4.
+    Raises Refused where FA4 refuses the call, with the guards under which it does."""
     import torch
-    from flash_attn.cute import interface
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     if sig.layout not in SIZE_NAMES:
         raise ValueError(f"layout {sig.layout!r} has no lean recipe (known: {', '.join(SIZE_NAMES)})")
     sizes = {HEADS: sig.heads_kv, **sizes}
     session = _Session(ShapeEnv(duck_shape=False, specialize_zero_one=False), 1.0 / math.sqrt(sig.head_dim), symbolic)
+    try:
+        inputs, fwd, bwd, outputs = _trace(sig, sizes, session, defaults)
+    except Exception as e:
+        raise Refused(e, _guards_or_none(session)) from e
+    return {
+        "format": RECIPE_FORMAT, "signature": sig.to_dict(), "guards": session.guards(),
+        "inputs": {name: session.ref(t) for name, t in inputs.items() if isinstance(t, torch.Tensor)},
+        "tensors": len(session.keep), "meta": session.meta, "fwd": fwd, "bwd": bwd, "outputs": outputs,
+        "softmax_scale": session.scale,
+        "kernels": [{"family": f, "compile_key": canonical(k), "kernel_key": kernel_key(f, k, sku, toolchain())}
+                    for f, k in session.kernels],
+        "recorded_at": dict(sizes), "toolchain": toolchain(),
+    }
+
+
+class Refused(Exception):
+    """FA4 refused a call (an assertion, a layout limit) while recording: `guards` (None if they could not be
+    read) are the ShapeEnv's guards up to the refusal, where FA4 takes the same path to the same refusal."""
+
+    def __init__(self, error: Exception, guards: list[Any] | None) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.guards = guards
+
+
+def _guards_or_none(session: _Session) -> list[Any] | None:
+    try:
+        return session.guards()
+    except Exception:  # a guard the encoder cannot write: the refusal holds only where it was met
+        return None
+
+
+def _trace(sig: Signature, sizes: dict[str, int], session: _Session, defaults: tuple[str, ...]
+           ) -> tuple[dict[str, Any], list[Any], list[Any], dict[str, Any]]:
+    """FA4's forward (and backward) of `sig` at symbolic `sizes` under the tracer: (inputs, fwd steps, bwd steps,
+    outputs by name)."""
+    import torch
+    from flash_attn.cute import interface
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     seen: dict[tuple[str, str], Any] = {}
     with FakeTensorMode(shape_env=session.env), _launching(interface), \
             caches.swapped(lambda family, _old: _LaunchRecorder(family, session, seen)):
@@ -250,15 +288,7 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
                     outputs[name] = session.ref(g)
                 if sig.sink:
                     outputs["dsink"] = session.ref(grads[_grad_index(fn, "learnable_sink")])
-    return {
-        "format": RECIPE_FORMAT, "signature": sig.to_dict(), "guards": session.guards(),
-        "inputs": {name: session.ref(t) for name, t in inputs.items() if isinstance(t, torch.Tensor)},
-        "tensors": len(session.keep), "meta": session.meta, "fwd": fwd, "bwd": bwd, "outputs": outputs,
-        "softmax_scale": session.scale,
-        "kernels": [{"family": f, "compile_key": canonical(k), "kernel_key": kernel_key(f, k, sku, toolchain())}
-                    for f, k in session.kernels],
-        "recorded_at": dict(sizes), "toolchain": toolchain(),
-    }
+    return inputs, fwd, bwd, outputs
 
 
 def _grad_index(fn: Any, name: str) -> int:
