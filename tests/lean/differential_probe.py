@@ -6,9 +6,10 @@ per class the calls compared, those outside every recorded region (KernelMissing
 recorded as `build --from-misses` would and compared), those FA4 rejects, and every mismatch with its call.
 
 The lean side is fa4_aot.flash_attn_func / flash_attn_varlen_func over a temp store. The first time it asks for a
-recipe file (a signature's GQA ratio: other KV head counts of a call's class must be served by it or miss), the
-store gets the regions a build records for the signature (build_lean.record_recipe at the seed calls below,
-build_lean.save; for some forward-with-LSE classes those of the training signature instead); every kernel is a stub
+recipe file (a signature's GQA ratio) at a KV head count, the store gets the regions a build records for the
+signature at that head count (build_lean.explore over its whole size space,
+build_lean.save; for some forward classes, with or without LSE, those of the training signature instead); every
+kernel is a stub
 that notes its key and arguments (window_probe._Stubs). FA4's side is flash_attn.cute's flash_attn_func /
 flash_attn_varlen_func under compile caches that note the same (window_probe._fa4_launching). Training calls:
 autograd on fake CUDA tensors aborts the process on a host without CUDA (building an AccumulateGrad node asks for a
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import random
 import sys
 import tempfile
@@ -33,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from fa4_aot.fa4.dispatch import _Ctx  # the stand-in for autograd's ctx FA4's forward and backward are driven with
+from fa4_aot.probes import MAX_SEQLEN_K, MAX_SEQLEN_Q
 from tests.lean.window_probe import _fa4_launching, _plain, _Stubs
-
-SEEDS = ((2, 1024, 1024), (1, 1, 4096), (8, 128, 8192))  # the calls a build records per signature (batch, sq, sk)
 
 
 def main() -> None:
@@ -81,19 +82,17 @@ class _Recording:
         self.built_as: str | None = None  # the pass a build records for a forward signature (its training one)
 
     def build(self, sig: Any) -> None:
-        """What a build of `sig` records: its regions at the seed calls (FA4 may reject some; so does a build);
-        with `built_as`, those of the training signature instead (a model built for training, run forward)."""
+        """What a build of `sig` records: regions covering its whole size space (build_lean.explore); with
+        `built_as`, those of the training signature instead, with its forward without LSE (a model built for
+        training, run forward)."""
         import dataclasses
 
-        from fa4_aot import build_lean
+        from fa4_aot import build_lean, probes
 
         sig = dataclasses.replace(sig, pass_=self.built_as) if self.built_as else sig
         recorded: dict[str, list[Any]] = {}
-        for batch, sq, sk in SEEDS:
-            try:
-                build_lean.record_recipe(self.worker, sig.call(batch, sq, sk), recorded)
-            except Exception:  # a build records no region there either
-                pass
+        for each in (sig, *probes.forward_of(sig)):
+            build_lean.explore(self.worker, each, recorded)
         build_lean.save(self.rt.store, recorded)
 
     def record_miss(self) -> None:
@@ -114,7 +113,9 @@ def _lean_runtime(sku: Any, root: Path) -> Iterator[_Recording]:
 
     class Runtime(lean.Runtime):
         def attention(self, sig: Any) -> Any:
-            key = recipe_store.recipe_key(sig, sku)  # a file per GQA ratio: built once, at the first head count
+            # a file per GQA ratio, built as a build of each head count a class calls with (a model at two TP
+            # degrees) records it: the second head count's build records only what the first's regions leave out
+            key = (recipe_store.recipe_key(sig, sku), sig.heads_kv)
             if key not in built:
                 built.add(key)
                 recording.build(sig)
@@ -142,14 +143,20 @@ def _run_class(recording: _Recording, sku: Any, cls: dict[str, Any], rng: random
     from fa4_aot.errors import KernelMissing
 
     recording.built_as = cls.get("built_as")
-    found = {"index": cls["index"], "compared": 0, "outside": 0, "rejected": 0, "shorter": 0, "mismatches": []}
+    found = {"index": cls["index"], "compared": 0, "outside": 0, "rejected": 0, "shorter": 0, "mismatches": [],
+             "outside_calls": []}
     for _ in range(cls["calls"]):
         call = _random_call(cls, rng)
         try:
             verdict = _compare(recording, call)
             if verdict == "outside":
-                found["outside"] += 1
+                unbuilt = _training_refused(recording)
                 verdict = _after_miss(recording, call)
+                # where FA4 refuses the call, no region is right; nor where a class built for training is called
+                # at sizes FA4 refuses to train at (its planner never reaches them either)
+                if verdict != "rejected" and not unbuilt:
+                    found["outside"] += 1
+                    found["outside_calls"].append(call)
         except KernelMissing as e:
             verdict = f"no region holds where one was just recorded: {e}"
         except Exception as e:
@@ -162,6 +169,22 @@ def _run_class(recording: _Recording, sku: Any, cls: dict[str, Any], rng: random
             found["compared"] += 1
             found["shorter"] += _window_bites(call)
     return found
+
+
+def _training_refused(recording: _Recording) -> bool:
+    """Whether the class is built for training and FA4 refuses to train at the last lookup's sizes."""
+    import dataclasses
+
+    from fa4_aot import fa4
+
+    if not recording.built_as:
+        return False
+    attn, sizes = recording.asked
+    try:
+        fa4.record_recipe(dataclasses.replace(attn.sig, pass_=recording.built_as), sizes, recording.sku)
+    except Exception:
+        return True
+    return False
 
 
 def _after_miss(recording: _Recording, call: dict[str, Any]) -> str:
@@ -332,23 +355,26 @@ def _spelling(cls: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     return {"causal": causal, "window_size": list(window)}
 
 
-def _length(rng: random.Random, around: int) -> int:
-    """A sequence length: 1, short, long, or near `around` (a window's span) on either side."""
+def _length(rng: random.Random, around: int, most: int) -> int:
+    """A sequence length up to `most`: 1, short, near `around` (a window's span) on either side, up to 20k, or
+    anywhere in the whole range (log-uniform: every tile, split and batch regime FA4 tells apart)."""
     pick = rng.random()
     if pick < 0.1:
         return 1
-    if pick < 0.35:
+    if pick < 0.3:
         return rng.randint(1, 300)
-    if pick < 0.65 and around > 0:
+    if pick < 0.5 and around > 0:
         return max(1, around + rng.randint(-around // 2, 2 * around))
-    return rng.randint(1, 20000)
+    if pick < 0.65:
+        return rng.randint(1, 20000)
+    return min(most, int(math.exp(rng.uniform(0, math.log(most + 1)))))
 
 
 def _random_sizes(cls: dict[str, Any], rng: random.Random) -> dict[str, int]:
     layout, span = cls["layout"], max(cls["window"]) if cls["mask"] == "local" else 0
-    batch = rng.choice([1, 2, 3, rng.randint(1, 64), rng.randint(1, 600)])
-    sq = _length(rng, span)
-    sk = rng.choice([sq, _length(rng, span), _length(rng, span)])
+    batch = rng.choice([1, 2, 3, rng.randint(1, 64), rng.randint(1, 600), int(math.exp(rng.uniform(0, 10)))])
+    sq = _length(rng, span, MAX_SEQLEN_Q)
+    sk = rng.choice([sq, _length(rng, span, MAX_SEQLEN_K), _length(rng, span, MAX_SEQLEN_K)])
     if layout == "dense":
         return {"batch": batch, "seqlen_q": sq, "seqlen_k": sk}
     if layout == "varlen":
