@@ -28,12 +28,13 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fa4_aot import kernel_keys, signing  # noqa: E402
 from fa4_aot.errors import Fa4AotError, IntegrityError, RemoteError, TrustError  # noqa: E402
-from fa4_aot.remote import Remote  # noqa: E402
-from fa4_aot.skus import Sku  # noqa: E402
+from fa4_aot.remote.http import Remote  # noqa: E402
+from fa4_aot.spec import kernel_keys  # noqa: E402
+from fa4_aot.spec.skus import Sku  # noqa: E402
 from fa4_aot.store import Store  # noqa: E402
-from fa4_aot.trust import Trust  # noqa: E402
+from fa4_aot.trust import signing  # noqa: E402
+from fa4_aot.trust.policy import Trust  # noqa: E402
 from tests.trust.raw_server import RawServer, reply  # noqa: E402
 
 H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13}

@@ -17,13 +17,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from fa4_aot import build, config, variants
+from fa4_aot import config
+from fa4_aot.build import orchestrator
+from fa4_aot.matrix import variants
 from fa4_aot.store import Store
 
 
 def timed_build(matrix: variants.Matrix, sku: str, store: Store, names: list[str] | None, jobs: int) -> dict:
     started = time.perf_counter()
-    report = build.build(matrix, matrix.sku(sku), store, matrix.select(names), jobs=jobs)
+    report = orchestrator.build(matrix, matrix.sku(sku), store, matrix.select(names), jobs=jobs)
     seconds = time.perf_counter() - started
     assert report.failed == 0, report.to_dict()["failures"][:3]
     return {"jobs": jobs, "built": report.count("built"), "present": report.count("present"), "seconds": seconds,

@@ -59,7 +59,7 @@ def client_loop() -> None:
     """Read one JSON job per line on stdin, fetch, answer one JSON line on stdout; exit on EOF."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from fa4_aot.remote import Remote
+    from fa4_aot.remote.http import Remote
     from fa4_aot.store import Store
 
     print("ready", flush=True)
@@ -94,7 +94,7 @@ def make_store(root: Path, kernels: int, seed: int = 11) -> list[str]:
     """`kernels` synthetic h200 kernels (sizes 30-110 KB, mean about the real h200 objects' 66 KB)."""
     import dataclasses
 
-    from fa4_aot import kernel_keys
+    from fa4_aot.spec import kernel_keys
     from fa4_aot.store import Entry, Store
 
     rng, store, keys = random.Random(seed), Store(root), []

@@ -29,10 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from proctree import tree_cpu  # noqa: E402
 
-from fa4_aot import build, config, variants  # noqa: E402
-from fa4_aot.calls import Call  # noqa: E402
-from fa4_aot.executors import LocalExecutor  # noqa: E402
-from fa4_aot.farm import RayExecutor  # noqa: E402
+from fa4_aot import config  # noqa: E402
+from fa4_aot.build import orchestrator  # noqa: E402
+from fa4_aot.build.executors import LocalExecutor  # noqa: E402
+from fa4_aot.build.farm import RayExecutor  # noqa: E402
+from fa4_aot.matrix import variants  # noqa: E402
+from fa4_aot.spec.calls import Call  # noqa: E402
 from fa4_aot.store import Store  # noqa: E402
 
 
@@ -102,7 +104,7 @@ def timed_build(kind: str, jobs: int, sku: Any, work: list[tuple[str, Call]], dr
     with TreeCpu() as tree:
         ex = ready or executor(kind, jobs)  # else inside the timing: starting Ray (or the pool) is part of a build
         try:
-            report = build.build_calls(sku, store, work, executor=ex, dry_run=dry_run)
+            report = orchestrator.build_calls(sku, store, work, executor=ex, dry_run=dry_run)
         finally:
             ex.close()
     seconds, cpu_seconds = time.perf_counter() - started, tree.seconds + time.process_time() - cpu0
@@ -180,7 +182,7 @@ def main() -> None:
     args = parser.parse_args()
     matrix = variants.load(config.default_variants_file())
     sku = matrix.sku(args.sku)
-    work = build.work_of(matrix, sku, matrix.select(args.only or []) if args.only else None)
+    work = orchestrator.work_of(matrix, sku, matrix.select(args.only or []) if args.only else None)
     if args.plan_only:
         calls = many_calls(matrix, sku, args.plan_calls)
         plans = [timed_build(kind, args.jobs, sku, calls, dry_run=True) for kind in ("local", "ray")]

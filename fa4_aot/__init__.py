@@ -30,25 +30,25 @@ def install(mode: str = "strict", **kwargs: Any) -> Any:
 
 
 def load(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.lean_api.load (lean runtime). fa4_aot.client.load does the same through FA4 itself."""
-    from .lean_api import load as _load
+    """See fa4_aot.runtime.api.load (lean runtime). fa4_aot.client.load does the same through FA4 itself."""
+    from .runtime.api import load as _load
 
     return _load(*args, **kwargs)
 
 
 def __getattr__(name: str) -> Any:
-    """flash_attn_func and flash_attn_varlen_func: fa4_aot.lean_api's own functions (lean runtime), imported on
+    """flash_attn_func and flash_attn_varlen_func: fa4_aot.runtime.api's own functions (lean runtime), imported on
     first use; no wrapper runs per call (a wrapper cost about 1 us of a decode step's host time)."""
     if name in ("flash_attn_func", "flash_attn_varlen_func"):
-        from . import lean_api
+        from .runtime import api
 
-        found = globals()[name] = getattr(lean_api, name)
+        found = globals()[name] = getattr(api, name)
         return found
     raise AttributeError(f"module 'fa4_aot' has no attribute {name!r}")
 
 
 def prefetch(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.model_fetch.prefetch: fetch one model's kernel set from a server, so a node starts warm."""
-    from .model_fetch import prefetch as _fn
+    """See fa4_aot.client.prefetch.prefetch: fetch one model's kernel set from a server, so a node starts warm."""
+    from .client.prefetch import prefetch as _fn
 
     return _fn(*args, **kwargs)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from fa4_aot.kernel_keys import dumps as canonical_json
+from fa4_aot.spec.kernel_keys import dumps as canonical_json
 
 from . import db, models, schemas
 from .build_schemas import BuildOut, BuildResult

@@ -1,7 +1,7 @@
 """Signed manifests and revocations in the database, keyword-only like crud.py (whose conventions hold: writes
 commit themselves and are audited; reads never raise for a missing row).
 
-The service holds no trust: it checks that an envelope is well formed (fa4_aot.signing.check_shape) and agrees
+The service holds no trust: it checks that an envelope is well formed (fa4_aot.trust.signing.check_shape) and agrees
 with what the service serves (SKU facts, kernel keys and object digests), never its signature; clients verify
 signatures against their own trusted keys and the revocations published here.
 """
@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fa4_aot import signing
 from fa4_aot.errors import StoreError, TrustError
-from fa4_aot.kernel_keys import dumps as canonical_json
+from fa4_aot.spec.kernel_keys import dumps as canonical_json
+from fa4_aot.trust import signing
 
 from . import models, schemas
 from .crud import record_audit, retrying

@@ -4,7 +4,7 @@ JSON request bodies: object uploads (PUT /v1/objects/...) stream to disk under t
 (Settings.max_body_bytes, enforced in transfer.receive_object); everything else is small JSON that the
 framework reads into memory (signed manifests included), so an open route such as POST /v1/misses must not
 accept megabytes: its bodies are capped lower still (MISS_BODY_LIMIT). Recipe files (PUT
-/v1/skus/<sku>/recipes/<key>) are publish-only JSON with their own, larger cap (recipe_store.MAX_BYTES)."""
+/v1/skus/<sku>/recipes/<key>) are publish-only JSON with their own, larger cap (store.recipes.MAX_BYTES)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ JSON_BODY_LIMIT = 1 << 20
 MISS_BODY_LIMIT = 64 << 10
 OBJECTS_PREFIX = "/v1/objects/"
 RECIPE_PUT = re.compile(r"/v1/skus/[^/]+/recipes/[^/]+")
-RECIPE_BODY_LIMIT = 8 << 20  # fa4_aot.recipe_store.MAX_BYTES (not imported: this module stays framework-only)
+RECIPE_BODY_LIMIT = 8 << 20  # fa4_aot.store.recipes.MAX_BYTES (not imported: this module stays framework-only)
 
 
 class JsonBodyLimit:

@@ -71,7 +71,7 @@ class Sku(Base):
     sm_count: Mapped[int] = mapped_column(Integer)
     l2_bytes: Mapped[int] = mapped_column(BigInteger)
     cuda_major: Mapped[int] = mapped_column(Integer)
-    # the host target (fa4_aot/hosts.py) of its kernels' host code; "" for SKUs published before host targets
+    # the host target (fa4_aot/spec/hosts.py) of its kernels' host code; "" for SKUs published before host targets
     host: Mapped[str] = mapped_column(String(32), default="", server_default="")
 
 
@@ -97,7 +97,7 @@ class Kernel(Base):
 
 
 class Recipe(Base):
-    """A lean-runtime recipe file (fa4_aot.recipe_store): bytes in the store's recipes/, named by recipe key.
+    """A lean-runtime recipe file (fa4_aot.store.recipes): bytes in the store's recipes/, named by recipe key.
     Its key hashes the regions' signature with the target facts it was published under (`target`, canonical
     JSON of the SKU's facts): SKUs with equal facts share it. Newest wins: a publish replaces the file."""
 
@@ -134,10 +134,10 @@ class Miss(Base):
     sku: Mapped[str] = mapped_column(String(64), index=True)
     family: Mapped[str] = mapped_column(String(128))
     compile_key: Mapped[str] = mapped_column(Text)
-    # JSON of the call that needed the kernel (fa4_aot.calls), when the client could describe it: what
+    # JSON of the call that needed the kernel (fa4_aot.spec.calls), when the client could describe it: what
     # `fa4-aot build --from-misses` plans from. The latest described call wins.
     call: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # canonical JSON of the exact FA4 arguments of that call (fa4_aot.exact), which `build --from-misses` replays;
+    # canonical JSON of the exact FA4 arguments of that call (fa4_aot.spec.exact), which `build --from-misses` replays;
     # NULL for older clients. The first record wins, like `call`.
     args: Mapped[str | None] = mapped_column(Text, nullable=True)
     count: Mapped[int] = mapped_column(Integer, default=1)
@@ -146,7 +146,7 @@ class Miss(Base):
 
 
 class SignedManifest(Base):
-    """A signed SKU manifest envelope (fa4_aot.signing), stored verbatim as canonical JSON. The service checks
+    """A signed SKU manifest envelope (fa4_aot.trust.signing), stored verbatim as canonical JSON. The service checks
     its shape and that it matches what the service holds; clients verify the signature."""
 
     __tablename__ = "signed_manifests"
@@ -188,9 +188,9 @@ class AuditEntry(Base):
 
 
 class BuildJob(Base):
-    """A build the service asks for (fa4_aot/builder.py runs it): one per (SKU, missed key), so that any number
+    """A build the service asks for (fa4_aot/build/builder.py runs it): one per (SKU, missed key), so that any number
     of clients missing one kernel, or one lean region, cause one compile. `kernel_key` is the miss's key: a
-    kernel's, or for a lean miss the key of its call (fa4_aot/lean_miss.py). A builder claims a job with a lease
+    kernel's, or for a lean miss the key of its call (fa4_aot/runtime/misses.py). A builder claims a job with a lease
     it renews while it works; a job whose lease ran out (its builder died) is claimed again."""
 
     __tablename__ = "build_jobs"

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from fa4_aot import exact
+from fa4_aot.spec import exact
 
 HEX64 = r"^[0-9a-f]{64}$"
 KEY_ID = r"^[0-9a-f]{16}$"
@@ -146,7 +146,7 @@ class KernelIn(BaseModel):
     sm_count: int = Field(gt=0, lt=2**31)
     l2_bytes: int = Field(gt=0, lt=2**53)
     cuda_major: int = Field(gt=0, lt=1000)
-    # the host target its host code was built for (fa4_aot/hosts.py); part of the key, "" for older entries
+    # the host target its host code was built for (fa4_aot/spec/hosts.py); part of the key, "" for older entries
     host: HostTargetName = ""
     toolchain: dict[str, str]
     variant: Text = Field(max_length=4096)
@@ -190,7 +190,7 @@ class ObjectOut(BaseModel):
 
 
 class CallIn(BaseModel):
-    """A concrete FA4 call (fa4_aot.calls.Call, its fields exactly): what `build --from-misses` builds."""
+    """A concrete FA4 call (fa4_aot.spec.calls.Call, its fields exactly): what `build --from-misses` builds."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -213,14 +213,14 @@ class CallIn(BaseModel):
 
 
 def _call_record(value: Any) -> Any:
-    """A miss's `args`: None, or a record fa4_aot.exact.check accepts (bounded: at most 16 KiB as JSON)."""
+    """A miss's `args`: None, or a record fa4_aot.spec.exact.check accepts (bounded: at most 16 KiB as JSON)."""
     return None if value is None else exact.check(check_depth(value))
 
 
 class MissIn(BaseModel):
     """A kernel a client lacked (fa4_aot.store.Miss). Other top-level fields, such as the client's `when`, are
     ignored: the server's clock stamps first_seen and last_seen. `call`, when given, must be a whole Call;
-    `args`, when given, a whole exact call record (fa4_aot.exact)."""
+    `args`, when given, a whole exact call record (fa4_aot.spec.exact)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -228,9 +228,9 @@ class MissIn(BaseModel):
     sku: SkuName
     family: Text = Field(min_length=1, max_length=128)
     compile_key: BoundedJson
-    call: CallIn | None = Field(default=None, description="The call that needed it (fa4_aot.calls.Call)")
+    call: CallIn | None = Field(default=None, description="The call that needed it (fa4_aot.spec.calls.Call)")
     args: Annotated[dict[str, Any] | None, AfterValidator(_call_record)] = Field(
-        default=None, description="The exact FA4 arguments of that call (fa4_aot.exact): what build --from-misses "
+        default=None, description="The exact FA4 arguments of that call (fa4_aot.spec.exact): what build --from-misses "
                                   "replays")
 
 
@@ -241,7 +241,7 @@ class MissOut(MissIn):
 
 
 class Envelope(BaseModel):
-    """A signed SKU manifest (fa4_aot.signing): `signature` is Ed25519 over the canonical JSON of `manifest`,
+    """A signed SKU manifest (fa4_aot.trust.signing): `signature` is Ed25519 over the canonical JSON of `manifest`,
     which holds {"sku": {name, arch, sm_count, l2_bytes, cuda_major}, "kernels": {kernel_key: object_digest},
     "toolchain", "created", "expires"}. Its id is the sha256 of that canonical JSON."""
 

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fa4_aot import kernel_keys, maintenance, recipe_store, signing
 from fa4_aot.errors import StoreError
-from fa4_aot.store import Entry, Store
+from fa4_aot.spec import kernel_keys
+from fa4_aot.store import Entry, Store, maintenance
+from fa4_aot.store import recipes as recipe_store
+from fa4_aot.trust import signing
 
 from . import crud, crud_recipes, crud_trust, models, schemas
 from .errors import Conflict, ServiceError

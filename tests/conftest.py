@@ -91,6 +91,6 @@ def build_json(store: Path, sku: str, *only: str, variants: Path = TINY_VARIANTS
 def proven(entry: Any) -> Any:
     """`entry` filed under the key its own fields hash to (its full key): a client uses no entry that does not
     prove its key (issue 18, D17), so test fixtures must make real ones."""
-    from fa4_aot import kernel_keys
+    from fa4_aot.spec import kernel_keys
 
     return dataclasses.replace(entry, kernel_key=kernel_keys.entry_key(entry))

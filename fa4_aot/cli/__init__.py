@@ -1,12 +1,12 @@
 """`fa4-aot`: a thin click shell over the library, one module per concern.
 
     common.py      the --cache-dir store option and pass_store, --json/--variants options, output, error mapping
-    build.py       skus, hosts, build
-    models.py      models, coverage
+    build_cmds.py  skus, hosts, build
+    model_cmds.py  models, coverage
     store_cmds.py  list, verify, gc, prune, misses, migrate
     server.py      serve, token, push, pull
     on_demand.py   builder, builds (on-demand builds of clients' misses)
-    trust.py       keys, sign, revoke
+    trust_cmds.py  keys, sign, revoke
     account.py     login, logout
     doctor.py      doctor
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from . import account, build, doctor, models, on_demand, server, store_cmds, trust
+from . import account, build_cmds, doctor, model_cmds, on_demand, server, store_cmds, trust_cmds
 from .common import Fa4AotGroup, cache_dir_option, make_state
 
 
@@ -47,10 +47,10 @@ def main(ctx: click.Context, cache_dir: Path | None) -> None:
 
 
 COMMANDS = (
-    build.skus, build.hosts, build.build, models.models_, models.coverage, store_cmds.list_, store_cmds.verify,
-    store_cmds.gc, store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve, server.token, server.push,
-    server.pull, on_demand.builder, on_demand.builds, account.login, account.logout, trust.keys, trust.sign,
-    trust.revoke, doctor.doctor,
+    build_cmds.skus, build_cmds.hosts, build_cmds.build, model_cmds.models_, model_cmds.coverage, store_cmds.list_,
+    store_cmds.verify, store_cmds.gc, store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve,
+    server.token, server.push, server.pull, on_demand.builder, on_demand.builds, account.login, account.logout,
+    trust_cmds.keys, trust_cmds.sign, trust_cmds.revoke, doctor.doctor,
 )
 for _command in COMMANDS:
     main.add_command(_command)

@@ -1,11 +1,11 @@
-"""`fa4-aot login` and `logout`: a server's token kept in a 0600 file (see fa4_aot/credentials.py)."""
+"""`fa4-aot login` and `logout`: a server's token kept in a 0600 file (see fa4_aot/remote/credentials.py)."""
 
 from __future__ import annotations
 
 import click
 
-from .. import credentials
 from ..errors import Fa4AotError
+from ..remote import credentials
 
 
 @click.command()
@@ -13,7 +13,7 @@ from ..errors import Fa4AotError
 @click.option("--token", help="The token (default: prompted for, hidden); from `fa4-aot token create`.")
 def login(server: str, token: str | None) -> None:
     """Store a token for SERVER; push, pull, revoke and build --from-misses use it when no --token is given."""
-    from ..remote import Remote
+    from ..remote.http import Remote
 
     Remote(server)  # a malformed URL is refused before anything is stored
     token = token or click.prompt("token", hide_input=True)

@@ -20,8 +20,8 @@ from ..errors import Fa4AotError
 from ..store import Store
 
 if TYPE_CHECKING:
-    from ..remote import Remote
-    from ..variants import Matrix
+    from ..matrix.variants import Matrix
+    from ..remote.http import Remote
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -104,7 +104,7 @@ def check_sku(name: str, *elsewhere: Iterable[str]) -> None:
     """Refuse a SKU name that is neither in the SKU table (variants.toml) nor among `elsewhere` (a store's SKUs,
     a server's): UnknownSku with a "did you mean". Every command taking --sku checks it so (build, coverage and
     sign through the table alone, as they need a SKU's facts)."""
-    from ..skus import check_name
+    from ..spec.skus import check_name
 
     try:
         table = list(load_matrix(None).skus)
@@ -123,13 +123,13 @@ def remote_for(server: str, token: str | None, param: str = "server") -> Remote:
     network) or without a scheme; a connection error advises on the option or the variable that gave the URL."""
     import os
 
-    from ..remote import ENV_ADVICE, Remote
+    from ..remote.http import ENV_ADVICE, Remote
 
     if os.environ.get("FA4_AOT_OFFLINE") == "1":
         raise Fa4AotError(f"FA4_AOT_OFFLINE=1 forbids the network, and this command talks to {server}: unset "
                           "FA4_AOT_OFFLINE to run it")
     if token is None:
-        from ..credentials import token_for
+        from ..remote.credentials import token_for
 
         token = token_for(server)
     source = click.get_current_context().get_parameter_source(param)
@@ -149,7 +149,7 @@ def variants_option(help: str | None = "Variant matrix (default: variants.toml).
 
 def load_matrix(path: Path | None) -> Matrix:
     """variants.toml (or `path`), parsed; ConfigError names the file, line and field."""
-    from .. import variants
+    from ..matrix import variants
 
     return variants.load(path or config.default_variants_file())
 

@@ -21,9 +21,9 @@ def _check(name: str, status: str, detail: str, next_step: str = "") -> Check:
 
 
 def _device() -> tuple[list[Check], str | None]:
-    from .. import hosts
-    from ..installation import has_cuda
-    from ..skus import detect_device, select
+    from ..client.installation import has_cuda
+    from ..spec import hosts
+    from ..spec.skus import detect_device, select
 
     forced = os.environ.get("FA4_AOT_SKU")
     skus = load_matrix(None).skus
@@ -73,14 +73,14 @@ def _store(sku: str | None) -> Check:
 def _built_by_another_toolchain(store: Store) -> list[str]:
     """What to do about kernels no key of this installation finds (migrate.foreign)."""
     from ..fa4 import toolchain
-    from ..migrate import foreign, rebuild_advice
+    from ..store.migrate import foreign, rebuild_advice
 
     return rebuild_advice(*foreign(store.entries(), toolchain()))
 
 
 def _server(url: str | None, token: str | None) -> list[Check]:
-    from ..credentials import token_for
-    from ..remote import Remote
+    from ..remote.credentials import token_for
+    from ..remote.http import Remote
 
     if not url:
         return [_check("server", "ok", "none configured (local store only)",

@@ -1,4 +1,4 @@
-"""`fa4-aot builder` and `fa4-aot builds`: on-demand builds of what clients miss (fa4_aot/builder.py)."""
+"""`fa4-aot builder` and `fa4-aot builds`: on-demand builds of what clients miss (fa4_aot/build/builder.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from ..store import Store
-from .build import _executor
+from .build_cmds import _executor
 from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
 from .stopping import on_signals
 
@@ -49,9 +49,9 @@ def builder(store: Store, server: str, token: str | None, jobs: int, executor: s
     publish it as `fa4-aot push` does. Run one or more next to `fa4-aot serve` on CPU hosts; clients with
     FA4_AOT_BUILD_WAIT=SECONDS wait for the job instead of failing. Stops on SIGINT/SIGTERM; a job it held is
     taken over by the next claim once its lease runs out."""
-    from ..builder import Builder, wait_for_server
-    from ..credentials import token_for
-    from ..remote import Remote
+    from ..build.builder import Builder, wait_for_server
+    from ..remote.credentials import token_for
+    from ..remote.http import Remote
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)

@@ -18,7 +18,7 @@ from .progress import Progress, quiet_option
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from ..remote import Remote
+    from ..remote.http import Remote
 
 
 def _remote(server: str, token: str | None) -> Remote:
@@ -188,7 +188,7 @@ def token_list(db_url: str | None, as_json: bool) -> None:
 @pass_store
 def push(store: Store, server: str, token: str | None, sku: str | None, jobs: int, as_json: bool, quiet: bool) -> None:
     """Publish local kernels to a server, uploading only the objects it lacks (HEAD first)."""
-    from ..transfer import push as run
+    from ..remote.push_pull import push as run
 
     if sku is not None:  # a typo must not push nothing and exit 0
         check_sku(sku, {e.sku for e in store.entries()})
@@ -222,7 +222,7 @@ def pull(store: Store, server: str, token: str | None, sku: str, model_arg: str 
          workload_arg: str, jobs: int, as_json: bool, quiet: bool) -> None:
     """Mirror a SKU's kernels from a server into the local store (verified), e.g. for an air-gapped copy; with
     --model, only what that model runs, so a node starts warm (as fa4_aot.prefetch does in Python)."""
-    from ..transfer import pull as run
+    from ..remote.push_pull import pull as run
 
     remote = _remote(server, token)
     held = server_skus(remote)
@@ -246,9 +246,10 @@ def pull(store: Store, server: str, token: str | None, sku: str, model_arg: str 
 
 def _pull_model(store: Store, remote: Remote, sku: str, model_arg: str, tp_arg: str, workload_arg: str,
                 as_json: bool) -> None:
-    """`pull --model`: the model's kernel set (model_fetch.py); exit 1 unless the store then holds all of it."""
-    from .. import model_fetch, models, modelwork
-    from .models import parse_tps, parse_workloads
+    """`pull --model`: the model's kernel set (client/prefetch.py); exit 1 unless the store then holds all of it."""
+    from ..client import prefetch
+    from ..matrix import models, modelwork
+    from .model_cmds import parse_tps, parse_workloads
 
     model, tps = models.resolve(model_arg), parse_tps(tp_arg)
     for why in modelwork.skipped(model, tps):
@@ -257,7 +258,7 @@ def _pull_model(store: Store, remote: Remote, sku: str, model_arg: str, tp_arg: 
     if target is None:  # a SKU only the server knows
         raise Fa4AotError(f"SKU {sku!r} is not in this host's SKU table (`fa4-aot skus`): --model needs its facts "
                           "to name its recipe files")
-    r = model_fetch.run(store, remote, target, model, tps, parse_workloads(workload_arg))
+    r = prefetch.run(store, remote, target, model, tps, parse_workloads(workload_arg))
     if not r.signatures:
         raise Fa4AotError(f"{model.name} has no signature at TP {tp_arg}: nothing to pull")
     lines = [f"unbuilt on the server: {label}" for label in r.unbuilt]

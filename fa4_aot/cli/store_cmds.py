@@ -9,9 +9,8 @@ from typing import Any
 
 import click
 
-from .. import maintenance
-from ..maintenance import VerifyReport
-from ..store import Entry, Store
+from ..store import Entry, Store, maintenance
+from ..store.maintenance import VerifyReport
 from .common import check_sku, emit, existing, json_option, pass_store
 from .progress import Progress, quiet_option
 
@@ -167,7 +166,7 @@ def prune(store: Store, sku: str | None, toolchain: str | None, older_than: str 
           dry_run: bool, as_json: bool) -> None:
     """Remove kernels by SKU, toolchain, age or a size budget (filters combine), then their unreferenced
     objects. Each entry goes before its object, so a reader never meets a half-removed kernel."""
-    from .. import prune as mod
+    from ..store import prune as mod
 
     rules = mod.Rules(
         sku=sku, older_than=mod.parse_age(older_than) if older_than else None,
@@ -199,8 +198,8 @@ def migrate(store: Store, dry_run: bool, as_json: bool) -> None:
 
     Objects are kept; old signed manifests list the old keys, so sign each SKU again afterwards. Kernels built by
     another toolchain (other FA4, CuTe or fa4-aot patch source) cannot be re-filed: it says to rebuild them."""
-    from ..migrate import migrate as run
-    from ..migrate import rebuild_advice
+    from ..store.migrate import migrate as run
+    from ..store.migrate import rebuild_advice
 
     result = run(store, dry_run=dry_run, tools=_installed_toolchain())
     verb = "would re-file" if dry_run else "re-filed"

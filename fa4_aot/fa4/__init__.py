@@ -9,12 +9,12 @@ Target (build workers, before FA4 is imported):
     configure(sku)                 point FA4 and CuTe at a SKU in a process with no GPU (target.py)
     hardware_calls()               what compiles asked the stand-in HardwareInfo, and its answers
     toolchain()                    versions + CUDA flavour that kernel keys name (versions.py)
-Kernels of a Call or an ExactCall, on fake tensors (kernels.py, through dispatch.py or exact.py, and caches.py):
+Kernels of a Call or an ExactCall, on fake tensors (kernels.py, through dispatch.py or exact_replay.py, and caches.py):
     plan(call)                     {(family, canonical key JSON): compile key} FA4 selects for a call
     plan_signature(sig, sku)       {(family, key JSON): (compile key, a Call)} at every shape (complete.py)
     plan_each(calls)               plan() of many calls in one fake mode (None for a call FA4 rejects)
     compile_call(call, wanted, done)  compile only `wanted`, handing each kernel to done(...)
-Objects (objects.py):
+Objects (object_files.py):
     export(fn, host) -> bytes      a compiled kernel as object-file bytes, host code for a host target
     load_object(path)              an exported object loaded back, callable as FA4 calls kernels
 Serving from the store (caches.py, tracking.py, dispatch.py):
@@ -23,7 +23,7 @@ Serving from the store (caches.py, tracking.py, dispatch.py):
     lookup(family, key)            ask FA4's installed cache of `family` for `key` (loads it, or misses)
     capture()                      make FA4's autograd functions say which Call runs (current())
     current()                      the Call FA4 runs on this thread, or None (imports no FA4)
-    current_record()               the exact record (fa4_aot/exact.py) of that call, or None
+    current_record()               the exact record (fa4_aot/spec/exact.py) of that call, or None
     running(call)                  a block in which current() is `call` (imports no FA4)
     attend(call, q, k, v, **kw)    flash_attn_func / flash_attn_varlen_func with the call's flags
 Lean runtime, at build time (record.py, linking.py):
@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..calls import Call
-    from ..exact import ExactCall
-    from ..hosts import HostTarget
-    from ..signature import Signature
-    from ..skus import Sku
+    from ..spec.calls import Call
+    from ..spec.exact import ExactCall
+    from ..spec.hosts import HostTarget
+    from ..spec.signature import Signature
+    from ..spec.skus import Sku
     from .caches import KernelSource
 
 __all__ = ["configure", "hardware_calls", "toolchain", "plan", "plan_signature", "plan_each", "compile_call",
@@ -99,15 +99,15 @@ def compile_call(call: Call | ExactCall, wanted: set[tuple[str, str]],
 
 
 def export(fn: Any, host: HostTarget) -> bytes:
-    from . import objects
+    from . import object_files
 
-    return objects.export(fn, host)
+    return object_files.export(fn, host)
 
 
 def load_object(path: Path) -> Any:
-    from . import objects
+    from . import object_files
 
-    return objects.load_object(path)
+    return object_files.load_object(path)
 
 
 def install_store_caches(source: KernelSource) -> None:

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from flash_attn.cute.cache_utils import JITCache
 
-from ..kernel_keys import canonical, dumps
-from .objects import load_object
+from ..spec.kernel_keys import canonical, dumps
+from .object_files import load_object
 
 _MODULES = ("flash_attn.cute.interface", "flash_attn.cute.compute_block_sparsity")
 
@@ -66,7 +66,7 @@ def lookup(family: str, key: Any) -> bool:
 
 
 class KernelSource(Protocol):
-    """What a StoreCache asks (fa4_aot.installation.Installation is one; tests use fakes)."""
+    """What a StoreCache asks (fa4_aot.client.installation.Installation is one; tests use fakes)."""
 
     def object_for(self, family: str, key: Any) -> Path | None:
         """The verified object file of this kernel, or None when FA4 should compile it (may raise instead)."""
@@ -120,7 +120,7 @@ class Recorder(JITCache):
 class Compiler(JITCache):
     """Lets FA4 compile only the keys in `wanted` and hands each result to `done(family, key, fn, seconds)`:
     the CPU seconds the compile took in this process, which, unlike wall time, do not grow with the load of the
-    build host (entries record them as compile_seconds; estimate.py predicts builds from them)."""
+    build host (entries record them as compile_seconds; build/estimate.py predicts builds from them)."""
 
     def __init__(self, family: str, wanted: set[tuple[str, str]], done: Callable[..., None]) -> None:
         super().__init__()

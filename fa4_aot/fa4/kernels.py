@@ -1,6 +1,6 @@
 """Which kernels a call needs, and compiling chosen ones: both run the call through FA4's dispatch on fake
 tensors, with recording or compiling caches swapped in (caches.py). A call is a Call (its summary, run through
-dispatch.py) or an ExactCall (a client's record of the very arguments, replayed by exact.py).
+dispatch.py) or an ExactCall (a client's record of the very arguments, replayed by exact_replay.py).
 
 Both run in the current process's FA4 configuration: a build worker's target SKU (target.configure), or the
 local GPU. Both raise whatever FA4 raises for a call it does not support.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..calls import Call
-from ..exact import ExactCall
-from . import caches, dispatch, exact
+from ..spec.calls import Call
+from ..spec.exact import ExactCall
+from . import caches, dispatch, exact_replay
 
 
 def plan(call: Call | ExactCall) -> dict[tuple[str, str], Any]:
@@ -38,6 +38,6 @@ def compile_call(call: Call | ExactCall, wanted: set[tuple[str, str]],
 
 def _run(call: Call | ExactCall) -> None:
     if isinstance(call, ExactCall):
-        exact.replay(call.to_dict())
+        exact_replay.replay(call.to_dict())
     else:
         dispatch.run(call)

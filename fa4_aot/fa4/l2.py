@@ -25,7 +25,7 @@ import os
 from typing import Any
 
 from ..errors import BuildError
-from ..skus import Sku
+from ..spec.skus import Sku
 
 _FA4_LINE = "size_l2 = 50 * 1024 * 1024"
 _OUR_LINE = "size_l2 = _fa4_aot_l2_budget()"

@@ -1,11 +1,11 @@
 """Link an exported kernel object (TVM-FFI ABI) into a shared library that loads with tvm_ffi alone, for the
-SKU's host target (fa4_aot/hosts.py), from any build host.
+SKU's host target (fa4_aot/spec/hosts.py), from any build host.
 
 The object's undefined symbols are resolved by the two runtime libraries CuTe DSL names for loading TVM-FFI
 modules (cutlass.runtime.find_runtime_libraries): libtvm_ffi.so (from the apache-tvm-ffi wheel, which a lean
 GPU host has) and libcute_dsl_runtime.so (CuTe's C runtime, which statically includes the CUDA runtime; it is
 only in the nvidia-cutlass-dsl-libs-cu* wheel, so the store carries it as an object of its own). The library
-records both only by SONAME (DT_NEEDED, no RPATH): the lean client loads them first (lean_libs.py).
+records both only by SONAME (DT_NEEDED, no RPATH): the lean client loads them first (runtime/libraries.py).
 
 Linking is hermetic: zig's linker (the ziglang wheel) for the target's triple, against empty stand-ins that
 carry only those SONAMEs, so the bytes depend on the object and the zig version, not on the build host's gcc,
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from ..config import host_arch
 from ..errors import BuildError
-from ..fsutil import atomic_write
-from ..hosts import HostTarget, elf_arch
+from ..spec.hosts import HostTarget, elf_arch
+from ..store.fsutil import atomic_write
 from .versions import cutlass_cuda_flavor
 
 # SONAMEs a linked kernel needs, in the order the client loads them.

@@ -6,7 +6,7 @@ fills, views) is traced by a dispatch mode, and every compiled-kernel call it ma
 compile-cache recorder with its full argument list; sizes in both stay symbolic. The KV head count is a size
 too (the query heads are the signature's GQA ratio times it), so every branch FA4 takes on a size or a head
 count (tile choice, q_stage, pack_gqa, 2-CTA, split heuristics, the compile key itself) becomes a ShapeEnv
-guard: the recipe holds exactly where those guards hold, so replaying it (fa4_aot/recipe.py) is FA4's own
+guard: the recipe holds exactly where those guards hold, so replaying it (fa4_aot/runtime/replay.py) is FA4's own
 decision.
 
 Run only in a process configured for the target SKU (target.configure), as the build workers are.
@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..kernel_keys import canonical, dumps, kernel_key
-from ..recipe import HEADS, RECIPE_FORMAT, SIZE_NAMES, size_names
-from ..signature import Signature
-from ..skus import Sku
+from ..runtime.replay import HEADS, RECIPE_FORMAT, SIZE_NAMES, size_names
+from ..spec.kernel_keys import canonical, dumps, kernel_key
+from ..spec.signature import Signature
+from ..spec.skus import Sku
 from . import caches, sympy_json
 from .dispatch import _Ctx
 from .versions import toolchain
@@ -214,7 +214,7 @@ def _launching(interface: Any) -> Iterator[None]:
 
 def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True,
            defaults: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The recipe of `sig` for the region of sizes containing `sizes` (names: recipe.size_names(layout); the KV
+    """The recipe of `sig` for the region of sizes containing `sizes` (names: runtime.replay.size_names(layout); the KV
     head count defaults to the signature's, the query heads are always the signature's GQA ratio times it).
     With symbolic=False, FA4 runs at exactly `sizes`: what it does there, for comparing with a replay; the
     size arguments named in `defaults` (max_seqlen_q/k of seqused and paged calls) are then left to FA4.

@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from ..errors import BuildError
-from ..skus import Sku
+from ..spec.skus import Sku
 from .versions import cutlass_cuda_flavor
 
 _calls: list[tuple[str, Any]] = []

@@ -1,6 +1,6 @@
 """Which call is FA4 running? install() wraps FA4's autograd functions so that a kernel missing from the
 store can be reported with the Call that needed it (a summary: FA4_AOT_RECORD appends it, record.py) and the
-exact record of its arguments (fa4_aot/exact.py), which `fa4-aot build --from-misses` replays to build exactly
+exact record of its arguments (fa4_aot/spec/exact.py), which `fa4-aot build --from-misses` replays to build exactly
 the kernels that call asked for. Importing this module imports no FA4: only capture() and from_arguments()
 touch FA4 or torch.
 """
@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from .. import record
-from ..calls import Call, dtype_name, mask_of, pass_of
-from . import exact
+from ..spec import call_log
+from ..spec.calls import Call, dtype_name, mask_of, pass_of
+from . import exact_replay
 
 _current = threading.local()
 Describe = Callable[[], dict[str, Any] | None]  # the exact record of the call in flight, made only when asked
@@ -28,7 +28,7 @@ def current() -> Call | None:
 
 
 def current_record() -> dict[str, Any] | None:
-    """The exact record (fa4_aot/exact.py) of the call FA4 runs on this thread, or None. Made when asked, i.e. on
+    """The exact record (fa4_aot/spec/exact.py) of the call FA4 runs on this thread, or None. Made when asked, i.e. on
     a miss: describing every call would cost each one microseconds."""
     describe = getattr(_current, "describe", None)
     return describe() if describe is not None else None
@@ -70,10 +70,10 @@ def _wrap_forward(forward: Any, layout: str, entry: str) -> Any:
             pass
         ctx._fa4_aot_call = call
         if call is not None:
-            record.note(call)  # FA4_AOT_RECORD: append each distinct call (no-op when unset)
+            call_log.note(call)  # FA4_AOT_RECORD: append each distinct call (no-op when unset)
 
         def describe() -> dict[str, Any] | None:
-            return exact.describe(entry, arguments) if arguments else None
+            return exact_replay.describe(entry, arguments) if arguments else None
 
         # a backward needs the forward's record after the forward returned: kept on ctx, for training calls only
         # (what it holds besides the tensors FA4 saves for backward anyway is small integer metadata)
@@ -90,7 +90,7 @@ def _wrap_backward(backward: Any) -> Any:
         forward = getattr(ctx, "_fa4_aot_describe", None)
 
         def describe() -> dict[str, Any] | None:
-            return exact.with_backward(forward(), dout, dlse) if forward is not None else None
+            return exact_replay.with_backward(forward(), dout, dlse) if forward is not None else None
 
         with running(getattr(ctx, "_fa4_aot_call", None), describe):
             return backward(ctx, dout, dlse)

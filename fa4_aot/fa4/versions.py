@@ -1,5 +1,5 @@
 """The toolchain a kernel key names: everything installed that generates a kernel's bytes. Changing any of it
-changes every kernel key (fa4_aot.kernel_keys), so a store never serves bytes of one toolchain under the keys
+changes every kernel key (fa4_aot.spec.kernel_keys), so a store never serves bytes of one toolchain under the keys
 of another.
 
 `toolchain()` is {name: value} of:
@@ -35,7 +35,7 @@ from functools import cache, lru_cache
 from importlib import metadata
 from pathlib import Path
 
-from ..hosts import TARGETS
+from ..spec.hosts import TARGETS
 
 # The distributions whose code generates the kernels. Changing any of them changes the keys.
 TOOLCHAIN_DISTRIBUTIONS = ("flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")
@@ -47,7 +47,7 @@ SOURCE_PACKAGES = ("flash_attn.cute", "cutlass", "quack")
 PATCHES = (
     "l2.py",  # rewrites FA4's tile-scheduler source and FlashPrepareScheduler's L2 budgets
     "target.py",  # answers FA4's and CuTe's hardware questions, arch variables and FA4's CUDA-12 2-CTA switch
-    "objects.py",  # turns the compiled kernel into the object bytes stored (export module, host code, -O level)
+    "object_files.py",  # turns the compiled kernel into the object bytes stored (export module, host code, -O level)
 )
 _GENERATED = re.compile(r"_cutlass_ir_version_cu\d+\.py")  # see the module docstring
 ABSENT = "absent"

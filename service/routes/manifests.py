@@ -44,7 +44,7 @@ def list_manifests(sku: SkuPath, session: SessionDep) -> SignedManifests:
 )
 async def put_manifest(sku: SkuPath, request: Request, response: Response, session: SessionDep,
                        token: PublisherDep) -> ManifestStored:
-    """Store a signed manifest (fa4_aot.signing envelope, at most 1 MiB) of the SKU: 201 when new, 200 when
+    """Store a signed manifest (fa4_aot.trust.signing envelope, at most 1 MiB) of the SKU: 201 when new, 200 when
     this envelope is already stored. 422 when malformed or for another SKU; 409 when the SKU is unknown or
     its facts differ, when a listed kernel is not served with exactly the listed object digest, or when the
     manifest is stored with another signature; 403 when the token is limited to other SKUs. The signature

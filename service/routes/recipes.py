@@ -1,6 +1,6 @@
 """Lean-runtime recipe files of a SKU: publish one (validated JSON, size-capped, newest wins), list them, read one.
 
-A recipe file holds every recorded region of one call signature on one SKU (fa4_aot.recipe_store); its key is
+A recipe file holds every recorded region of one call signature on one SKU (fa4_aot.store.recipes); its key is
 sha256 of the signature and the SKU's target facts, which the server recomputes from the file's regions before
 it keeps the file, so a file cannot be published under another signature's or SKU's key.
 """
@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from fa4_aot import recipe_store
+from fa4_aot.store import recipes as recipe_store
 
 from .. import crud, crud_recipes, models, schemas
 from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
@@ -58,7 +58,7 @@ async def put_recipe(sku: SkuPath, key: KeyPath, request: Request, response: Res
                      store: StoreDep, token: PublisherDep) -> RecipeOut:
     """Publish recipe file `key` of `sku`: 201 when new or replacing other bytes (newest wins), 200 when held
     as is. 422 unless the body is a recipe file whose regions' signatures hash, with the SKU's facts, to `key`;
-    413 past fa4_aot.recipe_store.MAX_BYTES; 409 for a SKU without published kernels; 403 for a token limited
+    413 past fa4_aot.store.recipes.MAX_BYTES; 409 for a SKU without published kernels; 403 for a token limited
     to SKUs that do not include every SKU with this SKU's facts (they share recipe keys)."""
     check_sku_allowed(token, sku)
     data = await request.body()

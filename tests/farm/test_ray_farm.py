@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import flavours, kernel_keys
+from fa4_aot.build import flavours
 from fa4_aot.config import host_arch
 from fa4_aot.errors import BuildError
-from fa4_aot.maintenance import verify
+from fa4_aot.spec import kernel_keys
 from fa4_aot.store import Store
+from fa4_aot.store.maintenance import verify
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.farm.ray_cluster import CLUSTER_ENV, RayCluster
 from tests.service.service_helpers import Server, prepare_database

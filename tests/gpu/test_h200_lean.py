@@ -183,25 +183,25 @@ def test_lean_split_kv_bitwise_equal_to_fa4(fa4, name, layout, page_size, flags)
     import torch
 
     import fa4_aot
-    from fa4_aot import lean_api
+    from fa4_aot.runtime import api
 
     if torch.cuda.get_device_capability()[0] < 10:
         pytest.skip("FA4 runs split-KV on sm_100 only (it asserts 'SplitKV not supported on SM 9.0')")
     lean_fn = fa4_aot.flash_attn_func if layout == "dense" else fa4_aot.flash_attn_varlen_func
     first, *others = (_decode(fa4[layout], layout, page_size, flags) for _ in range(FA4_RUNS))
     _assert_same(name, _decode(lean_fn, layout, page_size, flags), first, others)
-    regions = [r for a in lean_api._cache.values() if a.sig.num_splits == flags["num_splits"] and a.sig.layout == layout
+    regions = [r for a in api._cache.values() if a.sig.num_splits == flags["num_splits"] and a.sig.layout == layout
                for r in a.regions]
     assert any(k["family"] == "_flash_attn_fwd_combine" for r in regions for k in r["kernels"]), "no split ran"
 
 
 def test_lean_steady_state_calls_reuse_bound_plans(fa4):
     import fa4_aot
-    from fa4_aot import lean_api
+    from fa4_aot.runtime import api
 
     for _ in range(3):
         _run(fa4_aot.flash_attn_func, "dense", 2, True, {"causal": True})
-    bound = [len(a._bound) for a in lean_api._cache.values()]
+    bound = [len(a._bound) for a in api._cache.values()]
     assert bound and max(bound) == 1, bound
 
 

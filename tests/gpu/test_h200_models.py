@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from fa4_aot import models
+from fa4_aot.matrix import models
 
 pytestmark = pytest.mark.gpu
 
@@ -299,7 +299,8 @@ def test_model_calls_strict_zero_compiles_and_correct(strict: Any, name: str, tp
 def suite_variants() -> str:
     """A variants file holding the SKU table and one model entry per (model, TP degree) of SUITE, so that one
     `fa4-aot build --variants FILE` plans and compiles the whole suite with every kernel compiled once."""
-    from fa4_aot import config, variants
+    from fa4_aot import config
+    from fa4_aot.matrix import variants
 
     skus = variants.load(config.default_variants_file()).skus.values()
     out = [f'[skus.{s.name}]\narch = "{s.arch}"\nsm_count = {s.sm_count}\nl2_bytes = {s.l2_bytes}\n'

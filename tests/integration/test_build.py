@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import maintenance
-from fa4_aot.store import Store
+from fa4_aot.store import Store, maintenance
 from tests.conftest import ROOT, TINY_VARIANTS, build_json, run_cli
 
 pytestmark = pytest.mark.slow

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import maintenance
-from fa4_aot.fsutil import TMP_SUFFIX
-from fa4_aot.store import Store
+from fa4_aot.store import Store, maintenance
+from fa4_aot.store.fsutil import TMP_SUFFIX
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,9 @@ CONFIGS = ROOT / "tests" / "data" / "hf_configs"
 # flash_attn_func), and a causal training step
 RECORD_SCRIPT = """
 import torch
-from fa4_aot import config, fa4, variants
-from fa4_aot.calls import Call
+from fa4_aot import config, fa4
+from fa4_aot.matrix import variants
+from fa4_aot.spec.calls import Call
 from fa4_aot.fa4 import caches, dispatch
 fa4.configure(variants.load(config.default_variants_file()).sku("h200"))
 fa4.capture()
@@ -133,7 +134,7 @@ def _parity_calls(seed: int, count: int) -> list[dict]:
     too), a forward without LSE."""
     import random
 
-    from fa4_aot.signature import Signature
+    from fa4_aot.spec.signature import Signature
 
     rng = random.Random(seed)
     base = Signature(layout="dense", pass_="bwd", dtype="bf16", head_dim=128, head_dim_v=128, mask="causal",

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import hosts, kernel_keys
 from fa4_aot.fa4 import linking
+from fa4_aot.spec import hosts, kernel_keys
 from fa4_aot.store import Entry, Store
 from tests.conftest import TINY_VARIANTS, build_json
 

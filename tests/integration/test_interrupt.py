@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import kernel_keys, maintenance
-from fa4_aot.store import Store
+from fa4_aot.spec import kernel_keys
+from fa4_aot.store import Store, maintenance
 from tests.conftest import ROOT, TINY_VARIANTS
 
 pytestmark = pytest.mark.slow

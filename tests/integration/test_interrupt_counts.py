@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import maintenance
-from fa4_aot.store import Store
+from fa4_aot.store import Store, maintenance
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import lean, recipe
-from fa4_aot.calls import Call
 from fa4_aot.errors import KernelMissing
-from fa4_aot.signature import Signature
+from fa4_aot.matrix.variants import load
+from fa4_aot.runtime import replay, runner
+from fa4_aot.spec.calls import Call
+from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Store
-from fa4_aot.variants import load
 from tests.conftest import TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow
@@ -33,11 +33,11 @@ CALLS = [Call.from_dict(BASE), Call.from_dict({**BASE, "mask": "causal", "seqlen
 
 def lean_misses(cache: Path) -> list[str]:
     """Run CALLS through a strict lean runtime over `cache` (no server) as far as launching; the calls missed."""
-    rt = lean.Runtime(Store(cache), SKU)
+    rt = runner.Runtime(Store(cache), SKU)
     missed = []
     for call in CALLS:
         attn = rt.attention(Signature.of(call))
-        sizes = attn.sizes(recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
+        sizes = attn.sizes(replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
         try:
             region = attn.region(sizes)
         except KernelMissing:

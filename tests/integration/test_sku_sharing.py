@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import kernel_keys
+from fa4_aot.spec import kernel_keys
 from fa4_aot.store import Entry, Store
 from tests.conftest import TINY_VARIANTS, build_json
 

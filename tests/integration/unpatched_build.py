@@ -11,8 +11,10 @@ from pathlib import Path
 
 
 def main() -> None:
-    from fa4_aot import fa4, kernel_keys, variants
+    from fa4_aot import fa4
     from fa4_aot.fa4 import l2
+    from fa4_aot.matrix import variants
+    from fa4_aot.spec import kernel_keys
 
     path, sku_name, name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     matrix = variants.load(path)

@@ -7,8 +7,8 @@ recorded as `build --from-misses` would and compared), those FA4 rejects, and ev
 
 The lean side is fa4_aot.flash_attn_func / flash_attn_varlen_func over a temp store. The first time it asks for a
 recipe file (a signature's GQA ratio) at a KV head count, the store gets the regions a build records for the
-signature at that head count (build_lean.explore over its whole size space,
-build_lean.save; for some forward classes, with or without LSE, those of the training signature instead); every
+signature at that head count (build.lean.explore over its whole size space,
+build.lean.save; for some forward classes, with or without LSE, those of the training signature instead); every
 kernel is a stub
 that notes its key and arguments (window_probe._Stubs). FA4's side is flash_attn.cute's flash_attn_func /
 flash_attn_varlen_func under compile caches that note the same (window_probe._fa4_launching). Training calls:
@@ -35,13 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from fa4_aot.fa4.dispatch import _Ctx  # the stand-in for autograd's ctx FA4's forward and backward are driven with
-from fa4_aot.probes import MAX_SEQLEN_K, MAX_SEQLEN_Q
+from fa4_aot.spec.probes import MAX_SEQLEN_K, MAX_SEQLEN_Q
 from tests.lean.window_probe import _fa4_launching, _plain, _Stubs
 
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    from fa4_aot import config, fa4, variants
+    from fa4_aot import config, fa4
+    from fa4_aot.matrix import variants
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
@@ -82,12 +83,13 @@ class _Recording:
         self.built_as: str | None = None  # the pass a build records for a forward signature (its training one)
 
     def build(self, sig: Any) -> None:
-        """What a build of `sig` records: regions covering its whole size space (build_lean.explore); with
+        """What a build of `sig` records: regions covering its whole size space (build.lean.explore); with
         `built_as`, those of the training signature instead, with its forward without LSE (a model built for
         training, run forward)."""
         import dataclasses
 
-        from fa4_aot import build_lean, probes
+        from fa4_aot.build import lean as build_lean
+        from fa4_aot.spec import probes
 
         sig = dataclasses.replace(sig, pass_=self.built_as) if self.built_as else sig
         recorded: dict[str, list[Any]] = {}
@@ -97,17 +99,19 @@ class _Recording:
 
     def record_miss(self) -> None:
         """Record the region at the sizes of the last lookup, as `build --from-misses` would, and reload."""
-        from fa4_aot import fa4, recipe_store
+        from fa4_aot import fa4
+        from fa4_aot.store import recipes
 
         attn, sizes = self.asked
-        recipe_store.merge(self.rt.store, attn.key, [fa4.record_recipe(attn.sig, sizes, self.sku)])
+        recipes.merge(self.rt.store, attn.key, [fa4.record_recipe(attn.sig, sizes, self.sku)])
         attn.regions = attn._load()
 
 
 @contextmanager
 def _lean_runtime(sku: Any, root: Path) -> Iterator[_Recording]:
-    from fa4_aot import lean, lean_api, recipe_store
-    from fa4_aot.store import Store
+    from fa4_aot.runtime import api
+    from fa4_aot.runtime import runner as lean
+    from fa4_aot.store import Store, recipes
 
     built: set[Any] = set()
 
@@ -115,7 +119,7 @@ def _lean_runtime(sku: Any, root: Path) -> Iterator[_Recording]:
         def attention(self, sig: Any) -> Any:
             # a file per GQA ratio, built as a build of each head count a class calls with (a model at two TP
             # degrees) records it: the second head count's build records only what the first's regions leave out
-            key = (recipe_store.recipe_key(sig, sku), sig.heads_kv)
+            key = (recipes.recipe_key(sig, sku), sig.heads_kv)
             if key not in built:
                 built.add(key)
                 recording.build(sig)
@@ -132,7 +136,7 @@ def _lean_runtime(sku: Any, root: Path) -> Iterator[_Recording]:
 
     before = lean.runtime, lean.Attention.region
     lean.runtime, lean.Attention.region = (lambda cache_dir=None: rt), noting
-    lean_api._cache.clear()
+    api._cache.clear()
     try:
         yield recording
     finally:
@@ -262,7 +266,7 @@ def _entry(side: str, sku: Any, grads: dict[str, Any], launches: list[Any]) -> I
     """The entry point of `side` for a call with or without cu_seqlens/seqused_k, its autograd driven directly."""
     if side == "lean":
         import fa4_aot
-        from fa4_aot import lean
+        from fa4_aot.runtime import runner as lean
 
         function = lean._function()
         lean._autograd[:] = [_driver(function, grads, lambda args: [None, None, *args[1]])]

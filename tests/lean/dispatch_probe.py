@@ -18,11 +18,13 @@ import warnings
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    from fa4_aot import config, fa4, recipe, variants
+    from fa4_aot import config, fa4
+    from fa4_aot.matrix import variants
+    from fa4_aot.runtime import replay
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
-    from fa4_aot.signature import Signature
+    from fa4_aot.spec.signature import Signature
 
     sigs = [Signature.from_dict(d) for d in json.loads(sys.argv[2])]
     count, rng = int(sys.argv[3]), random.Random(int(sys.argv[4]))
@@ -30,7 +32,7 @@ def main() -> None:
     for sig in sigs:
         regions: list = []
         for _ in range(count):
-            sizes = {**_random_sizes(sig.layout, rng, sig.page_size), recipe.HEADS: _random_heads(sig, rng)}
+            sizes = {**_random_sizes(sig.layout, rng, sig.page_size), replay.HEADS: _random_heads(sig, rng)}
             report["compared"] += 1
             verdict = _compare(fa4, sig, sizes, sku, regions, rng, report)
             if verdict:
@@ -42,9 +44,11 @@ def main() -> None:
 def _compare(fa4, sig, sizes: dict[str, int], sku, regions: list, rng: random.Random, report: dict) -> str:
     """'' when the lean runtime does what FA4 does at `sizes` (recording a region there if none holds), else why
     not. Where FA4 raises (a call it rejects), no region may hold: the lean runtime must refuse too."""
-    from fa4_aot import kernel_keys, recipe, recipe_store
+    from fa4_aot.runtime import replay
+    from fa4_aot.spec import kernel_keys
+    from fa4_aot.store import recipes
 
-    region = recipe_store.find(regions, sizes)
+    region = recipes.find(regions, sizes)
     if region is None:
         try:
             region = fa4.record_recipe(sig, sizes, sku)
@@ -57,12 +61,12 @@ def _compare(fa4, sig, sizes: dict[str, int], sku, regions: list, rng: random.Ra
             return f"recording failed ({e!r}) where FA4 runs"
         regions.append(region)
         report["recorded"] += 1
-        assert recipe_store.find(regions, sizes) is region, "a region must hold where it was recorded"
+        assert recipes.find(regions, sizes) is region, "a region must hold where it was recorded"
     try:
         concrete = fa4.record_recipe(sig, sizes, sku, symbolic=False, defaults=_defaults(sig, sizes, rng))
     except Exception as e:
         return f"a region holds where FA4 raises {e!r}"
-    mine = {part: recipe.concretize(region[part], sizes) for part in ("fwd", "bwd", "outputs", "inputs")}
+    mine = {part: replay.concretize(region[part], sizes) for part in ("fwd", "bwd", "outputs", "inputs")}
     theirs = {part: concrete[part] for part in ("fwd", "bwd", "outputs", "inputs")}
     report["split"] += any(k["family"] == "_flash_attn_fwd_combine" for k in region["kernels"])
     if kernel_keys.dumps(mine) != kernel_keys.dumps(theirs):

@@ -62,17 +62,19 @@ def _compare(call: dict[str, Any], sku: Any, root: Path) -> dict[str, Any]:
 def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any]) -> Iterator[None]:
     """The lean runtime over a store that holds, for any signature asked for, only the region a build records for
     that signature with the call's `record` head counts and pass, at the call's lengths; kernels are _Stubs."""
-    from fa4_aot import fa4, lean, recipe, recipe_store
-    from fa4_aot.store import Store
+    from fa4_aot import fa4
+    from fa4_aot.runtime import replay
+    from fa4_aot.runtime import runner as lean
+    from fa4_aot.store import Store, recipes
 
-    sizes = recipe.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
+    sizes = replay.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
     hq, hkv = call["record"].get("heads", (call["q"][2], call["k"][2]))
 
     class Recording(lean.Runtime):
         def attention(self, sig: Any) -> Any:
             recorded = dataclasses.replace(sig, heads_q=hq, heads_kv=hkv, pass_=call["record"].get("pass_", sig.pass_))
             region = fa4.record_recipe(recorded, {**sizes, "heads_kv": hkv}, sku)  # a size since issue 17
-            recipe_store.merge(self.store, recipe_store.recipe_key(recorded, sku), [region])
+            recipes.merge(self.store, recipes.recipe_key(recorded, sku), [region])
             return super().attention(sig)
 
     with window_probe.installed(Recording(Store(root), sku), launches):

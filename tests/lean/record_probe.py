@@ -12,11 +12,12 @@ import warnings
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    from fa4_aot import config, fa4, variants
+    from fa4_aot import config, fa4
+    from fa4_aot.matrix import variants
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
-    from fa4_aot.signature import Signature
+    from fa4_aot.spec.signature import Signature
 
     pairs = json.loads(sys.argv[2])
     print(json.dumps([fa4.record_recipe(Signature.from_dict(sig), sizes, sku) for sig, sizes in pairs]))

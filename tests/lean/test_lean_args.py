@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import fa4_aot
-from fa4_aot import lean, lean_api
+from fa4_aot.runtime import api, runner
 
 
 def _qkv(grad: bool = False):
@@ -16,7 +16,7 @@ def _qkv(grad: bool = False):
 
 @pytest.mark.parametrize("name", ["score_mod", "mask_mod", "qv", "block_sparse_tensors", "pack_gqa", "seqused_q"])
 def test_unsupported_fa4_arguments_are_named(name: str) -> None:
-    with pytest.raises(lean.Unsupported, match=name):
+    with pytest.raises(runner.Unsupported, match=name):
         fa4_aot.flash_attn_func(*_qkv(), **{name: object()})
 
 
@@ -26,7 +26,7 @@ def test_unknown_argument_is_a_type_error() -> None:
 
 
 def test_training_with_return_lse_is_refused() -> None:
-    with pytest.raises(lean.Unsupported, match="return_lse"):
+    with pytest.raises(runner.Unsupported, match="return_lse"):
         fa4_aot.flash_attn_func(*_qkv(grad=True), return_lse=True)
 
 
@@ -41,7 +41,7 @@ def test_varlen_needs_integer_max_lengths() -> None:
 
     q, k, v = (t[0] for t in _qkv())
     cu = torch.tensor([0, 128], dtype=torch.int32)
-    with pytest.raises(lean.Unsupported, match="max_seqlen"):
+    with pytest.raises(runner.Unsupported, match="max_seqlen"):
         fa4_aot.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=128)
 
 
@@ -50,7 +50,7 @@ def test_varlen_needs_integer_max_lengths() -> None:
 def test_varlen_forms_without_a_recipe_are_named(given: dict) -> None:
     import torch
 
-    with pytest.raises(lean.Unsupported, match="varlen .cu_seqlens_q and cu_seqlens_k., seqused") as e:
+    with pytest.raises(runner.Unsupported, match="varlen .cu_seqlens_q and cu_seqlens_k., seqused") as e:
         fa4_aot.flash_attn_varlen_func(*_qkv(), **{k: torch.zeros(2, dtype=torch.int32) for k in given})
     assert " + ".join(n for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table") if n in given) in \
         str(e.value)
@@ -62,24 +62,24 @@ def test_seqused_and_paged_sizes_default_as_fa4() -> None:
     q, k, _v = _qkv()
     table = torch.zeros(1, 5, dtype=torch.int32)
     pool = torch.zeros(40, 16, 2, 64)
-    assert lean_api._decode_sizes("seqused", q, k, None, None, None) == {
+    assert api._decode_sizes("seqused", q, k, None, None, None) == {
         "batch": 1, "seqlen_q": 128, "seqlen_k": 128, "max_seqlen_q": 128, "max_seqlen_k": 128}
-    assert lean_api._decode_sizes("paged", q, pool, table, None, 70) == {
+    assert api._decode_sizes("paged", q, pool, table, None, 70) == {
         "batch": 1, "seqlen_q": 128, "num_pages": 40, "pages_per_seq": 5, "max_seqlen_q": 128, "max_seqlen_k": 70}
-    assert lean_api._decode_sizes("paged", q, pool, table, None, None)["max_seqlen_k"] == 5 * 16
-    with pytest.raises(lean.Unsupported, match="max_seqlen_k must be an int"):
-        lean_api._decode_sizes("paged", q, pool, table, None, torch.tensor(3))
+    assert api._decode_sizes("paged", q, pool, table, None, None)["max_seqlen_k"] == 5 * 16
+    with pytest.raises(runner.Unsupported, match="max_seqlen_k must be an int"):
+        api._decode_sizes("paged", q, pool, table, None, torch.tensor(3))
 
 
 def test_decode_signatures_are_the_planners() -> None:
-    from fa4_aot import variants
-    from fa4_aot.signature import Signature
+    from fa4_aot.matrix import variants
+    from fa4_aot.spec.signature import Signature
     from tests.conftest import ROOT
 
     matrix = variants.load(ROOT / "tests" / "data" / "lean_variants.toml")
     decode = next(v for v in matrix.variants if v.name == "lean-decode")
     planned = {Signature.of(c) for c in decode.calls(matrix.shapes[decode.shapes])}
-    mine = {lean_api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, return_lse=lse,
+    mine = {api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, return_lse=lse,
                                page_size=16) for layout in ("seqused", "paged") for lse in (False, True)}
     assert mine == planned
 
@@ -90,16 +90,16 @@ def test_decode_signatures_are_the_planners() -> None:
     ({"training": True, "deterministic": True}, "full", (0, 0), "bwd_det"), ({"training": True}, "full", (0, 0), "bwd"),
 ])
 def test_signature_matches_what_the_planner_records(kw: dict, mask: str, window: tuple, pass_: str) -> None:
-    sig = lean_api.signature("dense", "torch.bfloat16", 8, 64, 2, 64, **kw)
+    sig = api.signature("dense", "torch.bfloat16", 8, 64, 2, 64, **kw)
     assert (sig.mask, sig.window, sig.pass_, sig.heads_q, sig.heads_kv, sig.dtype) == (mask, window, pass_, 8, 2,
                                                                                         "bf16")
 
 
 def test_half_open_window_and_fp32_are_refused() -> None:
     with pytest.raises(ValueError, match="both sides"):
-        lean_api.signature("dense", "torch.bfloat16", 8, 64, 8, 64, window_size=(128, None))
+        api.signature("dense", "torch.bfloat16", 8, 64, 8, 64, window_size=(128, None))
     with pytest.raises(ValueError, match="bf16 or fp16"):
-        lean_api.signature("dense", "torch.float32", 8, 64, 8, 64)
+        api.signature("dense", "torch.float32", 8, 64, 8, 64)
 
 
 def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> None:
@@ -108,16 +108,17 @@ def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> 
     import hashlib
     import json
 
-    from fa4_aot import recipe_store, signing, variants
     from fa4_aot.config import default_variants_file
     from fa4_aot.errors import TrustError
-    from fa4_aot.store import Store
-    from fa4_aot.trust import Trust
+    from fa4_aot.matrix import variants
+    from fa4_aot.store import Store, recipes
+    from fa4_aot.trust import signing
+    from fa4_aot.trust.policy import Trust
 
     sku = variants.load(default_variants_file()).skus["h200"]
     store = Store(tmp_path / "store")
-    sig = lean_api.signature("dense", "torch.bfloat16", 8, 64, 8, 64, causal=True)
-    key = recipe_store.recipe_key(sig, sku)
+    sig = api.signature("dense", "torch.bfloat16", 8, 64, 8, 64, causal=True)
+    key = recipes.recipe_key(sig, sku)
     region = {"format": 1, "signature": sig.to_dict(), "guards": [], "inputs": {}, "tensors": 0, "meta": [],
               "fwd": [], "bwd": [], "outputs": {}, "kernels": [], "softmax_scale": 0.125}
     data = json.dumps({"key": key, "regions": [region]}).encode()
@@ -128,13 +129,13 @@ def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> 
     signing.save(store, signing.sign(old, signing.load_private(private)))
     trusted = {public.key_id: public}
     with pytest.raises(TrustError, match="re-sign"):
-        lean.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig)
+        runner.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig)
     listed = {**old, "created": "2026-02-01T00:00:00Z", "recipes": {key: hashlib.sha256(data).hexdigest()}}
     signing.save(store, signing.sign(listed, signing.load_private(private)))
-    assert len(lean.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig).regions) == 1
+    assert len(runner.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig).regions) == 1
     store.put_recipes(key, data + b" ")  # other bytes under the same key: not what was signed
     with pytest.raises(TrustError, match="is listed with sha256"):
-        lean.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig)
+        runner.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig)
 
 
 def test_load_paged_needs_the_page_size() -> None:
@@ -145,12 +146,12 @@ def test_load_paged_needs_the_page_size() -> None:
 def test_split_kv_on_sm90_is_refused_with_the_reason_not_a_build_hint(tmp_path) -> None:
     """Regression (lean2 report): num_splits > 1 on an H200 raised KernelMissing advising a build, which cannot help:
     FA4 has no split-KV kernels for sm_90. A b200 runtime takes the same signature (its recipes decide)."""
-    from fa4_aot import variants
+    from fa4_aot.matrix import variants
     from fa4_aot.store import Store
     from tests.conftest import ROOT
 
     matrix = variants.load(ROOT / "variants.toml")
-    sig = lean_api.signature("dense", "torch.bfloat16", 32, 128, 8, 128, causal=True, num_splits=4)
-    with pytest.raises(lean.Unsupported, match="no split-KV kernels for sm_90"):
-        lean.Runtime(Store(tmp_path / "h"), matrix.sku("h200")).attention(sig)
-    assert lean.Runtime(Store(tmp_path / "b"), matrix.sku("b200")).attention(sig).sig == sig
+    sig = api.signature("dense", "torch.bfloat16", 32, 128, 8, 128, causal=True, num_splits=4)
+    with pytest.raises(runner.Unsupported, match="no split-KV kernels for sm_90"):
+        runner.Runtime(Store(tmp_path / "h"), matrix.sku("h200")).attention(sig)
+    assert runner.Runtime(Store(tmp_path / "b"), matrix.sku("b200")).attention(sig).sig == sig

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import maintenance, recipe, recipe_store
 from fa4_aot.config import host_arch
-from fa4_aot.signature import Signature
-from fa4_aot.store import Entry, Store
+from fa4_aot.runtime import replay
+from fa4_aot.spec.signature import Signature
+from fa4_aot.store import Entry, Store, maintenance, recipes
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 OPEN_LEAN = r"""
 import json, sys
 from pathlib import Path
-from fa4_aot.lean_libs import Libraries
+from fa4_aot.runtime.libraries import Libraries
 from fa4_aot.store import Store
 store = Store(Path(sys.argv[1]))
 libs = Libraries(store, "h200")
@@ -75,13 +75,13 @@ def test_library_opens_with_tvm_ffi_alone(built: tuple[Path, dict]) -> None:
 def test_recipe_region_covers_the_built_call_and_names_its_kernels(built: tuple[Path, dict]) -> None:
     root, doc = built
     store = Store(root)
-    from fa4_aot import variants
+    from fa4_aot.matrix import variants
 
     matrix = variants.load(TINY_VARIANTS)
     [call] = matrix.variants[[v.name for v in matrix.variants].index("full-fwd")].calls(matrix.shapes["one"])
-    regions = recipe_store.load(store, recipe_store.recipe_key(Signature.of(call), matrix.skus["h200"]))
-    sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
-    region = recipe_store.find(regions, {**sizes, recipe.HEADS: call.heads_kv})
+    regions = recipes.load(store, recipes.recipe_key(Signature.of(call), matrix.skus["h200"]))
+    sizes = replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
+    region = recipes.find(regions, {**sizes, replay.HEADS: call.heads_kv})
     assert region is not None and doc["recipes"] >= 1
     assert {k["kernel_key"] for k in region["kernels"]} <= set(doc["kernel_keys"])
 
@@ -110,15 +110,15 @@ DECODE_OPEN = r"""
 import json, sys
 from pathlib import Path
 import torch
-from fa4_aot import config, lean, lean_api, variants
+from fa4_aot import config, lean, runtime.api, variants
 from fa4_aot.store import Store
-rt = lean.Runtime(Store(Path(sys.argv[1])), variants.load(config.default_variants_file()).skus["h200"])
+rt = runtime.runner.Runtime(Store(Path(sys.argv[1])), variants.load(config.default_variants_file()).skus["h200"])
 sizes = {"seqused": {"batch": 4, "seqlen_q": 1, "seqlen_k": 2048, "max_seqlen_q": 1, "max_seqlen_k": 1000},
          "paged": {"batch": 4, "seqlen_q": 1, "num_pages": 600, "pages_per_seq": 128, "max_seqlen_q": 1,
                    "max_seqlen_k": 2048}}
 found = {}
 for layout, at in sizes.items():
-    attn = rt.attention(lean_api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, page_size=16))
+    attn = rt.attention(runtime.api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, page_size=16))
     bound = attn.bound(at, torch.device("cpu"), None)
     kernels = attn.region(attn.sizes(at))["kernels"]
     found[layout] = {"inputs": sorted(bound.expected), "functions": sorted(

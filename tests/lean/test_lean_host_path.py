@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from fa4_aot import recipe
-from fa4_aot.lean import _function
+from fa4_aot.runtime import replay
+from fa4_aot.runtime.runner import _function
 
 ROOT = Path(__file__).resolve().parents[2]
 SIG = {"layout": "seqused", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
@@ -40,21 +40,21 @@ def regions() -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _bound(region: dict, case: int, launches: list) -> recipe.Bound:
+def _bound(region: dict, case: int, launches: list) -> replay.Bound:
     import torch
 
-    sizes = {**PAIRS[case][1], recipe.HEADS: PAIRS[case][0]["heads_kv"]}
+    sizes = {**PAIRS[case][1], replay.HEADS: PAIRS[case][0]["heads_kv"]}
     fakes = [lambda *a, i=i: launches.append((i, a)) for i in range(len(region["kernels"]))]
-    return recipe.bind(region, sizes, fakes, torch.device("cpu"), None)
+    return replay.bind(region, sizes, fakes, torch.device("cpu"), None)
 
 
 def _inputs(region: dict, case: int, grad: bool) -> dict[str, Any]:
     import torch
 
-    sizes = {**PAIRS[case][1], recipe.HEADS: PAIRS[case][0]["heads_kv"]}
+    sizes = {**PAIRS[case][1], replay.HEADS: PAIRS[case][0]["heads_kv"]}
     found = {}
     for name, slot in region["inputs"].items():
-        shape, _stride, dtype = recipe.concretize(region["meta"][slot], sizes)
+        shape, _stride, dtype = replay.concretize(region["meta"][slot], sizes)
         t = torch.randn(shape).to(getattr(torch, dtype["dtype"]))
         found[name] = t.requires_grad_(grad) if t.is_floating_point() else t
     return found
@@ -120,14 +120,16 @@ ENTRY_CALLS = {  # PAIRS index -> (entry point, q, k, v shapes and extra tensors
 def lean_over(regions, tmp_path):
     """The lean runtime (fa4_aot's entry points) over a temp store holding `regions`, every kernel a stub that
     notes (PAIRS index of its region, arguments); yields the notes."""
-    from fa4_aot import config, lean, lean_api, recipe_store, variants
-    from fa4_aot.signature import Signature
-    from fa4_aot.store import Store
+    from fa4_aot import config
+    from fa4_aot.matrix import variants
+    from fa4_aot.runtime import api, runner
+    from fa4_aot.spec.signature import Signature
+    from fa4_aot.store import Store, recipes
 
     sku = variants.load(config.default_variants_file()).skus["h200"]
     store = Store(tmp_path)
     for region in regions:
-        recipe_store.merge(store, recipe_store.recipe_key(Signature.from_dict(region["signature"]), sku), [region])
+        recipes.merge(store, recipes.recipe_key(Signature.from_dict(region["signature"]), sku), [region])
     keys = {k["kernel_key"]: i for i, r in enumerate(regions) for k in r["kernels"]}
     launches: list = []
 
@@ -138,16 +140,16 @@ def lean_over(regions, tmp_path):
         def function(self, kernel_key: str, family: str) -> Any:
             return lambda *args: launches.append((keys[kernel_key], args))
 
-    rt = lean.Runtime(store, sku)
+    rt = runner.Runtime(store, sku)
     rt.libraries = Stubs()
-    before = lean.runtime
-    lean.runtime = lambda cache_dir=None: rt
-    lean_api._cache.clear()
+    before = runner.runtime
+    runner.runtime = lambda cache_dir=None: rt
+    api._cache.clear()
     try:
         yield launches
     finally:
-        lean.runtime = before
-        lean_api._cache.clear()
+        runner.runtime = before
+        api._cache.clear()
 
 
 def _plain_launches(launches: list) -> list:
@@ -163,15 +165,15 @@ def _plain_launches(launches: list) -> list:
 
 @pytest.mark.parametrize("case", sorted(ENTRY_CALLS), ids=[IDS[i] for i in sorted(ENTRY_CALLS)])
 def test_a_repeated_call_launches_what_its_first_launched(lean_over, case):
-    """The second call of a forward-only call goes through the plan the first bound (lean_api._plans): the same
+    """The second call of a forward-only call goes through the plan the first bound (runtime.api._plans): the same
     launches, the caller's tensors themselves; a call differing in the scale, the mask or the window plans again
     (another launch, or KernelMissing where no region holds), never reusing a plan."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import fa4_aot
-    from fa4_aot import lean_api
     from fa4_aot.errors import KernelMissing
+    from fa4_aot.runtime import api
 
     entry, q_shape, kv_shape, extra_shapes = ENTRY_CALLS[case]
     fn = fa4_aot.flash_attn_func if entry == "dense" else fa4_aot.flash_attn_varlen_func
@@ -185,11 +187,11 @@ def test_a_repeated_call_launches_what_its_first_launched(lean_over, case):
             lean_over.clear()
             fn(q, k, v, causal=True, **extra, **lse, **kwargs)
             launched.append(_plain_launches(lean_over))
-        assert lean_over[0][1][0] is q and len(lean_api._plans) == 2
+        assert lean_over[0][1][0] is q and len(api._plans) == 2
         assert launched[0] == launched[1] == launched[3] and launched[0] != launched[2]
         assert [i for i, _ in launched[0]] == [case]
         for other in ({"causal": False}, {"causal": True, "window_size": (128, 0)}):
             with pytest.raises(KernelMissing):
                 fn(q, k, v, **other, **extra, **lse)
-    lean_api._cache.clear()
-    assert not lean_api._plans
+    api._cache.clear()
+    assert not api._plans

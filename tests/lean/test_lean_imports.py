@@ -31,7 +31,7 @@ def test_import_fa4_aot_loads_no_compiler() -> None:
 
 def test_lean_modules_load_no_compiler() -> None:
     body = ("import torch, tvm_ffi, fa4_aot\n"
-            "from fa4_aot import lean, lean_api, lean_libs, recipe, recipe_store, symexpr")
+            "from fa4_aot.runtime import runner as lean, api as lean_api, libraries as lean_libs, replay as recipe; from fa4_aot.store import recipes as recipe_store; from fa4_aot.spec import symexpr")
     assert _imported(body) == []
 
 

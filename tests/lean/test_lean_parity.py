@@ -126,7 +126,7 @@ def test_pass_is_the_one_fa4_runs(requires_grad: bool, grad: bool, return_lse: b
     """FA4 computes LSE whenever an input requires grad, with grad enabled or not (interface._flash_attn_fwd)."""
     import torch
 
-    from fa4_aot import lean, lean_api
+    from fa4_aot.runtime import api, runner
 
     asked: list[Any] = []
 
@@ -134,9 +134,9 @@ def test_pass_is_the_one_fa4_runs(requires_grad: bool, grad: bool, return_lse: b
         def attention(self, sig: Any) -> None:
             asked.append(sig)
 
-    monkeypatch.setattr(lean, "runtime", lambda cache_dir=None: Asked())
-    monkeypatch.setattr(lean_api, "_cache", {})
+    monkeypatch.setattr(runner, "runtime", lambda cache_dir=None: Asked())
+    monkeypatch.setattr(api, "_cache", {})
     q = torch.empty(1, 8, 4, 64, dtype=torch.bfloat16, requires_grad=requires_grad)
     with torch.set_grad_enabled(grad):
-        lean_api._attention("dense", q, q, q, True, (None, None), 0.0, None, 1, False, return_lse)
+        api._attention("dense", q, q, q, True, (None, None), 0.0, None, 1, False, return_lse)
     assert asked[0].pass_ == pass_

@@ -1,6 +1,6 @@
 """Regression (issue 17): sliding-window attention on the lean runtime was wrong whenever the window was shorter
 than the sequence (H200, causal=True with window_size=(4095, 0) at 8192 tokens: rel. error 0.20; FA4 over the
-same store: 0.0021). lean_api.signature read causal=True as the causal mask and dropped the window, so the
+same store: 0.0021). runtime.api.signature read causal=True as the causal mask and dropped the window, so the
 lean runtime replayed FA4's causal kernel with no window; FA4 reads causal=True with a window as a local
 window whose right side is 0 (interface._resolve_causal_local_window). A window at least as long as the
 sequence masks nothing more than causal does, which is why s=4096 with (4095, 0) came out exact.
@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from fa4_aot import lean_api
+from fa4_aot.runtime import api
 from tests.conftest import ROOT
 
 
@@ -79,5 +79,5 @@ def test_lean_sliding_window_shorter_than_sequence_matches_fa4() -> None:
 ])
 def test_causal_and_window_are_read_as_fa4_reads_them(causal: bool, window: tuple, mask: str,
                                                       recorded: tuple) -> None:
-    sig = lean_api.signature("dense", "torch.bfloat16", 48, 128, 4, 128, causal=causal, window_size=window)
+    sig = api.signature("dense", "torch.bfloat16", 48, 128, 4, 128, causal=causal, window_size=window)
     assert (sig.mask, sig.window) == (mask, recorded)

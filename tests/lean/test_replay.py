@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import recipe
-from fa4_aot.lean import _function
+from fa4_aot.runtime import replay
+from fa4_aot.runtime.runner import _function
 
 ROOT = Path(__file__).resolve().parents[2]
 SIG = {"layout": "dense", "pass_": "bwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
@@ -40,15 +40,15 @@ def regions() -> list[dict]:
 
 
 def _sizes(case: int) -> dict:
-    """The sizes of PAIRS[case] with its KV head count, a size of the region (recipe.HEADS)."""
+    """The sizes of PAIRS[case] with its KV head count, a size of the region (runtime.replay.HEADS)."""
     sig, sizes = PAIRS[case]
-    return {**sizes, recipe.HEADS: sig["heads_kv"]}
+    return {**sizes, replay.HEADS: sig["heads_kv"]}
 
 
 def _inputs(region: dict, sizes: dict, torch) -> dict:
     out = {}
     for name, slot in region["inputs"].items():
-        shape, _stride, dtype = recipe.concretize(region["meta"][slot], sizes)
+        shape, _stride, dtype = replay.concretize(region["meta"][slot], sizes)
         out[name] = torch.zeros(shape, dtype=getattr(torch, dtype["dtype"]))
     return out
 
@@ -61,7 +61,7 @@ def test_replay_allocates_what_fa4_allocates(regions, case):
     region, sizes = regions[case], _sizes(case)
     calls: list[tuple[int, int]] = []
     fakes = [lambda *a, i=i: calls.append((i, len(a))) for i in range(len(region["kernels"]))]
-    bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), None)
+    bound = replay.bind(region, sizes, fakes, torch.device("cpu"), None)
     slots: list = [None] * region["tensors"]
     for name, t in _inputs(region, sizes, torch).items():
         slots[region["inputs"][name]] = t
@@ -69,7 +69,7 @@ def test_replay_allocates_what_fa4_allocates(regions, case):
     bound.run(bound.bwd, slots)
     assert all(slot is not None for slot in slots)
     for slot, t in enumerate(slots):
-        shape, stride, dtype = recipe.concretize(region["meta"][slot], sizes)
+        shape, stride, dtype = replay.concretize(region["meta"][slot], sizes)
         assert list(t.shape) == shape and list(t.stride()) == stride, (slot, t.shape, shape, t.stride(), stride)
         assert str(t.dtype) == f"torch.{dtype['dtype']}", (slot, t.dtype, dtype)
     launched = [s for s in region["fwd"] + region["bwd"] if "launch" in s]
@@ -84,8 +84,8 @@ def test_regression_varlen_backward_with_sink_records_dsink(regions):
     """The recorder took dsink from backward()'s result 17 for varlen (None: it is 16), so a varlen training
     signature with a learnable sink recorded no recipe at all."""
     region, sizes = regions[4], _sizes(4)
-    shape, _stride, dtype = recipe.concretize(region["meta"][region["outputs"]["dsink"]], sizes)
-    sink_shape, _s, sink_dtype = recipe.concretize(region["meta"][region["inputs"]["learnable_sink"]], sizes)
+    shape, _stride, dtype = replay.concretize(region["meta"][region["outputs"]["dsink"]], sizes)
+    sink_shape, _s, sink_dtype = replay.concretize(region["meta"][region["inputs"]["learnable_sink"]], sizes)
     assert (shape, dtype) == (sink_shape, sink_dtype) == ([VARLEN["heads_q"]], {"dtype": "bfloat16"})
 
 
@@ -94,7 +94,7 @@ def test_autograd_function_returns_input_shaped_gradients(regions):
 
     region, sizes = regions[0], _sizes(0)
     fakes = [lambda *a: None for _ in region["kernels"]]
-    bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), 0.125)
+    bound = replay.bind(region, sizes, fakes, torch.device("cpu"), 0.125)
     inputs = {n: t.requires_grad_() for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
     out, lse = _function().apply(bound, tuple(inputs), *inputs.values())
     assert out.shape == inputs["q"].shape and not lse.requires_grad
@@ -109,7 +109,7 @@ def test_softmax_scale_reaches_every_kernel_that_takes_it(regions):
     region, sizes = regions[0], _sizes(0)
     seen: list = []
     fakes = [lambda *a: seen.append([x for x in a if isinstance(x, float)]) for _ in region["kernels"]]
-    bound = recipe.bind(region, sizes, fakes, torch.device("cpu"), 0.3)
+    bound = replay.bind(region, sizes, fakes, torch.device("cpu"), 0.3)
     slots: list = [None] * region["tensors"]
     for name, t in _inputs(region, sizes, torch).items():
         slots[region["inputs"][name]] = t
@@ -123,7 +123,7 @@ def test_inputs_are_checked_as_fa4_asserts(regions):
     import torch
 
     region, sizes = regions[0], _sizes(0)
-    bound = recipe.bind(region, sizes, [lambda *a: None for _ in region["kernels"]], torch.device("cpu"), None)
+    bound = replay.bind(region, sizes, [lambda *a: None for _ in region["kernels"]], torch.device("cpu"), None)
     inputs = {n: t for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
     with pytest.raises(ValueError, match="CUDA"):
         bound.check(inputs)
@@ -136,6 +136,6 @@ def test_inputs_are_checked_as_fa4_asserts(regions):
 def test_recorded_regions_are_admitted_by_the_recipe_format(regions):
     """Issue 18, D26: every region the recorder writes (dense, varlen, paged, seqused, sinks) passes the format
     that clients apply on load and the server at upload."""
-    from fa4_aot import recipe_format
+    from fa4_aot.spec import recipe_format
 
     recipe_format.check_regions(regions)

@@ -27,7 +27,8 @@ def main(compare: Any = None) -> None:
     """`python PROBE SKU CALLS_JSON`: configure FA4 for SKU, compare each call (`compare(call, sku, root)`, this
     module's _compare by default) in a store of its own, print the results as one JSON list."""
     warnings.filterwarnings("ignore")
-    from fa4_aot import config, fa4, variants
+    from fa4_aot import config, fa4
+    from fa4_aot.matrix import variants
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
@@ -60,7 +61,7 @@ def _compare(call: dict[str, Any], sku: Any, root: Path) -> dict[str, Any]:
 
 
 class _Stubs:
-    """lean_libs.Libraries for the probe: every kernel a function that notes its key and arguments."""
+    """runtime.libraries.Libraries for the probe: every kernel a function that notes its key and arguments."""
 
     def __init__(self, launches: list[Any]) -> None:
         self.launches = launches
@@ -74,17 +75,18 @@ class _Stubs:
 
 @contextmanager
 def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any]) -> Iterator[None]:
-    """The lean runtime (lean.runtime) over a store that holds, for any signature asked for, the region a build
+    """The lean runtime (runtime.runner.runtime) over a store that holds, for any signature asked for, the region a build
     records at this call's sizes; kernels are _Stubs."""
-    from fa4_aot import fa4, lean, recipe, recipe_store
-    from fa4_aot.store import Store
+    from fa4_aot import fa4
+    from fa4_aot.runtime import replay, runner
+    from fa4_aot.store import Store, recipes
 
-    sizes = recipe.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
+    sizes = replay.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
 
-    class Recording(lean.Runtime):
+    class Recording(runner.Runtime):
         def attention(self, sig: Any) -> Any:
             region = fa4.record_recipe(sig, sizes, sku)
-            recipe_store.merge(self.store, recipe_store.recipe_key(sig, sku), [region])
+            recipes.merge(self.store, recipes.recipe_key(sig, sku), [region])
             return super().attention(sig)
 
     with installed(Recording(Store(root), sku), launches):
@@ -93,18 +95,18 @@ def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any
 
 @contextmanager
 def installed(rt: Any, launches: list[Any]) -> Iterator[None]:
-    """`rt` as the process's lean runtime (lean.runtime) while the block runs, its kernels _Stubs noting into
+    """`rt` as the process's lean runtime (runtime.runner.runtime) while the block runs, its kernels _Stubs noting into
     `launches`."""
-    from fa4_aot import lean, lean_api
+    from fa4_aot.runtime import api, runner
 
     rt.libraries = _Stubs(launches)
-    before = lean.runtime
-    lean.runtime = lambda cache_dir=None: rt
-    lean_api._cache.clear()  # its Attention objects belong to another call's runtime
+    before = runner.runtime
+    runner.runtime = lambda cache_dir=None: rt
+    api._cache.clear()  # its Attention objects belong to another call's runtime
     try:
         yield
     finally:
-        lean.runtime = before
+        runner.runtime = before
 
 
 @contextmanager
@@ -115,7 +117,7 @@ def _fa4_launching(sku: Any, launches: list[Any]) -> Iterator[None]:
     from fa4_aot.fa4 import caches
     from fa4_aot.fa4.record import _launching
     from fa4_aot.fa4.versions import toolchain
-    from fa4_aot.kernel_keys import kernel_key
+    from fa4_aot.spec.kernel_keys import kernel_key
 
     class Noting(caches.Recorder):
         def __getitem__(self, key: Any) -> Any:

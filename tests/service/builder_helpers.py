@@ -16,14 +16,14 @@ from typing import Any
 import httpx
 from service_helpers import Server, kernel_doc
 
-from fa4_aot import lean, recipe
-from fa4_aot.calls import Call
-from fa4_aot.lean_fetch import Fetcher
-from fa4_aot.remote import Remote
-from fa4_aot.signature import Signature
+from fa4_aot.matrix.variants import load
+from fa4_aot.remote.http import Remote
+from fa4_aot.runtime import replay, runner
+from fa4_aot.runtime.fetch import Fetcher
+from fa4_aot.spec.calls import Call
+from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Store
-from fa4_aot.trust import Trust
-from fa4_aot.variants import load
+from fa4_aot.trust.policy import Trust
 from tests.conftest import ROOT, TINY_VARIANTS
 
 SKU = load(TINY_VARIANTS).skus["h200"]
@@ -78,20 +78,20 @@ class BuilderProcess:
         self.proc = None
 
 
-def lean_client(server: Server, cache: Path, trusted: dict[str, Any] | None = None) -> lean.Runtime:
+def lean_client(server: Server, cache: Path, trusted: dict[str, Any] | None = None) -> runner.Runtime:
     """A lean runtime for h200 over `cache`, fetching from `server`: trusting only what manifests signed by
     `trusted` keys list, or without them everything (unsigned builds: FA4_AOT_INSECURE=1)."""
     store = Store(cache)
     remote = Remote(server.url, token=server.tokens["read"])
     trust = Trust(SKU, store, remote, trusted or {}, insecure=not trusted)
-    return lean.Runtime(store, SKU, trust=trust, fetcher=Fetcher(remote, trust, store))
+    return runner.Runtime(store, SKU, trust=trust, fetcher=Fetcher(remote, trust, store))
 
 
-def served(rt: lean.Runtime, call: Call) -> dict[str, Any]:
+def served(rt: runner.Runtime, call: Call) -> dict[str, Any]:
     """What the lean runtime does for `call` short of launching: its region (a miss, then with FA4_AOT_BUILD_WAIT
     the wait for the build) and every kernel of it fetched into the store. KernelMissing when not served."""
     attn = rt.attention(Signature.of(call))
-    sizes = attn.sizes(recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
+    sizes = attn.sizes(replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
     region = attn.region(sizes)
     keys = [k["kernel_key"] for k in region["kernels"]]
     rt.libraries.prefetch(keys)

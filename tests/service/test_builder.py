@@ -21,10 +21,12 @@ import pytest
 from builder_helpers import BuilderProcess, hold_sku, jobs, lean_client, served, tiny, wait_until
 from service_helpers import Server
 
-from fa4_aot import build_wait, lean_miss, signing
 from fa4_aot.errors import KernelMissing
-from fa4_aot.remote import Remote
+from fa4_aot.remote import wait as build_wait
+from fa4_aot.remote.http import Remote
+from fa4_aot.runtime import misses as lean_miss
 from fa4_aot.store import Store
+from fa4_aot.trust import signing
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,11 @@
-"""How a build job ends, from its build reports (fa4_aot.builder.outcome_of, pure): a table."""
+"""How a build job ends, from its build reports (fa4_aot.build.builder.outcome_of, pure): a table."""
 
 from __future__ import annotations
 
 import pytest
 
-from fa4_aot.build import Report, Result
-from fa4_aot.builder import outcome_of
+from fa4_aot.build.builder import outcome_of
+from fa4_aot.build.orchestrator import Report, Result
 
 
 def report(*results: Result, rejected: str = "", recipes: int = 0) -> Report:
@@ -35,20 +35,20 @@ def test_outcome_of(reports: list[Report], status: str, detail: str, built: int,
 
 @pytest.mark.parametrize(("value", "seconds"), [("", 0.0), ("0", 0.0), ("120", 120.0), (" 2.5 ", 2.5)])
 def test_build_wait_seconds(monkeypatch: pytest.MonkeyPatch, value: str, seconds: float) -> None:
-    from fa4_aot import build_wait
+    from fa4_aot.remote import wait
 
     monkeypatch.setenv("FA4_AOT_BUILD_WAIT", value)
-    assert build_wait.seconds() == seconds
+    assert wait.seconds() == seconds
 
 
 @pytest.mark.parametrize("value", ["soon", "-1", "nan"])
 def test_build_wait_refuses_what_is_not_seconds(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    from fa4_aot import build_wait
     from fa4_aot.errors import ConfigError
+    from fa4_aot.remote import wait
 
     monkeypatch.setenv("FA4_AOT_BUILD_WAIT", value)
     with pytest.raises(ConfigError, match="FA4_AOT_BUILD_WAIT"):
-        build_wait.seconds()
+        wait.seconds()
 
 
 @pytest.mark.parametrize(("job", "says"), [
@@ -59,7 +59,7 @@ def test_build_wait_refuses_what_is_not_seconds(monkeypatch: pytest.MonkeyPatch,
     ({"id": 4, "status": "running", "detail": ""}, "build job 4 was still running after FA4_AOT_BUILD_WAIT=30 s"),
 ])
 def test_build_wait_says_why_a_job_did_not_help(job: dict, says: str) -> None:
-    from fa4_aot import build_wait
+    from fa4_aot.remote import wait
 
-    problem = build_wait._problem(job, 30.0)
+    problem = wait._problem(job, 30.0)
     assert problem.startswith(says) and bool(problem) == bool(says)

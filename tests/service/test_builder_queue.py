@@ -15,11 +15,11 @@ import httpx
 from builder_helpers import hold_sku, tiny
 from service_helpers import Server
 
-from fa4_aot import lean_miss
+from fa4_aot.runtime import misses
 
 
 def miss(batch: int) -> dict[str, Any]:
-    return asdict(lean_miss.miss_of(tiny(batch=batch), "h200"))
+    return asdict(misses.miss_of(tiny(batch=batch), "h200"))
 
 
 def claim(c: httpx.Client, builder: str, lease: float = 60.0) -> httpx.Response:

@@ -10,9 +10,9 @@ import pytest
 from service_helpers import Server, kernel_doc
 
 from fa4_aot.errors import Fa4AotError
-from fa4_aot.maintenance import verify
-from fa4_aot.remote import Remote
+from fa4_aot.remote.http import Remote
 from fa4_aot.store import Entry, Store
+from fa4_aot.store.maintenance import verify
 
 
 def publish(server: Server, data: bytes) -> dict:

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner, Result
 from service_helpers import Launch, Server, free_port
 
-from fa4_aot import kernel_keys
 from fa4_aot.cli import main
+from fa4_aot.spec import kernel_keys
 from fa4_aot.store import Entry, Store
 
 

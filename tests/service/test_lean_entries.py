@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 from service_helpers import H200, Launch, Server, kernel_doc
 
-from fa4_aot import kernel_keys, recipe_store, transfer
-from fa4_aot.remote import Remote
-from fa4_aot.skus import Sku
+from fa4_aot.remote import push_pull
+from fa4_aot.remote.http import Remote
+from fa4_aot.spec import kernel_keys
+from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
-from fa4_aot.trust import Trust
+from fa4_aot.store import recipes as recipe_store
+from fa4_aot.trust.policy import Trust
 
 SKU = Sku("h200", H200["arch"], H200["sm_count"], H200["l2_bytes"], H200["cuda_major"])
 
@@ -63,20 +65,20 @@ def test_push_sends_libraries_and_recipes_and_pull_restores_them_digest_for_dige
         launch: Launch, tmp_path: Path) -> None:
     build, entries, recipes = lean_store(tmp_path / "build")
     server = launch()
-    pushed = transfer.push(build, Remote(server.url, token=server.tokens["publish"]), "h200")
+    pushed = push_pull.push(build, Remote(server.url, token=server.tokens["publish"]), "h200")
     assert pushed.failures == [] and pushed.recipes == 2
     with server.client("read") as c:
         assert c.get(f"/v1/kernels/{entries[0].kernel_key}").json()["shared_libs"] == entries[0].shared_libs
     gpu = Store(tmp_path / "gpu")
     remote = Remote(server.url)
-    pulled = transfer.pull(gpu, remote, "h200", trust=insecure(gpu, remote))
+    pulled = push_pull.pull(gpu, remote, "h200", trust=insecure(gpu, remote))
     assert pulled.failures == [] and pulled.fetched == 2 and pulled.recipes == 2
     for entry in entries:
         assert gpu.get_entry(entry.kernel_key) == entry
         for digest in entry.lib_digests("x86_64"):
             assert gpu.read_object(digest) == build.read_object(digest)
     assert {k: gpu.recipes(k) for k in recipes} == recipes
-    again = transfer.push(build, Remote(server.url, token=server.tokens["publish"]), "h200")
+    again = push_pull.push(build, Remote(server.url, token=server.tokens["publish"]), "h200")
     assert again.recipes == 0 and again.objects_sent == 0  # nothing new: the server holds these bytes
 
 
@@ -136,7 +138,7 @@ def test_recipe_files_are_validated_capped_and_the_newest_wins(server: Server, t
 def test_d26_server_refuses_recipe_with_foreign_op_or_unbounded_power(server: Server, tmp_path: Path) -> None:
     """Issue 18, D26: the server accepted a recipe whose step reached torch.ops.load_library (a dlopen of any
     path on every client that ran it) and a guard ["pow", 10, 10**9]; it now applies the client's recipe format
-    (fa4_aot.recipe_format, through recipe_store.check_file) at upload."""
+    (fa4_aot.spec.recipe_format, through store.recipes.check_file) at upload."""
     store, [entry], _ = lean_store(tmp_path, kernels=1)
     signature: dict[str, Any] = {"layout": "dense", "head_dim": 80, "causal": True}
     key = recipe_store.key_of(signature, SKU.target_facts())

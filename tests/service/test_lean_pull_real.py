@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from service_helpers import Launch
 
-from fa4_aot import recipe_store
 from fa4_aot.config import host_arch
-from fa4_aot.store import Store
+from fa4_aot.store import Store, recipes
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow
@@ -26,22 +25,22 @@ import json, sys
 from pathlib import Path
 from fa4_aot import lean, recipe, variants
 from fa4_aot.store import Store
-from fa4_aot.trust import Trust
-from fa4_aot.calls import Call
-from fa4_aot.signature import Signature
+from fa4_aot.trust.policy import Trust
+from fa4_aot.spec.calls import Call
+from fa4_aot.spec.signature import Signature
 store, server = Store(Path(sys.argv[1])), sys.argv[2]
 matrix = variants.load(Path(sys.argv[3]))
 sku = matrix.skus["h200"]
 [call] = matrix.variants[[v.name for v in matrix.variants].index("full-fwd")].calls(matrix.shapes["one"])
 fetcher = None
 if server:
-    from fa4_aot.lean_fetch import Fetcher
-    from fa4_aot.remote import Remote
+    from fa4_aot.runtime.fetch import Fetcher
+    from fa4_aot.remote.http import Remote
     remote = Remote(server)
     fetcher = Fetcher(remote, Trust.from_env(sku, store, remote), store)
-rt = lean.Runtime(store, sku, None, None, fetcher)
+rt = runtime.runner.Runtime(store, sku, None, None, fetcher)
 attn = rt.attention(Signature.of(call))
-sizes = recipe.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
+sizes = runtime.replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
 attn.preload(sizes)
 names = [type(rt.libraries.function(e.kernel_key, e.family)).__name__ for e in store.entries()]
 print(json.dumps({"functions": names, "regions": len(attn.regions), "fetched": fetcher.fetched if fetcher else 0,
@@ -84,7 +83,7 @@ def test_pulled_store_runs_the_lean_loader_with_the_build_stores_digests(built: 
     e = next(iter(source.entries()))
     target = {"arch": e.arch, "sm_count": e.sm_count, "l2_bytes": e.l2_bytes, "cuda_major": e.cuda_major,
               "host": e.host}
-    assert dict(recipe_store.keys_for(copy, target)) == dict(recipe_store.keys_for(source, target)) != {}
+    assert dict(recipes.keys_for(copy, target)) == dict(recipes.keys_for(source, target)) != {}
     report = _open(tmp_path / "gpu")
     assert report["imported"] == [] and report["regions"] == 1 and set(report["functions"]) == {"Function"}
 

@@ -15,13 +15,14 @@ import pytest
 from service_helpers import Launch
 from test_lean_entries import SKU, lean_store, recipe_file
 
-from fa4_aot import signing, transfer
 from fa4_aot.errors import KernelMissing, TrustError
-from fa4_aot.lean_fetch import Fetcher
-from fa4_aot.lean_libs import Libraries
-from fa4_aot.remote import Remote
+from fa4_aot.remote import push_pull
+from fa4_aot.remote.http import Remote
+from fa4_aot.runtime.fetch import Fetcher
+from fa4_aot.runtime.libraries import Libraries
 from fa4_aot.store import Store
-from fa4_aot.trust import Trust
+from fa4_aot.trust import signing
+from fa4_aot.trust.policy import Trust
 from service import db, models
 
 
@@ -46,7 +47,7 @@ def test_client_with_trusted_keys_refuses_a_swapped_library_or_recipe(launch: La
     _envelope, keys = _signed(build, tmp_path / "keys")
     server = launch()
     publisher = Remote(server.url, token=server.tokens["publish"])
-    assert transfer.push(build, publisher, "h200").manifests == 1
+    assert push_pull.push(build, publisher, "h200").manifests == 1
     # the server (or whoever holds a publish token) replaces a recipe file: newest wins on the server...
     key = next(iter(recipes))
     publisher.push_recipe("h200", key, recipe_file(Store(tmp_path / "evil"), 0, extra="planted")[1])

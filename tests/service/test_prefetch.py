@@ -16,11 +16,14 @@ import httpx
 import pytest
 from service_helpers import Launch
 
-from fa4_aot import lean_miss, model_fetch, models, modelwork, recipe_store
+from fa4_aot.client import prefetch
 from fa4_aot.config import default_variants_file, host_arch
-from fa4_aot.lean_libs import has_library
+from fa4_aot.matrix import models, modelwork
+from fa4_aot.matrix.variants import load
+from fa4_aot.runtime import misses as lean_miss
+from fa4_aot.runtime.libraries import has_library
 from fa4_aot.store import Store
-from fa4_aot.variants import load
+from fa4_aot.store import recipes as recipe_store
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow
@@ -90,7 +93,7 @@ def test_what_the_server_lacks_is_reported_as_misses_and_the_pull_fails(built: t
     assert f"{len(unbuilt)} reported to it as misses" in done.stdout
     misses = httpx.get(f"{server.url}/v1/misses", headers={"Authorization": f"Bearer {server.tokens['read']}"},
                        timeout=30).json()
-    expected = {lean_miss.key_of(model_fetch._call(i.signature), "h200") for i in unbuilt}
+    expected = {lean_miss.key_of(prefetch._call(i.signature), "h200") for i in unbuilt}
     assert {m["kernel_key"] for m in misses} == expected
     assert {m["family"] for m in misses} == {lean_miss.FAMILY}
     # the prefill part still came: a node gets what exists at once

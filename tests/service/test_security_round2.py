@@ -255,7 +255,7 @@ def test_d13_deep_or_chunked_oversized_json_is_refused_cleanly(server: Server) -
 
 @pytest.mark.bad_input("HTTP")
 def test_d14_manifest_flood_is_bounded(server: Server, tmp_path: Path) -> None:
-    from fa4_aot import signing
+    from fa4_aot.trust import signing
 
     with server.client("publish") as c:
         doc = _publish(c, os.urandom(100), sku="d14")

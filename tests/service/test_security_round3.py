@@ -19,9 +19,8 @@ from service_helpers import H200, Launch, Server, kernel_doc
 from sqlalchemy import func, select, text
 from test_lean_entries import region
 
-from fa4_aot import recipe_store
-from fa4_aot.remote import Remote
-from fa4_aot.store import Entry, Store
+from fa4_aot.remote.http import Remote
+from fa4_aot.store import Entry, Store, recipes
 from service import crud, db, models
 
 
@@ -44,7 +43,7 @@ def _recipe(note: str, facts: dict[str, Any]) -> tuple[str, bytes]:
     """A recipe file valid for a SKU with `facts` (the server's target: the facts without the name)."""
     signature = {"layout": "dense", "head_dim": 128, "causal": True}
     target = {k: facts[k] for k in ("arch", "sm_count", "l2_bytes", "cuda_major", "host")}
-    key = recipe_store.key_of(signature, target)
+    key = recipes.key_of(signature, target)
     return key, json.dumps({"key": key, "regions": [region(signature, note)]}).encode()
 
 

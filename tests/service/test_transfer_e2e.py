@@ -16,14 +16,15 @@ import httpx
 import pytest
 from service_helpers import Server, free_port, kernel_doc
 
-from fa4_aot import fa4, kernel_keys, maintenance
-from fa4_aot.calls import Call
+from fa4_aot import fa4
 from fa4_aot.client import Installation
 from fa4_aot.errors import KernelMissing
-from fa4_aot.remote import Remote, server_from_env
-from fa4_aot.skus import Sku
-from fa4_aot.store import Store
-from fa4_aot.trust import Trust
+from fa4_aot.remote.http import Remote, server_from_env
+from fa4_aot.spec import kernel_keys
+from fa4_aot.spec.calls import Call
+from fa4_aot.spec.skus import Sku
+from fa4_aot.store import Store, maintenance
+from fa4_aot.trust.policy import Trust
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow
@@ -189,9 +190,9 @@ def planned_keys(call: Call | dict, sku: str) -> list[tuple[str, str]]:
     process configured for it."""
     code = (
         "import json, sys\n"
-        "from fa4_aot import fa4, kernel_keys, variants\n"
-        "from fa4_aot.calls import Call\n"
-        "from fa4_aot.exact import ExactCall\n"
+        "from fa4_aot import fa4\nfrom fa4_aot.spec import kernel_keys\nfrom fa4_aot.matrix import variants\n"
+        "from fa4_aot.spec.calls import Call\n"
+        "from fa4_aot.spec.exact import ExactCall\n"
         f"sku = variants.load({str(TINY_VARIANTS)!r}).sku({sku!r})\n"
         "fa4.configure(sku)\n"
         "tools = fa4.toolchain()\n"

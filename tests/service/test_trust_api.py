@@ -13,8 +13,8 @@ import httpx
 import pytest
 from service_helpers import H200, Launch, Server, kernel_doc, row_counts, store_files
 
-from fa4_aot import signing
-from fa4_aot.skus import Sku
+from fa4_aot.spec.skus import Sku
+from fa4_aot.trust import signing
 from service import crud, db
 from service.errors import InvalidInput, TokenNotFound
 

@@ -13,13 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fa4_aot import signing, transfer
 from fa4_aot.client import Installation
 from fa4_aot.errors import IntegrityError, TrustError
-from fa4_aot.remote import Remote
-from fa4_aot.skus import Sku
+from fa4_aot.remote import push_pull
+from fa4_aot.remote.http import Remote
+from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
-from fa4_aot.trust import Trust
+from fa4_aot.trust import signing
+from fa4_aot.trust.policy import Trust
 from tests.service.service_helpers import Server, kernel_doc, prepare_database
 from tests.trust.raw_server import RawServer, reply
 
@@ -164,13 +165,13 @@ def test_d16_pull_obeys_trust(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         _, unrelated = signing.generate(tmp_path / "keys", "unrelated")
         monkeypatch.setenv("FA4_AOT_TRUSTED_KEYS", unrelated.line())
         store = Store(tmp_path / "mirror")
-        result = transfer.pull(store, Remote(server.url), "h200")
+        result = push_pull.pull(store, Remote(server.url), "h200")
         assert (result.kernels, result.fetched) == (3, 0) and len(result.failures) == 3
         assert all("is not listed" in f for f in result.failures) and list(store.entries()) == []
         monkeypatch.delenv("FA4_AOT_TRUSTED_KEYS")
         with pytest.raises(TrustError, match="pull refused"):
-            transfer.pull(store, Remote(server.url), "h200")
+            push_pull.pull(store, Remote(server.url), "h200")
         monkeypatch.setenv("FA4_AOT_INSECURE", "1")
-        assert transfer.pull(store, Remote(server.url), "h200").fetched == 3
+        assert push_pull.pull(store, Remote(server.url), "h200").fetched == 3
     finally:
         server.kill()

@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from fa4_aot import maintenance
 from fa4_aot.cli import main
 from fa4_aot.errors import IntegrityError, StoreError
-from fa4_aot.store import Entry, Miss, Store
+from fa4_aot.store import Entry, Miss, Store, maintenance
 from tests.conftest import proven
 
 pytestmark = pytest.mark.bad_input("cache contents")

@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fa4_aot import kernel_keys, maintenance
-from fa4_aot.store import Entry, Store
+from fa4_aot.spec import kernel_keys
+from fa4_aot.store import Entry, Store, maintenance
 from tests.conftest import ROOT, TINY_VARIANTS, proven, run_cli
 from tests.service.service_helpers import Server, prepare_database
 
@@ -334,7 +334,7 @@ def test_d2_gc_never_deletes_an_object_a_writer_reuses(tmp_path: Path) -> None:
         gc.start()
         gc.join(timeout=1.0)  # gc has read its live set by now (and, unfixed, deleted the object)
         assert store.object_state(digest, len(data)) == "ok", "gc deleted an object a writer holds"
-        from fa4_aot.fsutil import atomic_write  # the entry, written as Store.put_entry does inside its hold
+        from fa4_aot.store.fsutil import atomic_write  # the entry, written as Store.put_entry does inside its hold
 
         atomic_write(store.entry_path(entry.kernel_key), entry.to_json().encode(), root=store.root)
     gc.join(timeout=60)
@@ -362,7 +362,7 @@ def test_d5_slow_or_hung_server_has_a_deadline_and_is_then_down(tmp_path: Path,
     """A server dripping one byte at a time, or one that accepts and never answers: every fetch has a total
     deadline, and after one failure the server is treated as down (no more connections) for this process."""
     from fa4_aot.errors import RemoteError
-    from fa4_aot.remote import Remote
+    from fa4_aot.remote.http import Remote
     from tests.trust.raw_server import RawServer
 
     monkeypatch.setenv("FA4_AOT_FETCH_DEADLINE", "2")
@@ -405,7 +405,7 @@ def test_d19_deadline_holds_while_a_body_is_read(tmp_path: Path, monkeypatch: py
     """Each byte comes well within the read timeout, so only the whole-request deadline can end the request:
     it must, about when it passes (before: the body was read to its end, 200 bytes in 50 s)."""
     from fa4_aot.errors import RemoteError
-    from fa4_aot.remote import Remote
+    from fa4_aot.remote.http import Remote
     from tests.trust.raw_server import RawServer
 
     monkeypatch.setenv("FA4_AOT_FETCH_DEADLINE", "2")

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.client.installation import Installation
 from fa4_aot.errors import RemoteError, TrustError
-from fa4_aot.installation import Installation
-from fa4_aot.lean_fetch import Fetcher
-from fa4_aot.remote import Remote
+from fa4_aot.remote.http import Remote
+from fa4_aot.runtime.fetch import Fetcher
 from fa4_aot.store import Store
-from fa4_aot.trust import Trust
+from fa4_aot.trust.policy import Trust
 from tests.conftest import ROOT
 from tests.trust.raw_server import RawServer, reply
 from tests.trust.test_attack_client import H200, entry_for
 
 pytestmark = pytest.mark.bad_input("server answers")
 MIB = 1 << 20
-MAX_REVOCATIONS, MAX_MISSES = 4 * MIB, 256 * MIB  # remote.py's caps, as the error messages name them
+MAX_REVOCATIONS, MAX_MISSES = 4 * MIB, 256 * MIB  # remote/http.py's caps, as the error messages name them
 
 
 @pytest.fixture(autouse=True)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import kernel_keys
 from fa4_aot.client import Installation
 from fa4_aot.errors import RemoteError, StoreError
-from fa4_aot.remote import Remote
-from fa4_aot.skus import Sku
+from fa4_aot.remote.http import Remote
+from fa4_aot.spec import kernel_keys
+from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
-from fa4_aot.trust import Trust
+from fa4_aot.trust.policy import Trust
 from tests.service.service_helpers import kernel_doc
 from tests.trust.raw_server import RawServer, reply
 

@@ -21,14 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import maintenance
 from fa4_aot.errors import KernelMissing
-from fa4_aot.lean_fetch import Fetcher
-from fa4_aot.lean_libs import Libraries
-from fa4_aot.remote import Remote
-from fa4_aot.skus import Sku
-from fa4_aot.store import Entry, Store
-from fa4_aot.trust import Trust
+from fa4_aot.remote.http import Remote
+from fa4_aot.runtime.fetch import Fetcher
+from fa4_aot.runtime.libraries import Libraries
+from fa4_aot.spec.skus import Sku
+from fa4_aot.store import Entry, Store, maintenance
+from fa4_aot.trust.policy import Trust
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.trust.raw_server import RawServer, reply
 
@@ -155,7 +154,7 @@ def test_d23_bundle_without_library_bytes_is_fetched_later(store: Store, tmp_pat
 PROBE = r"""
 import sys
 from pathlib import Path
-from fa4_aot.lean_libs import Libraries
+from fa4_aot.runtime.libraries import Libraries
 from fa4_aot.store import Store
 store = Store(Path(sys.argv[1]))
 libraries = Libraries(store, "h200")

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from fa4_aot import attention, installation, kernel_keys
+from fa4_aot.client import attention, installation
+from fa4_aot.client.installation import Installation
 from fa4_aot.fa4 import tracking
-from fa4_aot.installation import Installation
-from fa4_aot.skus import Sku
+from fa4_aot.spec import kernel_keys
+from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Store
-from fa4_aot.trust import Trust
+from fa4_aot.trust.policy import Trust
 
 SKU = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
 TOOLS = {"flash-attn-4": "4.0.0b36", "nvidia-cutlass-dsl": "4.8.1", "cutlass-dsl-cuda": "cu13"}

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fa4_aot.arguments import call_from
-from fa4_aot.calls import Call, dtype_name, mask_of, pass_of
+from fa4_aot.client.arguments import call_from
+from fa4_aot.spec.calls import Call, dtype_name, mask_of, pass_of
 
 CALL = Call(layout="paged", pass_="fwd_lse", dtype="fp16", head_dim=128, head_dim_v=64, mask="local", window=(64, 0),
             softcap=30.0, sink=True, num_splits=2, batch=2, seqlen_q=128, seqlen_k=1024, heads_q=16, heads_kv=4,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from fa4_aot import variants
 from fa4_aot.cli import main
+from fa4_aot.matrix import variants
 from fa4_aot.store import Entry, Miss, Store
 from tests.conftest import proven
 

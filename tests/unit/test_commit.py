@@ -9,10 +9,10 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
-from fa4_aot import build
-from fa4_aot.commit import commit_kernel
-from fa4_aot.maintenance import verify
+from fa4_aot.build import orchestrator
+from fa4_aot.build.commit import commit_kernel
 from fa4_aot.store import Entry, Store
+from fa4_aot.store.maintenance import verify
 from tests.unit.test_store import make_entry
 
 OBJECT, LIBRARY, RUNTIME = b"exported kernel object", b"linked kernel library", b"CuTe runtime library"
@@ -33,12 +33,12 @@ def _built_remotely(tmp_path: Path, key: str) -> Entry:
 def test_a_returned_library_is_named_once_the_runtime_it_needs_is_stored(tmp_path: Path) -> None:
     store = Store(tmp_path / "driver")
     first = _built_remotely(tmp_path, "a" * 64)
-    assert build.commit(store, [first], OBJECT, {_sha(LIBRARY): LIBRARY})
+    assert orchestrator.commit(store, [first], OBJECT, {_sha(LIBRARY): LIBRARY})
     assert store.has_object(_sha(LIBRARY))
     assert store.get_entry(first.kernel_key).shared_libs == {}  # runtime absent: relinked on this host later
     store.put_object(RUNTIME)
     second = _built_remotely(tmp_path, "b" * 64)
-    assert build.commit(store, [second], OBJECT, {_sha(LIBRARY): LIBRARY})
+    assert orchestrator.commit(store, [second], OBJECT, {_sha(LIBRARY): LIBRARY})
     assert store.get_entry(second.kernel_key).shared_libs == second.shared_libs
     assert verify(store).ok
 
@@ -47,7 +47,7 @@ def test_returned_library_bytes_that_do_not_hash_to_their_digest_store_no_entry(
     store = Store(tmp_path / "driver")
     store.put_object(RUNTIME)
     entry = _built_remotely(tmp_path, "c" * 64)
-    assert not build.commit(store, [entry], OBJECT, {_sha(LIBRARY): b"something else"})
+    assert not orchestrator.commit(store, [entry], OBJECT, {_sha(LIBRARY): b"something else"})
     assert store.get_entry(entry.kernel_key) is None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fa4_aot import coverage
+from fa4_aot.build import coverage
 from tests.unit.test_record import CALL
 
 A, B, C = ("_flash_attn_fwd", "a" * 64), ("_flash_attn_bwd", "b" * 64), ("_bwd_preprocess", "c" * 64)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import estimate
-from fa4_aot.skus import Sku
+from fa4_aot.build import estimate
+from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
 from tests.conftest import proven, run_cli
 

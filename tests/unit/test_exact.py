@@ -1,5 +1,5 @@
-"""Exact call records (fa4_aot/exact.py): what a well-formed record is, what check() refuses (a record comes from
-clients, through the server's open POST /v1/misses), and describing real tensor arguments (fa4/exact.py)."""
+"""Exact call records (fa4_aot/spec/exact.py): what a well-formed record is, what check() refuses (a record comes from
+clients, through the server's open POST /v1/misses), and describing real tensor arguments (fa4/exact_replay.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from fa4_aot.calls import Call
-from fa4_aot.exact import MAX_CHARS, ExactCall, check
+from fa4_aot.spec.calls import Call
+from fa4_aot.spec.exact import MAX_CHARS, ExactCall, check
 
 
 def tensor(*shape: int, dtype: str = "bfloat16", grad: bool = False, offset: int = 0) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def test_records_round_trip_and_dedupe() -> None:
 def test_describe_keeps_what_fa4_reads_and_refuses_what_it_cannot_hold() -> None:
     import torch
 
-    from fa4_aot.fa4.exact import describe, with_backward
+    from fa4_aot.fa4.exact_replay import describe, with_backward
 
     packed = torch.empty(2, 777, 3, 16, 64, dtype=torch.bfloat16)
     q, k = packed[:, :, 0], packed[:, :, 1].requires_grad_(False)

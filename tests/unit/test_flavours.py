@@ -1,4 +1,4 @@
-"""Which interpreter builds each CUDA flavour (fa4_aot.flavours), read at call time, with errors that say how to
+"""Which interpreter builds each CUDA flavour (fa4_aot.build.flavours), read at call time, with errors that say how to
 make the missing environment."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import config, flavours
+from fa4_aot import config
+from fa4_aot.build import flavours
 from fa4_aot.errors import BuildError
 
 

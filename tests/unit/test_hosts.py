@@ -1,4 +1,4 @@
-"""Host targets (fa4_aot/hosts.py): pure tables."""
+"""Host targets (fa4_aot/spec/hosts.py): pure tables."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import hosts
+from fa4_aot.spec import hosts
 
 V3, GRACE = hosts.get("x86-64-v3"), hosts.get("neoverse-v2")
 

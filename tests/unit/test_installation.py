@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import kernel_keys
 from fa4_aot.client import Installation
 from fa4_aot.errors import IntegrityError, KernelMissing
-from fa4_aot.skus import Constants, Sku
+from fa4_aot.spec import kernel_keys
+from fa4_aot.spec.skus import Constants, Sku
 from fa4_aot.store import Entry, Store
-from fa4_aot.trust import Trust
+from fa4_aot.trust.policy import Trust
 
 SKU = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
 KEY = (True, 128, "bf16-ish", None)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import fa4, kernel_keys, maintenance, migrate
-from fa4_aot.skus import Sku
-from fa4_aot.store import Store
+from fa4_aot import fa4
+from fa4_aot.spec import kernel_keys
+from fa4_aot.spec.skus import Sku
+from fa4_aot.store import Store, maintenance, migrate
 from tests.conftest import run_cli
 
 
@@ -154,7 +155,7 @@ def test_consumed_constants_are_keyed_by_value_and_name() -> None:
 def test_golden_key() -> None:
     """Changes only deliberately (it invalidates every store: `fa4-aot migrate` converts them). Issue 13 made
     the key hold arch + CUDA major and the consumed constants instead of all four SKU figures; issue 19 added
-    the host target (hosts.py)."""
+    the host target (spec/hosts.py)."""
     assert _key() == GOLDEN
 
 
@@ -192,7 +193,7 @@ def test_malformed_hardware_queries_make_no_valid_key() -> None:
     """Found by the OpenAPI fuzz: POST /v1/kernels with hardware_queries [{}] was a 500 (unpacking a dict)."""
     from types import SimpleNamespace
 
-    from fa4_aot import kernel_keys
+    from fa4_aot.spec import kernel_keys
 
     entry = SimpleNamespace(kernel_key="0" * 64, family="f", compile_key=[1], arch="sm_90a", cuda_major=13,
                             toolchain={}, hardware_queries=[{}], host="x86-64-v3")

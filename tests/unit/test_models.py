@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import hfconfig, models
 from fa4_aot.errors import ConfigError
+from fa4_aot.matrix import hfconfig, models
 from tests.gpu.test_h200_models import SUITE
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "hf_configs"
@@ -244,7 +244,7 @@ SKUS = '[skus.h200]\narch = "sm_90a"\nsm_count = 132\nl2_bytes = 62914560\ncuda_
 
 
 def test_default_matrix_covers_the_catalog_at_tp_1_2_4_8_for_every_workload() -> None:
-    from fa4_aot import variants
+    from fa4_aot.matrix import variants
     from tests.conftest import ROOT
 
     matrix = variants.load(ROOT / "variants.toml")
@@ -260,7 +260,7 @@ def test_default_matrix_covers_the_catalog_at_tp_1_2_4_8_for_every_workload() ->
 
 
 def test_model_entry_names_models_tp_and_workloads(tmp_path: Path) -> None:
-    from fa4_aot import variants
+    from fa4_aot.matrix import variants
 
     path = tmp_path / "v.toml"
     path.write_text(SKUS + '[[variants]]\nname = "m"\nmodels = ["llama-3.1-70b", "bert-base"]\ntp = [8]\n'
@@ -278,7 +278,7 @@ def test_model_entry_names_models_tp_and_workloads(tmp_path: Path) -> None:
     ('models = ["*"]\ntp = [0]\n', 10, ["'tp'", ">= 1"]),
 ])
 def test_bad_model_entry_is_located(tmp_path: Path, body: str, line: int, parts: list[str]) -> None:
-    from fa4_aot import variants
+    from fa4_aot.matrix import variants
     from tests.conftest import assert_located
 
     path = tmp_path / "v.toml"
@@ -321,7 +321,7 @@ def test_bad_tp_and_workload_are_usage_errors(tmp_path: Path, args: list[str], m
 
 def test_gpu_suite_build_file_holds_one_model_entry_per_suite_item(tmp_path: Path) -> None:
     """bench/build_suite.sh builds the file tests/gpu/test_h200_models.py writes: it must load, with the SKUs."""
-    from fa4_aot import variants
+    from fa4_aot.matrix import variants
     from tests.gpu.test_h200_models import suite_variants
 
     path = tmp_path / "suite.toml"

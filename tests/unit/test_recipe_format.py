@@ -13,10 +13,13 @@ from typing import Any
 
 import pytest
 
-from fa4_aot import config, lean, recipe, recipe_store, symexpr, variants
+from fa4_aot import config
 from fa4_aot.errors import StoreError
-from fa4_aot.signature import Signature
-from fa4_aot.store import Store
+from fa4_aot.matrix import variants
+from fa4_aot.runtime import replay, runner
+from fa4_aot.spec import symexpr
+from fa4_aot.spec.signature import Signature
+from fa4_aot.store import Store, recipes
 
 COMMITTED = Path(__file__).resolve().parents[1] / "data" / "store_h200_xeon"
 
@@ -40,9 +43,9 @@ def _store_with(tmp_path: Path, change: Any) -> tuple[Store, Signature]:
     return store, Signature.from_dict(doc["regions"][0]["signature"])
 
 
-def _runtime(store: Store) -> lean.Runtime:
+def _runtime(store: Store) -> runner.Runtime:
     sku = variants.load(config.default_variants_file()).skus["h200"]
-    return lean.Runtime(store, sku, None, None)  # no trust policy: a build host's own store, loaded as is
+    return runner.Runtime(store, sku, None, None)  # no trust policy: a build host's own store, loaded as is
 
 
 FOREIGN_STEP = {"op": "load_library.__call__.__call__", "args": ["/tmp/anything.so"], "kwargs": {"kw": {}},
@@ -56,7 +59,7 @@ def test_d26_recipe_with_foreign_op_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=r"refused: region 0: op 'load_library.__call__.__call__' is not one"):
         _runtime(store).attention(sig)
     with pytest.raises(ValueError, match="may not use"):  # and binding never resolves it either
-        recipe._aten(FOREIGN_STEP["op"])
+        replay._aten(FOREIGN_STEP["op"])
 
 
 def test_d26_guard_with_huge_power_is_refused_quickly(tmp_path: Path) -> None:
@@ -73,14 +76,14 @@ def test_d26_guard_with_huge_power_is_refused_quickly(tmp_path: Path) -> None:
 
 
 def test_every_committed_recipe_region_is_admitted(tmp_path: Path) -> None:
-    from fa4_aot import recipe_format
+    from fa4_aot.spec import recipe_format
 
     for _key, doc in _committed():
         recipe_format.check_regions(doc["regions"])
     store = Store(tmp_path / "cache")
     for key, doc in _committed():
         store.put_recipes(key, json.dumps(doc).encode())
-    assert all(recipe_store.load(store, key) for key, _doc in _committed())
+    assert all(recipes.load(store, key) for key, _doc in _committed())
 
 
 def _edit(path: tuple[Any, ...], value: Any) -> Any:
@@ -138,7 +141,7 @@ def _deep(n: int) -> Any:
 
 @pytest.mark.parametrize("change,named", [(c, n) for _case, c, n in REFUSED], ids=[c for c, _, _ in REFUSED])
 def test_recipe_format_refuses(change: Any, named: str) -> None:
-    from fa4_aot import recipe_format  # imported here: the D26 cases above fail, not error, on code without it
+    from fa4_aot.spec import recipe_format  # imported here: the D26 cases above fail, not error, on code without it
 
     region = _region()
     recipe_format.check_region(region)
@@ -148,11 +151,11 @@ def test_recipe_format_refuses(change: Any, named: str) -> None:
 
 
 def test_server_check_applies_the_same_format() -> None:
-    """recipe_store.check_file (the server's upload check, and the client's before storing a fetched file)."""
+    """store.recipes.check_file (the server's upload check, and the client's before storing a fetched file)."""
     key, doc = _committed()[0]
     region = doc["regions"][0]
     sku = variants.load(config.default_variants_file()).skus["h200"]
-    recipe_store.check_file(json.dumps(doc).encode(), key, sku.target_facts())
+    recipes.check_file(json.dumps(doc).encode(), key, sku.target_facts())
     region["guards"].append(["gt", ["pow", 10, 10**9], 1])
     with pytest.raises(ValueError, match="exponent"):
-        recipe_store.check_file(json.dumps(doc).encode(), key, sku.target_facts())
+        recipes.check_file(json.dumps(doc).encode(), key, sku.target_facts())

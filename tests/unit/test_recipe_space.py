@@ -7,9 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fa4_aot import recipe, recipe_space, symexpr
-from fa4_aot.signature import Signature
-from fa4_aot.skus import Sku
+from fa4_aot.runtime import replay
+from fa4_aot.spec import recipe_space, symexpr
+from fa4_aot.spec.signature import Signature
+from fa4_aot.spec.skus import Sku
 
 SKU = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
 SIG = Signature(layout="dense", pass_="fwd", dtype="bf16", head_dim=128, head_dim_v=128, mask="causal",
@@ -17,7 +18,7 @@ SIG = Signature(layout="dense", pass_="fwd", dtype="bf16", head_dim=128, head_di
 S = ["sym", "seqlen_q"]
 K = ["sym", "seqlen_k"]
 B = ["sym", "batch"]
-H = ["sym", recipe.HEADS]
+H = ["sym", replay.HEADS]
 # guards of the forms FA4's recordings hold (fa4/record.py): size-1 tests, tile edges, the split heuristic
 GUARDS = [
     ["ne", B, 1], ["eq", B, 1], ["gt", ["mul", 4, S], 128], ["le", ["mul", 4, S], 128],
@@ -30,18 +31,18 @@ GUARDS = [
 ]
 
 
-@pytest.mark.parametrize("layout", list(recipe.SIZE_NAMES))
+@pytest.mark.parametrize("layout", list(replay.SIZE_NAMES))
 def test_draws_lie_in_the_space_and_name_every_size(layout: str) -> None:
     sig = Signature(**{**SIG.to_dict(), "layout": layout, "page_size": 16 if layout == "paged" else 0,
                        "window": (0, 0)})
     sp = recipe_space.space(sig, SKU)
-    assert set(sp.names) == set(recipe.SIZE_NAMES[layout])
+    assert set(sp.names) == set(replay.SIZE_NAMES[layout])
     points = recipe_space.draw(sp, np.random.default_rng(1), 5000)
-    assert set(points) == set(recipe.size_names(layout))
-    assert (points[recipe.HEADS] == 8).mean() > 0.4 and set(points[recipe.HEADS]) == {1, 8}  # split-KV: own and 1
+    assert set(points) == set(replay.size_names(layout))
+    assert (points[replay.HEADS] == 8).mean() > 0.4 and set(points[replay.HEADS]) == {1, 8}  # split-KV: own and 1
     plain = recipe_space.draw(recipe_space.space(dataclasses.replace(sig, num_splits=1), SKU),
                               np.random.default_rng(1), 5000)
-    assert set(plain[recipe.HEADS]) == set(recipe_space.HEAD_COUNTS)
+    assert set(plain[replay.HEADS]) == set(recipe_space.HEAD_COUNTS)
     for size in sp.sizes:
         values = points[size.name]
         assert values.min() >= size.low and values.max() <= size.high
@@ -74,7 +75,7 @@ def test_constants_include_where_a_scaled_guard_turns() -> None:
 
 
 def test_compiled_guards_in_region_lookup_agree_with_symexpr() -> None:
-    from fa4_aot import recipe_store
+    from fa4_aot.store import recipes
 
     sp = recipe_space.space(dataclasses.replace(SIG, num_splits=1), SKU)
     points = recipe_space.draw(sp, np.random.default_rng(4), 2000, {"batch": [3]})
@@ -91,5 +92,5 @@ def test_compiled_guards_in_region_lookup_agree_with_symexpr() -> None:
                 return False
 
         expected = next((r for r in regions if holds(r["guards"])), None)
-        found = recipe_store.find(list(regions), at)
+        found = recipes.find(list(regions), at)
         assert (found is None) == (expected is None) and (found is None or holds(found["guards"])), at

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import coverage, record
-from fa4_aot.calls import Call
+from fa4_aot.build import coverage
 from fa4_aot.errors import ConfigError
+from fa4_aot.spec import call_log
+from fa4_aot.spec.calls import Call
 
 CALL = Call(layout="dense", pass_="bwd", dtype="bf16", head_dim=128, head_dim_v=128, mask="causal", window=(0, 0),
             softcap=0.0, sink=False, num_splits=1, batch=2, seqlen_q=4096, seqlen_k=4096, heads_q=32, heads_kv=8)
@@ -19,19 +20,19 @@ CALL = Call(layout="dense", pass_="bwd", dtype="bf16", head_dim=128, head_dim_v=
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(record, "_seen", set())
+    monkeypatch.setattr(call_log, "_seen", set())
 
 
 def test_unset_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FA4_AOT_RECORD", raising=False)
-    assert record.note(CALL) is False
+    assert call_log.note(CALL) is False
 
 
 def test_each_distinct_call_once_and_lines_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FA4_AOT_RECORD", str(path))
     other = replace(CALL, layout="paged", pass_="fwd", seqlen_q=1, page_size=16, window=(127, 0), mask="local")
-    assert [record.note(c) for c in (CALL, CALL, other, CALL)] == [True, False, True, False]
+    assert [call_log.note(c) for c in (CALL, CALL, other, CALL)] == [True, False, True, False]
     lines = path.read_text().splitlines()
     assert len(lines) == 2 and json.loads(lines[0])["pass_"] == "bwd"
     assert coverage.read_calls(path) == [CALL, other]
@@ -41,9 +42,9 @@ def _append(path: str, worker: int) -> None:
     import os
 
     os.environ["FA4_AOT_RECORD"] = path
-    record._seen.clear()
+    call_log._seen.clear()
     for i in range(300):
-        record.note(replace(CALL, batch=worker * 1000 + i, window=(i, 0)))
+        call_log.note(replace(CALL, batch=worker * 1000 + i, window=(i, 0)))
 
 
 def test_processes_appending_together_never_interleave_lines(tmp_path: Path) -> None:
@@ -62,7 +63,7 @@ def test_processes_appending_together_never_interleave_lines(tmp_path: Path) -> 
 def test_unwritable_target_warns_and_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FA4_AOT_RECORD", str(tmp_path / "missing-dir" / "calls.jsonl"))
     with pytest.warns(UserWarning, match="FA4_AOT_RECORD=.*cannot append"):
-        assert record.note(CALL) is False
+        assert call_log.note(CALL) is False
 
 
 def test_record_refuses_a_symlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +73,7 @@ def test_record_refuses_a_symlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (tmp_path / "calls.jsonl").symlink_to(target)
     monkeypatch.setenv("FA4_AOT_RECORD", str(tmp_path / "calls.jsonl"))
     with pytest.warns(UserWarning, match="FA4_AOT_RECORD=.*symbolic link"):
-        assert record.note(CALL) is False
+        assert call_log.note(CALL) is False
     assert target.read_text() == "untouched\n"
 
 

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from fa4_aot import signing, trust
 from fa4_aot.errors import TrustError
-from fa4_aot.signing import Revocations
-from fa4_aot.skus import Sku
+from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
+from fa4_aot.trust import policy as trust
+from fa4_aot.trust import signing
+from fa4_aot.trust.signing import Revocations
 from tests.conftest import proven
 
 SKU = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import hosts, variants
 from fa4_aot.errors import ConfigError, HostMismatch, UnknownSku
-from fa4_aot.skus import MIB, Constants, DeviceInfo, Sku, l2_budgets, select
+from fa4_aot.matrix import variants
+from fa4_aot.spec import hosts
+from fa4_aot.spec.skus import MIB, Constants, DeviceInfo, Sku, l2_budgets, select
 from tests.conftest import assert_located
 
 ROOT = Path(__file__).resolve().parents[2]

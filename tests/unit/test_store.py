@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import maintenance
 from fa4_aot import store as store_module
 from fa4_aot.errors import DiskFull, IntegrityError, StoreError
-from fa4_aot.fsutil import FileLock, atomic_write
-from fa4_aot.store import Entry, Miss, Store, sha256_file
+from fa4_aot.store import Entry, Miss, Store, maintenance, sha256_file
+from fa4_aot.store.fsutil import FileLock, atomic_write
 from tests.conftest import proven
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -316,7 +315,7 @@ while True:
 """
 STALLED_WRITER = """
 import sys, time, pathlib
-from fa4_aot.fsutil import atomic_write
+from fa4_aot.store.fsutil import atomic_write
 def chunks():
     yield b"x" * 65536
     print("mid-write", flush=True)
@@ -360,7 +359,7 @@ def test_sigkilled_writers_leave_only_temp_files_and_whole_objects(tmp_path: Pat
 
 
 LOCKER = """
-import sys, pathlib, fa4_aot.fsutil as f, fa4_aot.errors as e
+import sys, pathlib, fa4_aot.store.fsutil as f, fa4_aot.errors as e
 try:
     with f.FileLock(pathlib.Path(sys.argv[1]), timeout=float(sys.argv[2])):
         print("acquired")

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import build, kernel_keys, maintenance, migrate, signing
-from fa4_aot.signing import Revocations
-from fa4_aot.skus import Sku
-from fa4_aot.store import Store
+from fa4_aot.build import orchestrator
+from fa4_aot.spec import kernel_keys
+from fa4_aot.spec.skus import Sku
+from fa4_aot.store import Store, maintenance, migrate
+from fa4_aot.trust import signing
+from fa4_aot.trust.signing import Revocations
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 # The SKU as the old store knew it: before host targets (issue 19), kernels were built for the build CPU
@@ -73,8 +75,8 @@ def test_migrate_refiles_the_old_store_under_todays_keys(store: Store) -> None:
     for entry in new:
         base, full = kernel_keys.entry_keys(entry)
         assert entry.kernel_key == base == full  # these kernels consumed no constant
-        assert build.stored_key(store, base, H200) == base
+        assert orchestrator.stored_key(store, base, H200) == base
         twin = Sku(name="h100-sxm", arch="sm_90a", sm_count=132, l2_bytes=52428800, cuda_major=13, host="")
-        assert build.stored_key(store, base, twin) == base  # shared now
+        assert orchestrator.stored_key(store, base, twin) == base  # shared now
     again = migrate.migrate(store)
     assert (again.migrated, again.current) == (0, 5)

@@ -1,4 +1,4 @@
-"""Only store.py (and fsutil.py, its file-system primitives) build paths under a store root: every other module
+"""Only store/ (and store/fsutil.py, its file-system primitives) build paths under a store root: every other module
 goes through the Store API, so the store's promises (atomic writes, owner-only modes, no link followed below the
 root) cannot be broken by a neighbour. An AST scan of fa4_aot/ and service/ enforces it."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED = {"fa4_aot/store.py", "fa4_aot/fsutil.py"}
+ALLOWED = {"fa4_aot/store/__init__.py", "fa4_aot/store/fsutil.py"}
 PATH_GETTERS = {"object_path", "entry_path", "verified_object_path"}
 FILE_METHODS = {"open", "stat", "lstat", "is_file", "exists", "glob", "rglob", "iterdir", "unlink", "read_bytes",
                 "read_text", "write_bytes", "write_text", "mkdir", "parent", "joinpath"}
@@ -52,7 +52,7 @@ def _modules() -> list[Path]:
 
 
 @pytest.mark.parametrize("snippet", [
-    'path = store.root / "manifests" / sku',                  # signing.py before the Store owned manifests
+    'path = store.root / "manifests" / sku',                  # trust/signing.py before the Store owned manifests
     'for p in (store.root / "index").glob("??/*.json"): ...',  # service/sync.py's glob
     'f = open(store.object_path(digest), "rb")',                 # service/routes/objects.py's plain open
     'size = store.object_path(digest).stat().st_size',
@@ -66,4 +66,4 @@ def test_no_module_outside_store_builds_paths_under_the_store_root() -> None:
     modules = _modules()
     assert len(modules) > 30  # the scan saw the tree, not an empty folder
     found = {p.relative_to(ROOT).as_posix(): v for p in modules if (v := violations(p.read_text()))}
-    assert found == {}, "use the Store API (fa4_aot/store.py) instead: " + repr(found)
+    assert found == {}, "use the Store API (fa4_aot/store/) instead: " + repr(found)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fa4_aot import symexpr
+from fa4_aot.spec import symexpr
 
 SIZES = {"batch": 3, "seqlen_q": 1000, "seqlen_k": 129}
 

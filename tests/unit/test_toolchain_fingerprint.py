@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import kernel_keys, migrate
 from fa4_aot.fa4 import versions
-from fa4_aot.skus import Sku
+from fa4_aot.spec import kernel_keys
+from fa4_aot.spec.skus import Sku
+from fa4_aot.store import migrate
 from tests.conftest import ROOT
 
 SKUS = (Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13),
@@ -30,7 +31,7 @@ PROBE = f"""
 import json
 from fa4_aot import kernel_keys
 from fa4_aot.fa4 import versions
-from fa4_aot.skus import Sku
+from fa4_aot.spec.skus import Sku
 skus = [Sku(**s) for s in {[s.__dict__ for s in SKUS]!r}]
 tools = versions.toolchain()
 keys = [kernel_keys.kernel_key("_flash_attn_fwd", k, s, tools, consumed) for k in {COMPILE_KEYS!r} for s in skus
@@ -160,7 +161,7 @@ def test_patches_digest_reads_the_patch_files(tmp_path: Path) -> None:
     for name in versions.PATCHES:
         shutil.copy(Path(versions.__file__).parent / name, tmp_path / name)
     assert versions.patches_digest(tmp_path) == versions.patches_digest()
-    objects = tmp_path / "objects.py"
+    objects = tmp_path / "object_files.py"
     objects.write_text(objects.read_text().replace("OPT_LEVEL = 3", "OPT_LEVEL = 2"))
     assert versions.patches_digest(tmp_path) != versions.patches_digest()
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fa4_aot.arguments import call_from
+from fa4_aot.client.arguments import call_from
 from fa4_aot.fa4.tracking import current, from_arguments, running
 
 CASES = [

@@ -1,0 +1,184 @@
+"""`fa4-aot builder --server URL`: the process that turns clients' misses into published kernels (issue 21).
+
+The server keeps the build jobs (service/crud_builds.py: one per SKU and missed key, however many clients miss
+it, persisted in its database); a builder claims the oldest with a lease, renews the lease while it works, and
+on its end tells the server how it went. A builder killed mid-job loses nothing: its lease runs out and the next
+claim (its restart, or another builder) takes the job over. A job is `build --from-misses` of its one miss
+(remote.push_pull.build_misses) on the builder's executor (a local pool kept warm between jobs, or Ray), then published
+exactly as `push` does (objects, libraries, recipe files), with a manifest signed by the builder's key when one
+is given. A call FA4 rejects ends "rejected" with FA4's reason, which the server answers every later report
+with; it is not built again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import Fa4AotError, RemoteError
+from ..matrix.variants import Matrix
+from ..remote.http import Remote
+from ..remote.push_pull import build_misses, push
+from ..spec import kernel_keys
+from ..store import Store
+from ..trust import signing
+from .executors import Executor
+from .orchestrator import Report
+
+log = logging.getLogger("fa4_aot.build.builder")
+MAX_DETAIL = 8000  # characters of a job's detail sent to the server (it accepts 16 KiB)
+
+
+@dataclass
+class Outcome:
+    status: str  # "done", "failed" or "rejected"
+    detail: str
+    compile_seconds: float = 0.0
+    built: int = 0
+
+    def to_dict(self, builder: str) -> dict[str, Any]:
+        return {"builder": builder, "status": self.status, "detail": self.detail[:MAX_DETAIL],
+                "compile_seconds": round(self.compile_seconds, 3), "built": self.built}
+
+
+def miss_of(job: dict[str, Any]) -> dict[str, Any]:
+    """The Miss document a claimed job builds (what `build --from-misses` reads)."""
+    return {name: job.get(name) for name in ("kernel_key", "family", "compile_key", "sku", "call", "args")}
+
+
+def outcome_of(reports: list[Report], sku: str) -> Outcome:
+    """Pure: how a job ended, from its build reports. FA4 refusing the call wins (rejected, with FA4's reason:
+    no build can serve it), then any failure (failed), else done."""
+    if not reports:
+        return Outcome("failed", f"this builder's variants file has no SKU {sku!r}; start the builder with the "
+                                 "server's variants file (--variants)")
+    report = reports[0]
+    seconds = sum(r.seconds for r in report.results if r.status == "built")
+    built = report.count("built")
+    if report.call_failures:
+        return Outcome("rejected", "; ".join(dict.fromkeys(f.error for f in report.call_failures)), seconds, built)
+    failed = [f"{r.family} {r.kernel_key[:16]}: {r.error}" for r in report.results if r.status == "failed"]
+    if failed:
+        return Outcome("failed", "; ".join(failed), seconds, built)
+    return Outcome("done", f"{built} kernel(s) built, {report.count('present')} present, {report.recipes} recipe "
+                           "region(s) recorded", seconds, built)
+
+
+def published_keys(report: Report, store: Store) -> set[str]:
+    """Every key the job's kernels are held under (full keys and base-key signposts): what it publishes."""
+    keys: set[str] = set()
+    for r in report.results:
+        entry = store.get_entry(r.kernel_key) if r.status in ("built", "present") else None
+        if entry is not None:
+            keys.update(kernel_keys.entry_keys(entry))
+    return keys
+
+
+class Builder:
+    """Claims, runs and publishes jobs of one server until stopped. `remote_factory` makes a fresh Remote (a
+    Remote gives up on a server for good after it fails once; a builder outlives server restarts)."""
+
+    def __init__(self, remote_factory: Callable[[], Remote], matrix: Matrix, store: Store, executor: Executor,
+                 name: str, lease: float = 60.0, poll: float = 1.0, signing_key: Path | None = None) -> None:
+        self.remote_factory, self.matrix, self.store, self.executor = remote_factory, matrix, store, executor
+        self.name, self.lease, self.poll, self.signing_key = name, lease, poll, signing_key
+        self.remote = remote_factory()
+        self.done = 0  # jobs this process finished
+
+    def run(self, stop: threading.Event, max_jobs: int | None = None) -> None:
+        """Run jobs until `stop` is set (or `max_jobs` are finished); waits `poll` seconds when none is queued,
+        and as long again after the server could not be reached."""
+        while not stop.is_set() and (max_jobs is None or self.done < max_jobs):
+            try:
+                ran = self.run_one()
+            except Fa4AotError as e:
+                log.warning("server %s: %s; retrying in %.0f s", self.remote.url, e, self.poll)
+                self.remote.close()
+                self.remote = self.remote_factory()
+                ran = False
+            if not ran:
+                stop.wait(self.poll)
+
+    def run_one(self) -> bool:
+        """Claim and run one job; False when none was queued."""
+        job = self.remote.claim_build(self.name, self.lease)
+        if job is None:
+            return False
+        log.info("job %s: %s %s for %s (attempt %s)", job["id"], job["family"], job["kernel_key"][:16], job["sku"],
+                 job["attempts"])
+        lost, renewing = threading.Event(), threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(job["id"], renewing, lost), daemon=True)
+        renewer.start()
+        try:
+            outcome = self.build(job)
+        finally:
+            renewing.set()
+            renewer.join()
+        if lost.is_set():
+            log.warning("job %s: lease lost to another builder; its result is dropped", job["id"])
+        else:
+            self.remote.finish_build(job["id"], outcome.to_dict(self.name))
+            log.info("job %s: %s (%s)", job["id"], outcome.status, outcome.detail[:300])
+        self.done += 1
+        return True
+
+    def _renew(self, job_id: int, stop: threading.Event, lost: threading.Event) -> None:
+        """Renew the lease every third of it until `stop`, on a Remote of its own (made again after a failure: a
+        Remote gives up on its server for good); set `lost` when the job is no longer this builder's."""
+        leases = self.remote_factory()
+        try:
+            while not stop.wait(self.lease / 3):
+                try:
+                    if not leases.renew_build(job_id, self.name, self.lease):
+                        lost.set()
+                        return
+                except Fa4AotError as e:  # the server is away: the next renewal may still come in time
+                    log.warning("job %s: could not renew its lease: %s", job_id, e)
+                    leases.close()
+                    leases = self.remote_factory()
+        finally:
+            leases.close()
+
+    def build(self, job: dict[str, Any]) -> Outcome:
+        """Build the job's miss into the builder's store and publish it; never raises for the build's sake."""
+        try:
+            reports = build_misses(self.matrix, self.store, [miss_of(job)], executor=self.executor)
+            if any(r.interrupted for r in reports):  # stopped: the job stays leased, the next claim takes it
+                raise KeyboardInterrupt
+            outcome = outcome_of(reports, job["sku"])
+            if outcome.status == "done":
+                self.publish(reports[0])
+        except Exception as e:  # one job's failure (FA4, the store, the push) must not stop the builder
+            log.exception("job %s failed", job["id"])
+            return Outcome("failed", f"{type(e).__name__}: {e}")
+        return outcome
+
+    def publish(self, report: Report) -> None:
+        """Push the job's kernels (objects, libraries), the SKU's recipe files, and a signed manifest of the
+        builder's store when it has a key; BuildError-like Fa4AotError when any of it fails."""
+        result = push(self.store, self.remote, report.sku, keys=published_keys(report, self.store))
+        if result.failures:
+            raise RemoteError(f"publishing to {self.remote.url} failed: {'; '.join(result.failures[:3])}")
+        if self.signing_key is not None:
+            sku = self.matrix.sku(report.sku)
+            key = signing.load_private(self.signing_key)
+            envelope = signing.sign(signing.manifest_of(self.store, sku), key, self.signing_key.stem)
+            self.remote.push_manifest(sku.name, envelope)
+
+
+def wait_for_server(remote: Remote, deadline: float) -> None:
+    """Block until `remote` answers (a builder started with its server), at most `deadline` seconds."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            remote.skus()
+            return
+        except Fa4AotError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(1.0)

@@ -1,0 +1,307 @@
+"""`fa4-aot skus` and `fa4-aot build`: what can be built, and building it (no GPU needed)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ..store import Store
+from . import stopping
+from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
+from .progress import Progress, quiet_option
+
+if TYPE_CHECKING:
+    from ..build import orchestrator as build_mod
+    from ..build.executors import Executor
+    from ..matrix.variants import Matrix, ModelVariant, Variant
+    from ..spec.skus import Sku
+
+
+@click.command()
+@json_option()
+def hosts(as_json: bool) -> None:
+    """List the host targets a SKU's `host` can name: the CPU its GPU hosts run, which every object's host code
+    and every lean library is built for (whatever the build machine's CPU), and whether this machine's CPU
+    runs code built for each."""
+    from ..spec import hosts as host_targets
+
+    cpu = host_targets.detect()
+    doc = [{"name": t.name, "arch": t.arch, "llvm_triple": t.triple, "llvm_cpu": t.cpu, "needs": list(t.needs),
+            "description": t.description, "runs_here": not host_targets.lacks(t, cpu)}
+           for t in host_targets.TARGETS.values()]
+    rows = [f"{'host':<13}{'arch':<9}{'runs here':<11}description"]
+    rows += [f"{d['name']:<13}{d['arch']:<9}{'yes' if d['runs_here'] else 'no':<11}{d['description']}" for d in doc]
+    emit(as_json, doc, "\n".join(rows))
+
+
+@click.command()
+@variants_option("Variants file holding the SKU table (default: variants.toml).")
+@click.option("--detect", is_flag=True, help="On a GPU host: the table row for the local device, with sources, "
+                                             "and which row serves it now.")
+@json_option()
+def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
+    """List the GPU SKUs: arch target, SM count, L2 size, CUDA major, and where each figure comes from (the
+    comments beside each [skus.NAME] in variants.toml)."""
+    from ..spec.skus import sources
+    from ..spec.tomlsrc import TomlSource
+
+    matrix = load_matrix(variants_file)
+    if detect:
+        _detect(matrix, as_json)
+        return
+    found = sources(TomlSource(matrix.path).lines)  # by table: NAME-cu12 comes from [skus.NAME]
+    source = {s.name: found.get(s.name) or found.get(s.name.removesuffix(f"-cu{s.cuda_major}"), "")
+              for s in matrix.skus.values()}
+    rows = [f"{'sku':<14}{'arch':<9}{'SMs':>5}{'L2 MiB':>9}{'CUDA':>6}  {'host':<13}description"]
+    for s in matrix.skus.values():
+        rows.append(f"{s.name:<14}{s.arch:<9}{s.sm_count:>5}{s.l2_bytes / 2**20:>9.1f}{s.cuda_major:>6}  "
+                    f"{s.host:<13}{s.description}")
+        rows += [f"{'':14}source: {source[s.name]}"] if source.get(s.name) else []
+    doc = [{**s.target_facts(), "name": s.name, "description": s.description, "source": source.get(s.name, "")}
+           for s in matrix.skus.values()]
+    emit(as_json, doc, "\n".join(rows))
+
+
+def _detect(matrix: Matrix, as_json: bool) -> None:
+    from ..spec.skus import detect_device, row_for, select
+
+    device = detect_device()
+    row = row_for(device)
+    sku, constants, trace = select(matrix.skus, device)
+    doc = {"row": row, "served_by": sku.name, "constants": constants.__dict__, "trace": trace}
+    lines = [f"[skus.{row['name']}]"]
+    lines += [f"{k} = {v!r}".replace("'", '"') + f"  # {row['sources'].get(k, '')}".rstrip(" #")
+              for k, v in row.items() if k not in ("name", "sources")]
+    lines += ["", f"served now by [skus.{sku.name}]:", *(f"  {t}" for t in trace)]
+    emit(as_json, doc, "\n".join(lines))
+
+
+@click.command()
+@click.option("--sku", help="Target SKU(s) from `fa4-aot skus`: h200, several as h200,b200-cu12, or all "
+              "(required unless --from-misses).")
+@variants_option()
+@click.option("--only", multiple=True, metavar="NAME", help="Build only these [[variants]] entries (repeatable).")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Compiler processes (local executor; a new local Ray instance gets this many CPUs); each "
+                   "needs about 1.5 GB of memory.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: a process pool here; ray: tasks on a Ray cluster (pip install 'fa4-aot[farm]').")
+@click.option("--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to use ($RAY_ADDRESS; default: start a "
+              "local one for this build).")
+@click.option("--ray-node-ip", envvar="FA4_AOT_RAY_NODE_IP", help="This host's address in the Ray cluster, when "
+              "Ray's guess is wrong (e.g. 127.0.0.1 for a cluster started with --node-ip-address=127.0.0.1).")
+@click.option("--push", "push_url", metavar="URL", help="With --executor ray: workers publish each kernel to this "
+              "server (needs --token) instead of sending it back to this store.")
+@click.option("--dry-run", is_flag=True, help="Plan only: kernels per variant, the estimated build time, and the "
+              "calls FA4 rejects.")
+@click.option("--from-misses", is_flag=True, help="Build the kernels clients reported missing: to --server (then "
+              "push), else those recorded in the local store (`fa4-aot misses`).")
+@click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
+@click.option("--token", envvar="FA4_AOT_TOKEN", help="Publish token for --from-misses and --push ($FA4_AOT_TOKEN).")
+@click.option("--model", "model_arg", metavar="NAME_OR_CONFIG_JSON",
+              help="Build what this model runs instead of the matrix: a catalog name (`fa4-aot models`) or a "
+                   "Hugging Face config.json.")
+@click.option("--tp", "tp_arg", default="1", show_default=True, help="TP degrees for --model, e.g. 1,2,4,8.")
+@click.option("--workload", "workload_arg", default="train,prefill,decode", show_default=True,
+              help="Workloads for --model: train, prefill, decode.")
+@click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Build exactly these calls: JSON lines as FA4_AOT_RECORD writes them (see `fa4-aot coverage`).")
+@json_option("Print one JSON document on stdout: counts, kernel keys, failures (a list of them, one per SKU, when "
+             "several SKUs are built); per-kernel JSON lines on stderr.")
+@quiet_option
+@pass_store
+def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
+          executor: str, ray_address: str | None, ray_node_ip: str | None, push_url: str | None, dry_run: bool,
+          from_misses: bool, server: str | None, token: str | None, model_arg: str | None, tp_arg: str,
+          workload_arg: str, calls_file: Path | None, as_json: bool, quiet: bool) -> None:
+    """Cross-compile FA4 kernels for one or more SKUs into the store (no GPU needed).
+
+    Every [[variants]] entry is planned through FA4's own dispatch on fake tensors: at every batch and
+    sequence length (shape-complete, no `shapes`) or at the points of its shape grid. Each distinct
+    kernel is compiled once. Kernels already in the store are not rebuilt. With --model, the model's
+    signatures per TP degree (shape-complete) replace the matrix; with --calls, exactly those calls.
+    Exits 1 if any call or kernel failed; the rest are still built.
+    """
+    matrix = load_matrix(variants_file)
+    if from_misses:
+        _build_misses(store, matrix, server, token, jobs, as_json)
+        return
+    if not sku:
+        raise click.UsageError("--sku is required (or --from-misses)")
+    if push_url and executor != "ray":
+        raise click.UsageError("--push needs --executor ray; with the local executor, run `fa4-aot push` after it")
+    targets = list(matrix.skus.values()) if sku == "all" else [matrix.sku(s.strip()) for s in sku.split(",")]
+    chosen = matrix.select(list(only))
+    work = _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
+    ex = _executor(executor, jobs, ray_address, ray_node_ip, push_url, token)
+    if not (as_json or quiet):
+        where = f"Ray ({ray_address or 'local'})" if executor == "ray" else f"{jobs} job(s)"
+        click.echo(f"building {', '.join(f'{t.name} ({t.arch}, {t.sm_count} SMs)' for t in targets)} into "
+                   f"{push_url or store.root} on {where}", err=True)
+    reports: list[build_mod.Report] = []
+    # stdout carries only the result: what an executor prints (Ray reports dead workers there) goes to stderr
+    with contextlib.redirect_stdout(sys.stderr), stopping.on_signals() as stop:
+        try:
+            for t in targets:  # an interrupted SKU ends the build: the others are not started
+                with Progress("build", quiet=quiet, as_json=as_json) as bar:
+                    reports.append(_build_one(matrix, t, store, work, chosen, ex, dry_run, bar, push_url, token))
+                if reports[-1].interrupted:
+                    break
+        finally:
+            ex.close()
+    docs, lines = [], []
+    for report in reports:
+        doc, more = _report_doc(report, store, targets, jobs, dry_run)
+        docs.append(doc)
+        lines += more
+    emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(lines))
+    if any(r.interrupted for r in reports):
+        sys.exit(stop.exit_code)
+    if any(r.failed for r in reports):
+        sys.exit(1)
+
+
+def _executor(kind: str, jobs: int, address: str | None, node_ip: str | None, push_url: str | None,
+              token: str | None) -> Executor:
+    if kind == "ray":
+        from ..build.farm import RayExecutor
+
+        return RayExecutor(address, num_cpus=jobs, push=push_url, token=token, node_ip=node_ip)
+    from ..build.executors import LocalExecutor
+
+    return LocalExecutor(jobs)
+
+
+def _build_one(matrix: Matrix, target: Sku, store: Store, work: build_mod.Work | None,
+               chosen: list[Variant | ModelVariant], ex: Executor, dry_run: bool, bar: Progress,
+               push_url: str | None, token: str | None) -> build_mod.Report:
+    """Build for `target` the explicit (label, call or signature) `work` of --model/--calls, or else the
+    chosen variants."""
+    from ..build import orchestrator as build_mod
+
+    present = None
+    if push_url:  # the server, not this store, is where built kernels go: ask it what it has
+        present = _on_server(remote_for(push_url, token, param="push_url").kernel_keys(target.name))
+    if work is None:
+        work = build_mod.work_of(matrix, target, chosen)
+    with Progress("plan", quiet=bar.mode == "quiet", as_json=bar.mode == "json") as plan_bar:
+        return build_mod.build_calls(target, store, work, progress=_progress(bar), dry_run=dry_run,
+                                     executor=ex, present=present, planning=_planning(plan_bar))
+
+
+def _on_server(held: set[str]) -> Callable[[str], str | None]:
+    """`present` for a build that pushes: a kernel counts as held when the server lists its base key (its
+    signpost, or the kernel itself when it consumed no constant). The server's manifest gives keys, not the
+    constants a signpost names, so a kernel held only for other constant values is not rebuilt here: build it
+    without --push, or with --push after the SKU's manifest lists it."""
+
+    def present(base_key: str) -> str | None:
+        return base_key if base_key in held else None
+
+    return present
+
+
+def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs: int,
+                dry_run: bool) -> tuple[dict[str, Any], list[str]]:
+    """One SKU's JSON document and text lines: failures, the dry run's table and estimate, the summary."""
+    lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    lines += [f"LEAN RUNTIME: {message}" for message in report.lean_failures]
+    doc = report.to_dict()
+    if dry_run:
+        target = next(t for t in targets if t.name == report.sku)
+        extra, doc["estimate"] = _dry_run_lines(report, store, target, jobs)
+        lines += extra
+    lines.append(f"{report.sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
+                 f"{report.count('built')} built, {report.count('present')} already present, "
+                 + (f"{report.count('planned')} to build, " if dry_run else "")
+                 + f"{report.failed} failed ({report.seconds:.0f}s); planned with {report.sku}'s dispatch "
+                 f"({report.dispatch_sm_count} SMs)"
+                 + ("" if dry_run else f"; {report.recipes} lean recipe region(s) recorded"))
+    if report.interrupted:
+        lines[-1] = (f"INTERRUPTED {lines[-1]}; {report.not_built} not built (the kernels in flight were dropped, "
+                     "no partial entry is left): run the same command again to build the rest")
+    return doc, lines
+
+
+def _explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
+                   calls_file: Path | None) -> list[Any] | None:
+    """(label, call or signature) pairs for --model or --calls; None to build the variants matrix."""
+    if model_arg and calls_file:
+        raise click.UsageError("give at most one of --model and --calls")
+    if calls_file:
+        from ..build.coverage import read_calls
+
+        return [(calls_file.name, c) for c in read_calls(calls_file)]
+    if not model_arg:
+        return None
+    from ..matrix import models, modelwork
+    from .model_cmds import parse_tps, parse_workloads
+
+    model, tps = models.resolve(model_arg), parse_tps(tp_arg)
+    for why in modelwork.skipped(model, tps):
+        click.echo(why, err=True)
+    return modelwork.work(model, tps, parse_workloads(workload_arg))
+
+
+def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
+                   jobs: int) -> tuple[list[str], dict[str, Any]]:
+    """Kernels per variant (all it needs, and those the store lacks) and the estimated build time."""
+    from ..build.estimate import estimate
+
+    stored = {r.kernel_key for r in report.results if r.status == "present"}
+    lines = [f"{'variant':<28}{'kernels':>8}{'to build':>10}"]
+    for name, needed in sorted(report.by_variant.items()):
+        lines.append(f"{name:<28}{len(needed):>8}{len(needed - stored):>10}")
+    guess = estimate(report.count("planned"), store, target, jobs)
+    lines.append(f"estimated build time: {guess.seconds / 60:.1f} min for {guess.kernels} kernel(s) at "
+                 f"{guess.seconds_per_kernel:.1f} s each over {jobs} job(s) ({guess.source})")
+    return lines, guess.to_dict()
+
+
+def _planning(bar: Progress) -> Callable[[int, int], None]:
+    """Planning's progress, shown as compiling's is: work items (calls or signatures) planned so far. The
+    display closes when planning ends, before compiling's begins."""
+
+    def planned(done: int, total: int) -> None:
+        bar.update(done, total, "ok", f"planned {done} of {total} calls and signatures")
+        if done == total:
+            bar.close()
+
+    return planned
+
+
+def _progress(bar: Progress) -> Callable[[int, int, build_mod.Result], None]:
+    """Each finished kernel: a bar step, a line, or a JSON event (see progress.py)."""
+
+    def progress(done: int, total: int, result: build_mod.Result) -> None:
+        mark = {"built": "ok", "present": "--", "failed": "FAIL"}[result.status]
+        line = f"{mark} {result.family} {result.seconds:.1f} CPU-s  {result.call}" + \
+            (f"\n    {result.error}" if result.error else "")
+        bar.update(done, total, result.status, line, kernel_key=result.kernel_key, family=result.family,
+                   seconds=round(result.seconds, 3), call=result.call, error=result.error, sku=result.sku)
+
+    return progress
+
+
+def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str | None, jobs: int,
+                  as_json: bool) -> None:
+    from dataclasses import asdict
+
+    from ..remote.push_pull import build_misses, rebuild_misses
+
+    if server:
+        reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs)
+    else:
+        reports = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs)
+    docs = [r.to_dict() for r in reports]
+    lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
+             f"{d['failed']} failed" + (f"; pushed to {server}" if server else "") for d in docs]
+    lines += [f"FAILED {f['kernel_key'][:16]} {f['family']}: {f['error']}" for d in docs for f in d["failures"]]
+    emit(as_json, docs, "\n".join(lines) or f"{server or store.root} reports no misses")
+    if any(d["failed"] for d in docs):
+        sys.exit(1)

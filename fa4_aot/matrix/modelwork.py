@@ -1,0 +1,49 @@
+"""What a model-driven build plans: a model's signatures per TP degree, each planned shape-complete (every
+batch and sequence length, complete.py). `fa4-aot build --model` builds them; `fa4-aot coverage --model` judges
+them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec.calls import Call
+from ..spec.signature import Signature
+from . import models
+
+DEFAULT_TPS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Item:
+    model: str
+    tp: int
+    workloads: tuple[str, ...]
+    signature: Signature
+
+    @property
+    def label(self) -> str:
+        s = self.signature
+        return f"{self.model} tp{self.tp}: {s.call(1, 1, 1).describe().split(' b=')[0]} h={s.heads_q}/{s.heads_kv}" + (
+            f" page_size={s.page_size}" if s.layout == "paged" else "")
+
+
+def items(model: models.Model, tps: tuple[int, ...] = DEFAULT_TPS,
+          workloads: tuple[str, ...] = models.WORKLOADS) -> list[Item]:
+    """Every (tp, signature) of `model`; TP degrees vLLM refuses for it contribute none."""
+    return [Item(model.name, tp, tuple(workloads), s) for tp in tps for s in models.signatures(model, tp, workloads)]
+
+
+def skipped(model: models.Model, tps: tuple[int, ...]) -> list[str]:
+    """Why each refused TP degree of `model` was left out."""
+    out = []
+    for tp in tps:
+        why = models.shard(model.heads, model.kv_heads, tp)
+        if isinstance(why, str):
+            out.append(f"{model.name}: {why} (vLLM refuses it too); left out")
+    return out
+
+
+def work(model: models.Model, tps: tuple[int, ...] = DEFAULT_TPS,
+         workloads: tuple[str, ...] = models.WORKLOADS) -> list[tuple[str, Call | Signature]]:
+    """(label, signature) pairs for build.orchestrator.build_calls, which plans each signature at every shape."""
+    return [(f"{model.name}-tp{i.tp}", i.signature) for i in items(model, tps, workloads)]

@@ -1,0 +1,81 @@
+"""What a server's answers must look like before the client uses them: pure checks that turn a decoded JSON
+document into the values http.py works with, or a RemoteError that names the server and what was wrong.
+
+A proxy's login page, a document of another version or a hostile server must end in that one error, never in a
+KeyError, TypeError or a size that spins a reader forever (issue 18, D18 and D24)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import RemoteError, StoreError
+from ..store import Entry, check_hex
+
+AGAIN = "is it an fa4-aot server of this version (not a proxy's page)?"
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, StoreError)  # what a document of another shape raises
+
+
+def byte_count(value: Any, what: str) -> int:
+    """`value` if it is a size in bytes: an int of at least 0 (not a bool); ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} {value!r} is not a size in bytes")
+    return value
+
+
+def entry_of(doc: Any, source: str) -> Entry:
+    """The kernel entry in `doc` (fields the client does not know are dropped); RemoteError naming `source` when
+    a field it uses is missing or of another type: digests must be hex, sizes counts of bytes."""
+    try:
+        entry = Entry(**{k: v for k, v in _of(doc, dict).items() if k in Entry.__dataclass_fields__})
+        check_hex(entry.kernel_key, "kernel key")
+        check_hex(entry.object_digest)
+        byte_count(entry.size, "size")
+        for arch in _of(entry.shared_libs, dict):
+            for digest, size in entry.lib_digests(arch).items():
+                check_hex(digest, f"{arch} library digest")
+                if size is not None:
+                    byte_count(size, f"{arch} library size")
+    except MALFORMED as e:
+        raise RemoteError(f"{source} sent something that is not a kernel entry ({e}); {AGAIN}") from None
+    return entry
+
+
+def listing_of(doc: Any, source: str) -> dict[str, Any]:
+    """A SKU's kernel listing (GET /v1/skus/<sku>/manifest): `kernels` items with a hex kernel key and a size."""
+    try:
+        for item in _of(_of(doc, dict)["kernels"], list):
+            check_hex(_of(item, dict)["kernel_key"], "kernel key")
+            byte_count(item["size"], "size")
+    except MALFORMED as e:
+        raise RemoteError(f"{source} is not a kernel listing ({type(e).__name__}: {e}); {AGAIN}") from None
+    return doc
+
+
+def miss_of(item: Any, source: str) -> dict[str, Any]:
+    """One item of the miss list: an object with a SKU, a kernel key and a family (what a rebuild reads)."""
+    if isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("sku", "kernel_key", "family")):
+        return item
+    raise RemoteError(f"{source} listed {json.dumps(item)[:120]}, not a miss (an object with sku, kernel_key and "
+                      f"family); {AGAIN}")
+
+
+def bundle_head(line: bytes, source: str) -> tuple[list[Entry], list[str], list[tuple[str, int]]]:
+    """The first line of a bundle: (entries, keys the server lacks, (digest, size) of each object that follows,
+    in order). A size that is not a count of bytes would make the reader read past nothing, forever."""
+    try:
+        head = _of(json.loads(line), dict)
+        missing = [k for k in _of(head["missing"], list) if isinstance(k, str)]
+        objects = [(check_hex(digest), byte_count(size, f"size of object {digest}"))
+                   for digest, size in _of(head["objects"], list)]
+        entries = _of(head["entries"], list)
+    except MALFORMED as e:
+        raise RemoteError(f"{source} sent a bundle whose first line is not a bundle head ({type(e).__name__}: "
+                          f"{e}); {AGAIN}") from None
+    return [entry_of(e, source) for e in entries], missing, objects
+
+
+def _of(value: Any, kind: type) -> Any:
+    if not isinstance(value, kind):
+        raise TypeError(f"expected a JSON {'object' if kind is dict else 'list'}, got {json.dumps(value)[:80]}")
+    return value

@@ -1,0 +1,242 @@
+"""Moving kernels between a local store and a server: push, pull, and rebuilding what clients missed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..build.executors import Executor
+from ..build.orchestrator import Report, Result, Work, build_calls
+from ..errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
+from ..matrix.variants import Matrix
+from ..runtime import misses as lean_miss
+from ..spec import kernel_keys
+from ..spec.calls import Call
+from ..spec.exact import ExactCall
+from ..spec.skus import Sku
+from ..store import Store
+from ..trust import signing
+from ..trust.policy import Trust
+from . import lean_files
+from .http import Remote
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class Transfer:
+    kernels: int = 0  # kernels considered
+    objects_sent: int = 0  # push: objects uploaded (the rest the server already had)
+    fetched: int = 0  # pull: kernels downloaded (the rest were already local)
+    manifests: int = 0  # signed manifests pushed or pulled
+    recipes: int = 0  # lean-runtime recipe files pushed or pulled (lean_files.py)
+    lean_refused: list[str] = field(default_factory=list)  # pull: libraries the trust policy refused
+    stale_manifests: list[str] = field(default_factory=list)  # push: skipped, they list kernels since rebuilt
+    bytes: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, progress: Progress | None = None,
+         keys: Collection[str] | None = None) -> Transfer:
+    """Publish every local kernel (of `sku`; only those held under `keys` when given, as a builder publishes a
+    job's kernels) to `remote`, uploading only objects it lacks. Never raises for one kernel: failures are
+    listed in the result."""
+    entries = [e for e in store.entries(sku) if keys is None or e.kernel_key in keys]
+    result = Transfer(kernels=sum(not e.is_signpost for e in entries))  # a kernel, not its signpost too
+    sent: set[str] = set()
+
+    def one(entry: Any) -> dict[str, int]:
+        return remote.push_entry(entry, store.read_object)
+
+    def count(r: Transfer, uploaded: dict[str, int]) -> None:  # every object uploaded, libraries too, once
+        for digest, size in uploaded.items():
+            if digest not in sent:
+                sent.add(digest)
+                r.objects_sent += 1
+                r.bytes += size
+
+    _run(entries, one, jobs, result, progress, count)
+    if not result.failures:  # recipes are filed under a SKU the server knows, so they go after the kernels
+        result.recipes = lean_files.push_all_recipes(store, remote, entries, result.failures)
+    if not result.failures:  # manifests name kernels, so they go after every kernel is on the server
+        _push_manifests(store, remote, entries, result)
+    return result
+
+
+def _push_manifests(store: Store, remote: Remote, entries: list[Any], result: Transfer) -> None:
+    """Upload the store's signed manifests of the pushed SKUs. A manifest that lists a kernel the store no
+    longer holds with that digest (a rebuild since signing) is stale: it is skipped and reported."""
+    held = {e.kernel_key: e.object_digest for e in entries}
+    for name in sorted({e.sku for e in entries}):
+        for envelope in signing.local(store, name):
+            kernels = envelope["manifest"]["kernels"]
+            if any(held.get(k) != d for k, d in kernels.items()) or \
+                    lean_files.lean_stale(store, envelope["manifest"], entries):
+                result.stale_manifests.append(signing.manifest_id(envelope))
+                continue
+            try:
+                remote.push_manifest(name, envelope)
+                result.manifests += 1
+            except Fa4AotError as e:
+                result.failures.append(f"manifest {signing.manifest_id(envelope)}: {e}")
+
+
+def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progress | None = None,
+         trust: Trust | None = None) -> Transfer:
+    """Mirror every kernel the server holds for `sku` into `store` (an air-gapped copy), verified, under the
+    client's trust policy (`trust`, default Trust.from_env): with trusted keys only kernels a valid signed
+    manifest lists with their digest (the others are failures), without them only with FA4_AOT_INSECURE=1
+    (TrustError otherwise)."""
+    listing = remote.manifest(sku)
+    trust = trust or Trust.from_env(_sku_of(listing, sku, remote.url), store, remote)
+    refusal = trust.refuse_remote()
+    if refusal:
+        raise TrustError(f"pull refused: {refusal}")
+    wanted = [k for k in listing.get("kernels", []) if not store.has_entry(k["kernel_key"])]
+    # a kernel is one object: a kernel that consumed SKU constants is listed under its full key and its base
+    # key's signpost, both naming that object (Entry.is_signpost), so kernels and bytes count objects once
+    result = Transfer(kernels=len({k["object_digest"] for k in wanted}))
+    fetched: set[str] = set()
+
+    def one(k: dict[str, Any]) -> dict[str, Any]:
+        if remote.fetch_kernel(k["kernel_key"], store, accept=trust.check,
+                               arches=lean_files.trusted_arches(trust, result.lean_refused)) is None:
+            raise RuntimeError(f"{remote.url} listed kernel {k['kernel_key']} but no longer has it")
+        return k
+
+    def count(r: Transfer, k: dict[str, Any]) -> None:
+        if k["object_digest"] not in fetched:
+            fetched.add(k["object_digest"])
+            r.fetched += 1
+            r.bytes += k["size"]
+
+    _run(wanted, one, jobs, result, progress, count)
+    result.recipes = lean_files.pull_recipes(store, remote, sku, trust, result.failures)
+    for envelope in remote.signed_manifests(sku):  # kept unverified here: clients verify before loading
+        signing.save(store, envelope)
+        result.manifests += 1
+    return result
+
+
+def _sku_of(listing: dict[str, Any], name: str, url: str) -> Sku:
+    """The SKU a server's manifest describes (its facts are what signed manifests must match)."""
+    facts: Any = listing.get("sku")
+    try:
+        return Sku(name, facts["arch"], int(facts["sm_count"]), int(facts["l2_bytes"]), int(facts["cuda_major"]),
+                   host=str(facts.get("host", "")))
+    except (TypeError, KeyError, ValueError):
+        raise RemoteError(f"{url} describes SKU {name} without its facts; is it an fa4-aot server?") from None
+
+
+def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
+                   progress: Callable[..., None] | None = None) -> list[Report]:
+    """Build the kernels clients reported missing to `remote`, per SKU, and push the results."""
+    reports = build_misses(matrix, store, remote.misses(), jobs=jobs, progress=progress)
+    for report in reports:
+        push(store, remote, report.sku)
+    return reports
+
+
+def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], jobs: int = 1,
+                 progress: Callable[..., None] | None = None, executor: Executor | None = None) -> list[Report]:
+    """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows: a miss that carries the exact
+    FA4 arguments of its call (`args`, spec/exact.py) is replayed through FA4 with them, an older one re-plans the Call
+    it carries; a lean runtime's miss (family "recipe", runtime/misses.py) plans its Call, which records its recipe
+    regions with its kernels and libraries. A missed kernel the rebuild does not produce (no call recorded, or
+    the call no longer selects it), or a lean call no region then serves, is a failure in its SKU's report, so
+    nothing is left out silently. `executor` (default: a local pool of `jobs`) is left open for its owner."""
+    by_sku: dict[str, dict[str, dict[str, Any]]] = {}
+    for miss in misses:
+        if miss.get("sku") in matrix.skus:
+            by_sku.setdefault(miss["sku"], {})[miss["kernel_key"]] = miss
+    reports = []
+    for name, wanted in sorted(by_sku.items()):
+        items = [_item(m) for m in wanted.values()]
+        work: Work = list(dict.fromkeys(("from-misses", c) for c in items if c is not None))
+        report = build_calls(matrix.sku(name), store, work, jobs=jobs, progress=progress, executor=executor)
+        _unreproduced(report, wanted, store, matrix.sku(name))
+        reports.append(report)
+    return reports
+
+
+def _item(miss: dict[str, Any]) -> Call | ExactCall | None:
+    """What rebuilds a miss: its exact record when it carries a readable one, else its Call, else None (none
+    recorded, or one this fa4-aot cannot read: a server may hold misses from other clients): that miss is then
+    reported as not reproduced, and the others still build."""
+    call = _call(miss.get("call"))
+    if miss.get("args"):
+        try:
+            return ExactCall.from_dict(miss["args"], call)
+        except ValueError:
+            pass
+    return call
+
+
+def _call(doc: Any) -> Call | None:
+    if not doc:
+        return None
+    try:
+        return Call.from_dict(doc)
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Store, sku: Sku) -> None:
+    done = _done_keys(report, store)
+    for key, miss in sorted(wanted.items()):
+        if key in done or _lean_served(miss, store, sku):
+            continue
+        item = _item(miss)
+        why = ("no recipe region the build recorded serves this lean call (see the report's lean failures)"
+               if miss.get("family") == lean_miss.FAMILY and item is not None else
+               "the client could not describe the call (score_mod, block sparsity...)" if item is None
+               else "replaying the recorded arguments did not ask for it (was FA4 or the SKU table changed?)"
+               if isinstance(item, ExactCall) else
+               "re-planning the recorded call did not select it (an older client's miss, without its exact "
+               "arguments: run the workload again with this fa4-aot)")
+        report.results.append(Result("failed", miss["family"], key, "from-misses", item.describe() if item else "",
+                                     error=f"missed kernel not rebuilt: {why}"))
+
+
+def _lean_served(miss: dict[str, Any], store: Store, sku: Sku) -> bool:
+    """A lean miss is closed when the store serves its call (a region and every kernel it launches)."""
+    call = _call(miss.get("call"))
+    return miss.get("family") == lean_miss.FAMILY and call is not None and lean_miss.served(store, sku, call)
+
+
+def _done_keys(report: Report, store: Store) -> set[str]:
+    """Keys of the kernels the report built or found, under both names a kernel may have: a client's miss names
+    the base key, while a kernel that consumed SKU constants is reported under its full key."""
+    done = set()
+    for r in report.results:
+        if r.status in ("built", "present"):
+            done.add(r.kernel_key)
+            entry = store.get_entry(r.kernel_key)
+            if entry is not None:
+                done.update(kernel_keys.entry_keys(entry))
+    return done
+
+
+def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer, progress: Progress | None,
+         count: Callable[[Transfer, Any], None]) -> None:
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        futures = {pool.submit(fn, item): item for item in items}
+        for done, future in enumerate(as_completed(futures), 1):
+            try:
+                count(result, future.result())
+                status = "ok"
+            except (DiskFull, RemoteAuthError, Unreachable):  # every other kernel would fail the same way:
+                # stop at once with one error
+                for other in futures:
+                    other.cancel()
+                raise
+            except Exception as e:  # one kernel's failure must not stop the others
+                status = f"FAILED {type(e).__name__}: {e}"
+                result.failures.append(status)
+            if progress:
+                progress(done, len(items), status)

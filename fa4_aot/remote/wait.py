@@ -1,0 +1,78 @@
+"""Strict clients wait for an on-demand build instead of failing (FA4_AOT_BUILD_WAIT=SECONDS, off by default).
+
+A strict miss (either runtime) is reported to the server, which answers with the build job that builds it (one
+per SKU and key, however many clients miss it; `fa4-aot builder` runs it on the build hosts' CPUs); the client
+polls the job with backoff within the deadline, then fetches and verifies what it published as any fetch does.
+The GPU host never compiles. wait() says why it could not help instead of raising, so each runtime raises its
+own KernelMissing with that reason: the job's id on a timeout, FA4's own reason for a call FA4 rejects.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, Fa4AotError
+
+if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured
+    from .http import Remote
+
+FINAL = ("done", "failed", "rejected")
+FIRST_POLL, MAX_POLL = 0.25, 2.0  # seconds between polls: from the first, growing 1.5x up to the most
+
+
+def seconds() -> float:
+    """$FA4_AOT_BUILD_WAIT: the most seconds a strict miss waits for its build; 0 (the default): do not wait.
+    Read at call time; ConfigError for a value that is not a number of seconds."""
+    value = os.environ.get("FA4_AOT_BUILD_WAIT", "").strip()
+    try:
+        wait = float(value) if value else 0.0
+    except ValueError:
+        raise ConfigError(f"invalid FA4_AOT_BUILD_WAIT={value!r}: expected seconds, e.g. 60 (0 or unset: a "
+                          "strict miss raises at once)") from None
+    if wait < 0 or wait != wait:
+        raise ConfigError(f"invalid FA4_AOT_BUILD_WAIT={value!r}: expected seconds >= 0")
+    return wait
+
+
+def wait(remote: Remote, miss: dict[str, Any], deadline_s: float) -> tuple[dict[str, Any] | None, str]:
+    """Report `miss` (a Miss document) and wait until its job is done or `deadline_s` seconds have passed.
+    Returns (the done job, '') or (the job or None, why the wait did not help); never raises for the server."""
+    end = time.monotonic() + deadline_s
+    try:
+        answer = remote.request_build(miss)
+    except Fa4AotError as e:
+        return None, f"the server refused the miss report: {e}"
+    job = answer.get("build")
+    if not isinstance(job, dict):
+        return None, f"the server queued no build for it: {answer.get('detail') or 'no reason given'}"
+    try:
+        job = _poll(remote, job, end)
+    except Fa4AotError as e:
+        return job, f"build job {job.get('id')} could not be followed: {e}"
+    return job, _problem(job, deadline_s)
+
+
+def _poll(remote: Remote, job: dict[str, Any], end: float) -> dict[str, Any]:
+    pause = FIRST_POLL
+    while job.get("status") not in FINAL and time.monotonic() + pause < end:
+        time.sleep(pause)
+        job = remote.build(int(job["id"]))
+        pause = min(MAX_POLL, pause * 1.5)
+    if job.get("status") not in FINAL and time.monotonic() < end:  # one last look at the deadline
+        time.sleep(max(0.0, end - time.monotonic()))
+        job = remote.build(int(job["id"]))
+    return job
+
+
+def _problem(job: dict[str, Any], deadline_s: float) -> str:
+    status, detail = job.get("status"), job.get("detail") or ""
+    if status == "done":
+        return ""
+    if status == "rejected":
+        return f"FA4 rejects this call (build job {job.get('id')}): {detail}"
+    if status == "failed":
+        return f"build job {job.get('id')} failed: {detail}"
+    return (f"build job {job.get('id')} was still {status} after FA4_AOT_BUILD_WAIT={deadline_s:g} s (is a "
+            "builder running? `fa4-aot builds` lists the queue); raise FA4_AOT_BUILD_WAIT or retry later")

@@ -1,0 +1,141 @@
+"""Load linked kernels (Entry.shared_libs) and their runtime libraries with tvm_ffi alone: no cutlass, no FA4.
+
+Each library is hashed through an open descriptor (Store.verified_file) and then loaded through that very
+descriptor (/proc/self/fd/N, behind a uniquely named link, since tvm_ffi picks its loader by file suffix):
+what runs is what was verified. The CuTe runtime (libcute_dsl_runtime.so, stored as an object by the build)
+is loaded first with RTLD_GLOBAL; a kernel's DT_NEEDED entries then resolve to it and to the libtvm_ffi.so
+that `import tvm_ffi` loaded, by SONAME.
+
+With a trust policy (trust.policy.Trust), a library and its runtime libraries load only if valid signed manifests list
+them for the kernel and this host arch (check_library, before any byte is mapped). With a fetcher (fetch,
+FA4_AOT_SERVER set), kernels missing locally, or stored without this host's library, are fetched first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import host_arch
+from ..errors import KernelMissing
+from ..spec import kernel_keys
+from ..spec.skus import Constants
+from ..store import Entry, Store
+
+if TYPE_CHECKING:
+    from ..trust.policy import Trust
+    from .fetch import Fetcher
+
+EXPORT_FUNCTION = "func"  # build.EXPORT_FUNCTION (not imported: build pulls in the build machinery)
+
+
+def has_library(store: Store, entry: Entry, arch: str) -> bool:
+    """Whether `entry` names a library for host `arch` and `store` holds it and every runtime library it needs
+    (an entry can name bytes that verify quarantined, a bundle left out, or someone deleted)."""
+    return arch in entry.shared_libs and all(store.has_object(d) for d in entry.lib_digests(arch))
+
+
+class Libraries:
+    """Kernel functions by kernel key, loaded once per process from one store."""
+
+    def __init__(self, store: Store, sku_name: str, constants: Constants | None = None,
+                 trust: Trust | None = None, fetcher: Fetcher | None = None) -> None:
+        self.store, self.trust, self.fetcher = store, trust, fetcher
+        self.sku_name = sku_name
+        self.constants = constants
+        self.arch = host_arch()
+        self._functions: dict[str, Any] = {}
+        self._runtimes: dict[str, Any] = {}
+        self._modules: list[Any] = []  # a tvm_ffi module unloads when collected; kernels live for the process
+        self._lock = threading.Lock()
+
+    def function(self, kernel_key: str, family: str = "") -> Any:
+        fn = self._functions.get(kernel_key)
+        if fn is None:
+            with self._lock:
+                fn = self._functions.get(kernel_key) or self._load(kernel_key, family)
+                self._functions[kernel_key] = fn
+        return fn
+
+    def prefetch(self, base_keys: list[str]) -> None:
+        """Fetch, in one request per round, the kernels of `base_keys` this store cannot load yet (base entries
+        first; then the builds with this device's constants that they name). Nothing without a fetcher."""
+        for _round in range(2):
+            wanted = [w for w in map(self._wanted, base_keys) if w] if self.fetcher is not None else []
+            if self.fetcher is None or not wanted or not self.fetcher.kernels(wanted):
+                return
+
+    def _wanted(self, base_key: str) -> str:
+        """The key to fetch for `base_key` ('' when its kernel loads from the store as it is)."""
+        entry, _why = self._entry(base_key)
+        if entry is not None and has_library(self.store, entry, self.arch):
+            return ""
+        base = self.store.get_entry(base_key)
+        if base is None or self.arch not in base.shared_libs or not base.hardware_queries or self.constants is None:
+            return base_key
+        try:
+            return kernel_keys.variant_key(base, self.constants)
+        except ValueError:
+            return ""
+
+    def _load(self, kernel_key: str, family: str) -> Any:
+        import tvm_ffi
+
+        entry, why = self._entry(kernel_key)
+        if (entry is None or not has_library(self.store, entry, self.arch)) and self.fetcher is not None:
+            self.prefetch([kernel_key])  # a library whose bytes are missing is fetched again, with its kernel
+            entry, why = self._entry(kernel_key)
+        lib = entry.shared_libs.get(self.arch) if entry is not None else None
+        if entry is None or lib is None or not has_library(self.store, entry, self.arch):
+            why = (why or "is not in") if entry is None else (
+                f"has no {self.arch} library (built before linking) in" if lib is None else
+                f"names an {self.arch} library or runtime library that is missing from")
+            server = f" nor on the server ({self.fetcher.error})" if self.fetcher is not None else ""
+            raise KernelMissing(
+                f"kernel {kernel_key[:16]}… ({family}) for SKU {self.sku_name} {why} {self.store.root}{server}; run "
+                f"`fa4-aot build --sku {self.sku_name}` on an {self.arch} build host (it links stored kernels "
+                "without recompiling them) and `fa4-aot push` it",
+                sku=self.sku_name, family=family, kernel_key=kernel_key, compile_key="")
+        if self.trust is not None:
+            self.trust.check_library(entry, self.arch)
+        for soname, digest in sorted(lib["needs"].items()):
+            if digest:
+                self._runtime(soname, digest)
+        module = self._open(lib["digest"], ".so", tvm_ffi.load_module)
+        self._modules.append(module)
+        return module[EXPORT_FUNCTION]
+
+    def _entry(self, base_key: str) -> tuple[Entry | None, str]:
+        """(the entry of the kernel with base key `base_key` for this device, or None; why not): the base entry
+        when its kernel consumed no SKU constant (or no constants were given), else the build with the device's
+        values (Installation.find's rule, on the local store only)."""
+        base = self.store.get_entry(base_key)
+        if base is None or not base.hardware_queries or self.constants is None:
+            return base, ""
+        try:
+            full = self.store.get_entry(kernel_keys.variant_key(base, self.constants))
+        except ValueError as e:  # a constant this version cannot compute
+            return None, f"cannot be chosen ({e}); it is not in"
+        if full is None:
+            diff = ", ".join(f"{n} = {mine} (built: {theirs})"
+                             for n, (theirs, mine) in kernel_keys.differing(base, self.constants).items())
+            return None, f"consumed SKU constants and no build has this device's values ({diff}) in"
+        return full, ""
+
+    def _runtime(self, soname: str, digest: str) -> None:
+        if soname not in self._runtimes:
+            self._runtimes[soname] = self._open(digest, f"-{soname}",
+                                                lambda p: ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL))
+
+    def _open(self, digest: str, suffix: str, loader: Any) -> Any:
+        """loader(path) where path reaches the verified bytes of object `digest` through their descriptor. The
+        link lives in a private folder only while the loader runs: once mapped, a library needs no path, and a
+        process that is never closed (the runtime lives as long as it) leaves nothing in the temp folder."""
+        with self.store.verified_file(digest) as f, tempfile.TemporaryDirectory(prefix="fa4-aot-lean-") as folder:
+            link = Path(folder) / f"{digest}{suffix}"
+            os.symlink(f"/proc/self/fd/{f.fileno()}", link)
+            return loader(str(link))

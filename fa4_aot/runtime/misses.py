@@ -1,0 +1,104 @@
+"""The lean runtime's misses (issue 17, point 3): a call that no recorded region serves is recorded locally (the
+store's misses/, which `fa4-aot misses` lists and `fa4-aot build --from-misses` builds, and FA4_AOT_RECORD) and on
+the server with its Call, as the FA4 path records a missing kernel; a build of that Call makes its kernels,
+libraries and recipe regions. With FA4_AOT_BUILD_WAIT the runtime waits for the server's build (remote/wait.py).
+
+A lean miss names no kernel: its key is the sha256 of its Call and SKU (family "recipe"), so every client
+missing one call reports one key, and the server builds it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Fa4AotError
+from ..remote import wait as build_wait
+from ..spec import call_log
+from ..spec.calls import Call
+from ..spec.kernel_keys import dumps
+from ..spec.signature import Signature
+from ..store import Miss, recipes
+
+if TYPE_CHECKING:
+    from ..spec.skus import Sku
+    from ..store import Store
+    from .runner import Attention
+
+FAMILY = "recipe"
+
+
+def call_of(sig: Signature, sizes: dict[str, int]) -> Call:
+    """The Call of a lean call's signature and recipe sizes (api: max lengths where the layout has them)."""
+    seqlen_q = sizes.get("max_seqlen_q", sizes.get("seqlen_q", 0))
+    seqlen_k = sizes.get("max_seqlen_k", sizes.get("seqlen_k", 0))
+    return sig.call(sizes["batch"], seqlen_q, seqlen_k)
+
+
+def key_of(call: Call, sku: str) -> str:
+    """The miss key of a lean call on a SKU: sha256 of their canonical JSON."""
+    return hashlib.sha256(dumps({"lean_call": call.to_dict(), "sku": sku}).encode()).hexdigest()
+
+
+def miss_of(call: Call, sku: str) -> Miss:
+    return Miss(kernel_key=key_of(call, sku), family=FAMILY, compile_key=call.to_dict(), sku=sku,
+                call=call.to_dict())
+
+
+_noted: set[tuple[Path, str]] = set()  # (store, miss key) recorded by this process: once is enough
+
+
+def note(store: Store, miss: Miss, call: Call) -> bool:
+    """Record `miss` in `store` (misses/) and `call` in $FA4_AOT_RECORD, once per process; True the first time.
+    Never raises: a read-only store must not turn a miss into another error."""
+    if (store.root, miss.kernel_key) in _noted:
+        return False
+    _noted.add((store.root, miss.kernel_key))
+    call_log.note(call)
+    try:
+        store.record_miss(miss)
+    except (OSError, Fa4AotError):
+        pass
+    return True
+
+
+def after_miss(attn: Attention, sizes: dict[str, int]) -> dict[str, Any] | None:
+    """Record the miss of `attn` at `sizes` and report it to the server; with FA4_AOT_BUILD_WAIT, wait for its
+    build and return the region it recorded (None when the wait did not help: the reason is in the fetcher's
+    `error`). Without a server or a wait: None at once."""
+    rt = attn.rt
+    call = call_of(attn.sig, sizes)
+    miss = miss_of(call, rt.sku.name)
+    first = note(rt.store, miss, call)
+    if rt.fetcher is None:
+        return None
+    deadline = build_wait.seconds()
+    if not deadline:
+        if first:  # a call that misses on every step is reported once
+            rt.fetcher.remote.report_miss(asdict(miss))
+        return None
+    _job, problem = build_wait.wait(rt.fetcher.remote, asdict(miss), deadline)
+    if problem:
+        rt.fetcher.error = problem
+        return None
+    attn.reload()
+    found = recipes.find(attn.regions, sizes)
+    if found is None and not rt.fetcher.error:
+        rt.fetcher.error = "its build is done, but the server's recipe file has no region for these sizes"
+    return found
+
+
+def served(store: Store, sku: Sku, call: Call) -> bool:
+    """Whether `store` holds a recipe region (of any file the lean runtime reads for the call's signature) that
+    serves `call` and every kernel it launches: what a lean miss's build must leave behind. Reads only the store."""
+    from . import replay
+
+    sig = Signature.of(call)
+    sizes = {**replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
+             replay.HEADS: call.heads_kv}
+    regions = [replay.forward_part(r) if forward else r for key, forward in recipes.sources(sig, sku)
+               for r in recipes.load(store, key, None)]
+    found = recipes.find(regions, sizes)
+    return found is not None and all(store.has_entry(k["kernel_key"]) for k in found["kernels"])

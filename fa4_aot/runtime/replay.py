@@ -1,0 +1,316 @@
+"""Launch recipes: FA4's per-call host work, recorded by the planner (fa4/record.py), replayed without FA4.
+
+A recipe document holds, for one signature and one region of sizes:
+  guards   symexpr conditions on the sizes under which FA4 makes exactly these choices
+  inputs   {name: tensor slot}; fwd / bwd: steps; outputs {out, lse, dq, dk, dv, dsink: slot}
+  kernels  [{family, compile_key, kernel_key}] in first-launch order
+A step is a torch op ({"op": "aten.empty.memory_format", "args", "kwargs", "out": [slots]}) or a kernel launch
+({"launch": i, "args"}); arguments are JSON with {"t": slot}, {"e": size expression}, {"dtype": name},
+{"device": true}, {"in": "softmax_scale"}. `bind()` evaluates every size once per concrete sizes; `Bound.run`
+then only allocates and launches, as FA4 would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..spec import symexpr
+
+RECIPE_FORMAT = 2
+# Format 1 (builds before issue 17) held head counts as constants and its file's key named them. Format 2 holds
+# the KV head count as a size (HEADS; the query heads are the signature's GQA ratio times it), so FA4's choices
+# on head counts are guards like those on lengths, and its file's key names the GQA ratio only
+# (store.recipes.recipe_key). The lean runtime reads both.
+FORMATS = (1, 2)
+HEADS = "heads_kv"
+# What FA4's host path issues between its kernel launches, as the recorder's dispatch mode sees it (issue 18, D26:
+# a recipe file is data, never a way to reach any other torch op). The first five are every op in about 5,000
+# regions recorded on the h200 and the b200 (dense, varlen, seqused, paged; every pass, mask, sink, split and
+# head dim); the last five are FA4's forward on empty inputs (`out.zero_()`, `lse.fill_(-inf)`,
+# `lse.copy_(learnable_sink[:, None])`). recipe_format.check_region refuses a file naming any other.
+ATEN_OPS = frozenset({
+    "aten.empty.memory_format", "aten.empty_like.default", "aten.zeros.default", "aten.detach.default",
+    "aten.transpose.int",
+    "aten.zero_.default", "aten.fill_.Scalar", "aten.copy_.default", "aten.slice.Tensor", "aten.unsqueeze.default",
+})
+DTYPES = frozenset({"bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"})
+TORCH_NAMES = frozenset({"contiguous_format", "preserve_format", "strided"})  # memory formats and layouts
+SIZE_NAMES = {
+    "dense": ("batch", "seqlen_q", "seqlen_k"),
+    "varlen": ("batch", "total_q", "total_k", "max_seqlen_q", "max_seqlen_k"),
+    # q, k, v as dense plus seqused_k; max_seqlen_q/k as FA4 takes them (None means seqlen_q / seqlen_k)
+    "seqused": ("batch", "seqlen_q", "seqlen_k", "max_seqlen_q", "max_seqlen_k"),
+    # dense q, k and v as (num_pages, page_size, heads, dim) pools, page_table (batch, pages_per_seq), seqused_k;
+    # the page size is the signature's; max_seqlen_k None means pages_per_seq * page_size (FA4's default)
+    "paged": ("batch", "seqlen_q", "num_pages", "pages_per_seq", "max_seqlen_q", "max_seqlen_k"),
+}
+
+
+def size_names(layout: str, fmt: int = RECIPE_FORMAT) -> tuple[str, ...]:
+    """The sizes a region of `layout` recorded in format `fmt` is a function of (KeyError for a layout without
+    recipes)."""
+    return SIZE_NAMES[layout] + ((HEADS,) if fmt >= 2 else ())
+
+
+def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int, page_size: int = 0) -> dict[str, int]:
+    """The recipe sizes of a Call (varlen: every sequence at the max length, as the planner's calls are;
+    paged: a pool of exactly the pages the batch needs, as the planner's calls have)."""
+    if layout == "dense":
+        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    if layout == "seqused":
+        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "max_seqlen_q": seqlen_q,
+                "max_seqlen_k": seqlen_k}
+    if layout == "paged":
+        if page_size <= 0:
+            raise ValueError("a paged call needs its page_size")
+        pages = -(-seqlen_k // page_size)
+        return {"batch": batch, "seqlen_q": seqlen_q, "num_pages": batch * pages, "pages_per_seq": pages,
+                "max_seqlen_q": seqlen_q, "max_seqlen_k": pages * page_size}
+    return {"batch": batch, "total_q": batch * seqlen_q, "total_k": batch * seqlen_k,
+            "max_seqlen_q": seqlen_q, "max_seqlen_k": seqlen_k}
+
+
+def forward_part(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A training region as the forward-only region it contains: its forward steps, inputs and outputs (out, lse);
+    what the backward reads or makes is left out. Only for calls whose forward FA4 runs exactly as training's."""
+    return {**doc, "bwd": [], "inputs": {n: s for n, s in doc["inputs"].items() if n != "dout"},
+            "outputs": {"out": doc["outputs"]["out"], "lse": doc["outputs"]["lse"]}}
+
+
+def covers(doc: Mapping[str, Any], sizes: Mapping[str, int]) -> bool:
+    return symexpr.holds(doc["guards"], sizes)
+
+
+@dataclass
+class Bound:
+    """A recipe at concrete sizes: step closures that read and write a slot list."""
+
+    fwd: list[Callable[[list[Any]], None]]
+    bwd: list[Callable[[list[Any]], None]]
+    doc: Mapping[str, Any]
+    saved: list[int]  # forward slots the backward reads (what autograd saves)
+    expected: dict[str, tuple[tuple[int, ...], Any]]  # input name -> (shape, torch dtype) FA4 expects at these sizes
+    # fwd for inputs none of which requires grad: FA4's detach steps alias their tensor (a detached tensor differs
+    # from its input in requires_grad alone, so the kernels receive the same storage, shape, strides and flags)
+    plain: list[Callable[[list[Any]], None]] = field(default_factory=list)
+
+    def forward(self, tensors: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(out, lse) of a forward-only call (no backward steps: nothing for autograd to record) on named inputs,
+        with no autograd node: the lean runtime's per-call host path for inference and decode."""
+        doc, slots = self.doc, [None] * self.doc["tensors"]
+        inputs, grad = doc["inputs"], False
+        for name, t in tensors.items():
+            slots[inputs[name]] = t
+            grad = grad or t.requires_grad
+        for step in self.fwd if grad or not self.plain else self.plain:
+            step(slots)
+        lse = doc["outputs"]["lse"]
+        return slots[doc["outputs"]["out"]], None if lse is None else slots[lse]
+
+    def check(self, tensors: Mapping[str, Any]) -> None:
+        """Raise ValueError unless every input has the shape and dtype FA4 asserts, on a CUDA device."""
+        expected = self.expected
+        for name, t in tensors.items():  # one pass when all is well (each call); the messages below otherwise
+            shape, dtype = expected[name]
+            if t.shape != shape or t.dtype != dtype or not t.is_cuda:
+                break
+        else:
+            return
+        for name, t in tensors.items():
+            shape, dtype = self.expected[name]
+            if t.shape != shape or t.dtype != dtype:
+                raise ValueError(f"{name}: got {tuple(t.shape)} {t.dtype}, expected {shape} {dtype} for these sizes "
+                                 "(as FA4 asserts)")
+        for name, t in tensors.items():
+            if not t.is_cuda:
+                raise ValueError(f"{name} is on {t.device}: the kernels need every input on a CUDA device")
+
+    def run(self, steps: list[Callable[[list[Any]], None]], slots: list[Any]) -> None:
+        for step in steps:
+            step(slots)
+
+
+def bind(doc: Mapping[str, Any], sizes: Mapping[str, int], functions: list[Any], device: Any,
+         softmax_scale: float) -> Bound:
+    """Closures for `doc`'s steps at `sizes`; `functions[i]` runs kernel i of doc["kernels"]."""
+    import torch
+
+    def value(x: Any) -> Any:
+        if isinstance(x, list):
+            return [value(y) for y in x]
+        if not isinstance(x, dict):
+            return x
+        if "e" in x:
+            return symexpr.evaluate(x["e"], sizes)
+        if "f" in x:
+            return x["f"]
+        if "in" in x:
+            return softmax_scale
+        if "dtype" in x:
+            return getattr(torch, _allowed(x["dtype"], DTYPES, "dtype"))
+        if "torch" in x:
+            return getattr(torch, _allowed(x["torch"], TORCH_NAMES, "torch name"))
+        if "device" in x:
+            return device
+        if "kw" in x:
+            return {k: value(v) for k, v in x["kw"].items()}
+        return x  # {"t": slot}: resolved per call
+
+    def compile_step(step: Mapping[str, Any]) -> Callable[[list[Any]], None]:
+        args = value(step["args"])
+        if "launch" in step:
+            return _launch(functions[step["launch"]], args)
+        return _op(_aten(step["op"]), args, value(step["kwargs"]), step["out"], step["tuple"])
+
+    expected = {}
+    for name, slot in doc["inputs"].items():
+        shape, _stride, dtype = value(doc["meta"][slot])
+        expected[name] = (tuple(shape), dtype)
+    fwd = [compile_step(s) for s in doc["fwd"]]
+    plain = [_alias(s["args"][0]["t"], s["out"][0]) if _is_detach(s) else step for s, step in zip(doc["fwd"], fwd,
+                                                                                                   strict=True)]
+    return Bound(fwd, [compile_step(s) for s in doc["bwd"]], doc, saved_slots(doc), expected, plain)
+
+
+def saved_slots(doc: Mapping[str, Any]) -> list[int]:
+    """The forward's slots that the backward's steps read: inputs, out, lse and whatever else FA4 kept."""
+    if not doc["bwd"]:
+        return []
+    made = {s for step in doc["bwd"] for s in step.get("out", []) if s is not None} | {doc["inputs"]["dout"]}
+    return sorted({s for step in doc["bwd"] for s in _slots([step["args"], step.get("kwargs", {})])} - made)
+
+
+def _slots(args: Any) -> set[int]:
+    if isinstance(args, dict) and set(args) == {"t"}:
+        return {args["t"]}
+    if isinstance(args, list | dict):
+        found: set[int] = set()
+        for a in args.values() if isinstance(args, dict) else args:
+            found |= _slots(a)
+        return found
+    return set()
+
+
+def _allowed(name: Any, allowed: frozenset[str], what: str) -> str:
+    if not isinstance(name, str) or name not in allowed:
+        raise ValueError(f"recipe names {what} {str(name)[:80]!r}, which recipes may not use; rebuild it with "
+                         "this fa4-aot")
+    return name
+
+
+def _aten(name: str) -> Any:
+    import torch
+
+    namespace, op, overload = _allowed(name, ATEN_OPS, "op").split(".")
+    if name in _PUBLIC:  # the same aten op through torch's parsed binding: no boxing of arguments (about 2 us less)
+        return getattr(torch, _PUBLIC[name])
+    found = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    return getattr(found, "_op", found)  # the dispatcher's callable itself: OpOverload.__call__ only forwards to it
+
+
+# ops whose torch function takes the overload's arguments as recorded (positional, then keyword) and runs it
+_PUBLIC = {"aten.empty.memory_format": "empty", "aten.empty_like.default": "empty_like", "aten.zeros.default": "zeros",
+           "aten.detach.default": "detach", "aten.transpose.int": "transpose", "aten.unsqueeze.default": "unsqueeze"}
+
+
+def _is_detach(step: Mapping[str, Any]) -> bool:
+    """Whether `step` is FA4's detach of one tensor slot into another."""
+    args, outs = step.get("args"), step.get("out")
+    return (step.get("op") == "aten.detach.default" and isinstance(args, list) and len(args) == 1
+            and isinstance(args[0], dict) and set(args[0]) == {"t"} and isinstance(outs, list) and len(outs) == 1
+            and isinstance(outs[0], int))
+
+
+def _alias(slot: int, out: int) -> Callable[[list[Any]], None]:
+    """A detach step, for inputs that require no grad: its output slot is its input's tensor."""
+
+    def alias(slots: list[Any]) -> None:
+        slots[out] = slots[slot]
+
+    return alias
+
+
+def _resolver(args: Any) -> Callable[[list[Any]], Any]:
+    """A function of the slots that rebuilds `args` with {"t": slot} replaced by the slot's tensor. Constant parts
+    are built once; per call only the tensor positions are filled in (this is the whole per-call host work)."""
+    if isinstance(args, dict) and set(args) == {"t"}:
+        slot = args["t"]
+
+        def ref(slots: list[Any]) -> Any:
+            return slots[slot]
+
+        ref.slot = slot  # type: ignore[attr-defined]
+        return ref
+    if isinstance(args, list | dict):
+        keys = list(args) if isinstance(args, dict) else list(range(len(args)))
+        parts = {k: _resolver(args[k]) for k in keys}
+        fixed = {k: p([]) for k, p in parts.items() if getattr(p, "constant", False)}
+        if len(fixed) == len(parts):
+            return _constant(tuple(fixed[k] for k in keys) if isinstance(args, list) else fixed)
+        refs = [(k, p.slot) for k, p in parts.items() if hasattr(p, "slot")]
+        nested = [(k, p) for k, p in parts.items() if k not in fixed and not hasattr(p, "slot")]
+        if isinstance(args, dict):
+            def fill_dict(slots: list[Any]) -> Any:
+                out = dict(fixed)
+                for k, slot in refs:
+                    out[k] = slots[slot]
+                for k, p in nested:
+                    out[k] = p(slots)
+                return out
+
+            return fill_dict
+        template = [fixed.get(k) for k in keys]
+
+        def fill(slots: list[Any]) -> Any:
+            out = template.copy()
+            for i, slot in refs:
+                out[i] = slots[slot]
+            for i, p in nested:
+                out[i] = p(slots)
+            return tuple(out)
+
+        return fill
+    return _constant(args)
+
+
+def _constant(value: Any) -> Callable[[list[Any]], Any]:
+    def get(slots: list[Any]) -> Any:
+        return value
+
+    get.constant = True  # type: ignore[attr-defined]
+    return get
+
+
+def _launch(fn: Any, args: list[Any]) -> Callable[[list[Any]], None]:
+    get = _resolver(args)
+
+    def launch(slots: list[Any]) -> None:
+        fn(*get(slots))
+
+    return launch
+
+
+def _op(fn: Any, args: list[Any], kwargs: dict[str, Any], outs: list[int | None], is_tuple: bool
+        ) -> Callable[[list[Any]], None]:
+    get_args, get_kwargs = _resolver(args), _resolver(kwargs)
+
+    def op(slots: list[Any]) -> None:
+        result = fn(*get_args(slots), **get_kwargs(slots))
+        for slot, r in zip(outs, result if is_tuple else (result,), strict=True):
+            if slot is not None:
+                slots[slot] = r
+
+    return op
+
+
+def concretize(value: Any, sizes: Mapping[str, int]) -> Any:
+    """`value` (steps, arguments) with every size expression evaluated: what FA4 does at exactly `sizes`."""
+    if isinstance(value, list):
+        return [concretize(v, sizes) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"e"}:
+            return symexpr.evaluate(value["e"], sizes)
+        return {k: concretize(v, sizes) for k, v in value.items()}
+    return value

@@ -1,0 +1,221 @@
+"""The lean runtime: FA4's forward and backward from the store, importing only torch, tvm_ffi and fa4_aot.
+
+A call's signature (flags, heads, head dims, dtype) names its recipe file (store.recipes); the call's sizes pick
+the region whose guards hold, i.e. the choices FA4 itself makes at these sizes; the region's steps (FA4's
+allocations, zero fills, views and kernel launches, recorded by the planner) are replayed with the linked
+kernels (libraries). Autograd: forward and backward are one torch.autograd.Function, as in FA4.
+
+runtime() applies the client's trust policy (trust/policy.py, FA4_AOT_TRUSTED_KEYS) to every recipe file and library
+before use, and with FA4_AOT_SERVER set fetches what the store lacks (fetch.py); it never compiles.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..errors import Fa4AotError, KernelMissing
+from ..spec import hosts
+from ..spec.signature import Signature
+from ..spec.skus import Constants, Sku, detect_device, select
+from ..store import Store, recipes
+from ..trust.policy import Trust
+from . import misses, replay
+from .fetch import Fetcher
+from .libraries import Libraries
+
+
+class Runtime:
+    """One store and the detected SKU: recipe files and kernels, loaded on first use, kept for the process."""
+
+    def __init__(self, store: Store, sku: Sku, constants: Constants | None = None, trust: Trust | None = None,
+                 fetcher: Fetcher | None = None) -> None:
+        self.store, self.sku, self.trust, self.fetcher = store, sku, trust, fetcher
+        # the device's constants pick, for a kernel that consumed some, the build with the device's values
+        self.libraries = Libraries(store, sku.name, constants or sku.constants(), trust, fetcher)
+        self._attention: dict[Signature, Attention] = {}
+
+    def attention(self, sig: Signature) -> Attention:
+        found = self._attention.get(sig)
+        if found is None:
+            if sig.num_splits > 1 and self.sku.arch == "sm_90a":  # no build can help: FA4 refuses them there
+                raise Unsupported(f"num_splits={sig.num_splits} on SKU {self.sku.name}: FA4 has no split-KV kernels "
+                                  "for sm_90 (it asserts 'SplitKV not supported on SM 9.0'); call with num_splits=1 "
+                                  "(or 0, FA4's heuristic) on this GPU")
+            found = self._attention[sig] = Attention(self, sig)
+        return found
+
+
+_runtimes: dict[Path, Runtime] = {}
+
+
+def runtime(cache_dir: Path | None = None) -> Runtime:
+    """The process's Runtime for `cache_dir` (default: config.default_cache_dir()) and this GPU's SKU."""
+    store = Store(cache_dir or config.default_cache_dir())
+    found = _runtimes.get(store.root)
+    if found is None:
+        from ..matrix import variants
+
+        matrix = variants.load(config.default_variants_file())
+        sku, constants, _trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"),
+                                        cpu=hosts.detect())
+        remote = None
+        if config.server_url() is not None:
+            from ..remote.http import server_from_env
+
+            remote = server_from_env()
+        trust = Trust.from_env(sku, store, remote)
+        fetcher = Fetcher(remote, trust, store) if remote is not None else None
+        found = _runtimes[store.root] = Runtime(store, sku, constants, trust, fetcher)
+    return found
+
+
+class Attention:
+    """One signature: its recorded regions and, per concrete sizes, the bound steps."""
+
+    def __init__(self, rt: Runtime, sig: Signature) -> None:
+        self.rt, self.sig = rt, sig
+        # the file by GQA ratio (format 2), a store's file from before it by head counts (format 1), then for a
+        # forward-only call the training files whose forward FA4 runs for it (store.recipes.sources)
+        self.sources = recipes.sources(sig, rt.sku)
+        self.key = self.sources[0][0]
+        self._refetched = False
+        self.regions = self._load()
+        self._bound: dict[tuple[Any, ...], replay.Bound] = {}
+
+    def _load(self) -> list[dict[str, Any]]:
+        regions = self._read()
+        if not regions and self._refetch():
+            regions = self._read()
+        return regions
+
+    def _read(self) -> list[dict[str, Any]]:
+        check = self.rt.trust.check_recipe if self.rt.trust is not None else None
+        return [replay.forward_part(region) if forward else region for key, forward in self.sources
+                for region in recipes.load(self.rt.store, key, check)]
+
+    def _refetch(self) -> bool:
+        """Fetch the server's recipe file (once per signature and process): it may hold regions recorded since.
+        Files are asked for in the order of `sources` until one is fetched."""
+        fetcher = self.rt.fetcher
+        if fetcher is None or self._refetched:
+            return False
+        self._refetched = True
+        errors = []
+        for key, _forward in self.sources:
+            if fetcher.recipe(self.rt.sku.name, key):
+                return True
+            errors.append(fetcher.error)
+        # every reason, in order: a refused file (TrustError) must not hide behind a later key's plain absence
+        fetcher.error = "; ".join(dict.fromkeys(e for e in errors if e))
+        return False
+
+    def reload(self) -> None:
+        """Fetch the server's recipe file again (a build has recorded regions since) and re-read the regions."""
+        self._refetched = False
+        self._refetch()
+        self.regions = self._read()
+
+    def sizes(self, sizes: dict[str, int]) -> dict[str, int]:
+        """A call's sizes with the signature's KV head count, a size of format-2 regions (replay.HEADS)."""
+        return {**sizes, replay.HEADS: self.sig.heads_kv}
+
+    def region(self, sizes: dict[str, int]) -> dict[str, Any]:
+        """The region whose guards hold at `sizes` (with the KV head count: Attention.sizes); KernelMissing
+        when none does."""
+        found = recipes.find(self.regions, sizes)
+        if found is None and self._refetch():
+            self.regions = self._load()
+            found = recipes.find(self.regions, sizes)
+        if found is None:  # recorded and reported; with FA4_AOT_BUILD_WAIT, built by the server and fetched
+            found = misses.after_miss(self, sizes)
+        if found is None:
+            fields = ", ".join(f"{k}={v}" for k, v in sizes.items())
+            fetcher = self.rt.fetcher
+            server = f" nor on the server ({fetcher.error})" if fetcher is not None and fetcher.error else ""
+            raise KernelMissing(
+                f"no recorded recipe of {self.sig} for {fields} on SKU {self.rt.sku.name} in {self.rt.store.root}"
+                f"{server} ({len(self.regions)} region(s) recorded); add these sizes to a [shapes] grid of a "
+                f"[[variants]] entry and run `fa4-aot build --sku {self.rt.sku.name}` (and `fa4-aot push`), or "
+                "build the recorded miss (`fa4-aot build --from-misses`; with a builder, FA4_AOT_BUILD_WAIT=SECONDS "
+                "waits for it), or use fa4_aot.install() with FA4",
+                sku=self.rt.sku.name, family="recipe", kernel_key="", compile_key="")
+        return found
+
+    def bound(self, sizes: dict[str, int], device: Any, scale: float | None) -> replay.Bound:
+        key = (*sizes.values(), device, scale)
+        found = self._bound.get(key)
+        if found is None:
+            sizes = self.sizes(sizes)
+            region = self.region(sizes)
+            self.rt.libraries.prefetch([k["kernel_key"] for k in region["kernels"]])
+            functions = [self.rt.libraries.function(k["kernel_key"], k["family"]) for k in region["kernels"]]
+            chosen = region["softmax_scale"] if scale is None else scale
+            found = self._bound[key] = replay.bind(region, sizes, functions, device, chosen)
+        return found
+
+    def preload(self, sizes: dict[str, int]) -> None:
+        """Load every kernel of the region at `sizes` (KernelMissing when one is absent)."""
+        region = self.region(self.sizes(sizes))
+        self.rt.libraries.prefetch([k["kernel_key"] for k in region["kernels"]])
+        for k in region["kernels"]:
+            self.rt.libraries.function(k["kernel_key"], k["family"])
+
+
+def _function() -> Any:
+    import torch
+
+    class LeanAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, bound: replay.Bound, names: tuple[str, ...], *tensors: Any) -> Any:
+            doc = bound.doc
+            slots: list[Any] = [None] * doc["tensors"]
+            for name, t in zip(names, tensors, strict=True):
+                slots[doc["inputs"][name]] = t
+            bound.run(bound.fwd, slots)
+            out, lse_slot = slots[doc["outputs"]["out"]], doc["outputs"]["lse"]
+            lse = None if lse_slot is None else slots[lse_slot]
+            if bound.bwd:
+                kept = bound.saved
+                ctx.save_for_backward(*(slots[i] for i in kept))
+                ctx.kept, ctx.bound, ctx.names = kept, bound, names
+            if lse is not None:
+                ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any, _dlse: Any) -> Any:
+            bound, doc = ctx.bound, ctx.bound.doc
+            slots: list[Any] = [None] * doc["tensors"]
+            for i, t in zip(ctx.kept, ctx.saved_tensors, strict=True):
+                slots[i] = t
+            slots[doc["inputs"]["dout"]] = dout.contiguous()
+            bound.run(bound.bwd, slots)
+            grads = {"q": "dq", "k": "dk", "v": "dv", "learnable_sink": "dsink"}
+            return (None, None, *(slots[doc["outputs"][grads[n]]] if n in grads else None for n in ctx.names))
+
+    return LeanAttention
+
+
+_autograd: list[Any] = []
+
+
+def run(attn: Attention, sizes: dict[str, int], tensors: dict[str, Any], scale: float | None) -> tuple[Any, Any]:
+    """Forward (with autograd when the signature trains) of `attn` on named input tensors."""
+    if not _autograd:
+        _autograd.append(_function())
+    for name in ("q", "k", "v", "page_table"):  # FA4's maybe_contiguous: a copy when the last dim is strided
+        if name in tensors and tensors[name].stride(-1) != 1:
+            tensors[name] = tensors[name].contiguous()
+    bound = attn.bound(sizes, tensors["q"].device, scale)
+    bound.check(tensors)
+    if not bound.bwd:  # forward only (inference, decode): no autograd node, FA4's steps run as they are
+        return bound.forward(tensors)
+    names = tuple(tensors)
+    return _autograd[0].apply(bound, names, *tensors.values())
+
+
+class Unsupported(Fa4AotError, NotImplementedError):
+    """An FA4 argument the lean runtime has no recipe for (use fa4_aot.install() and FA4 itself)."""

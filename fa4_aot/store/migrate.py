@@ -1,0 +1,103 @@
+"""`fa4-aot migrate`: re-file index entries written before issue 13 under today's kernel keys.
+
+Until issue 13 a kernel key hashed all four SKU figures (arch, SM count, L2, CUDA major), so every SKU had its
+own copy of kernels that read none of them. Today's key (kernel_keys.key_of) holds the arch, the CUDA major and
+only the constants the compile consumed, which every entry records in `hardware_queries`: an old entry holds
+everything needed to compute its new keys, and its object is unchanged. Migration writes the entry under its
+new full key (and, for a kernel that consumed constants, its base key), then removes the old entry; objects
+are shared, so nothing is copied. Old signed manifests list old keys: re-sign (`fa4-aot sign`) afterwards.
+Idempotent: entries already under today's keys are left alone.
+
+What no migration can do is change an entry's toolchain (issue 20, point 5): since keys name the source of FA4,
+CuTe and fa4-aot's patches (fa4/versions.py), an entry built before, or by other code, names a toolchain whose
+keys this installation never computes. Nothing records which code made its bytes, so re-filing it under
+today's toolchain would be the lie the source digests exist to prevent. Such entries stay valid and loadable
+(their keys still prove their fields; verify, sign, push and serve take them), but no lookup of this
+installation finds them: `foreign()` counts them per SKU, and `rebuild_advice()` is what list, doctor and
+migrate say: build the SKU again, then drop them with `fa4-aot prune --toolchain old`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..spec.kernel_keys import entry_keys, legacy_key, toolchain_drift
+from . import Entry, Store
+
+ABSENT = "absent"  # what fa4.toolchain() says for a package that is not installed
+
+
+@dataclass
+class Migration:
+    entries: int = 0  # index entries seen
+    current: int = 0  # already under today's keys
+    migrated: int = 0  # old entries re-filed
+    skus: list[str] = field(default_factory=list)  # SKUs whose manifests must be signed again
+    unrecognised: list[str] = field(default_factory=list)  # keys matching neither formula: left as they are
+    # kernels per SKU built by another toolchain than the one given (none given: not counted); no migration
+    # makes them findable, a build does (rebuild_advice)
+    other_toolchain: dict[str, int] = field(default_factory=dict)
+    drift: list[str] = field(default_factory=list)  # the toolchain names that differ, over all those kernels
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def migrate(store: Store, dry_run: bool = False, tools: dict[str, str] | None = None) -> Migration:
+    """Re-file every old entry of `store` under today's keys (see the module). Never raises for one entry whose
+    key matches neither formula: it is named in the result and left alone. With `tools` (fa4.toolchain()), the
+    result also counts the kernels built by another toolchain, which stay as they are."""
+    result = Migration()
+    if tools is not None:
+        result.other_toolchain, result.drift = foreign(store.entries(), tools)
+    skus = set()
+    for entry in list(store.entries()):
+        result.entries += 1
+        base, full = entry_keys(entry)
+        if entry.kernel_key in (base, full):
+            result.current += 1
+            continue
+        if entry.kernel_key != legacy_key(entry):
+            result.unrecognised.append(entry.kernel_key)
+            continue
+        result.migrated += 1
+        skus.add(entry.sku)
+        if not dry_run:
+            _refile(store, entry, base, full)
+    result.skus = sorted(skus)
+    return result
+
+
+def _refile(store: Store, entry: Entry, base: str, full: str) -> None:
+    """New entries first, old one last: a crash in between leaves the kernel findable under both."""
+    if not store.has_entry(full):
+        store.put_entry(replace(entry, kernel_key=full))
+    if base != full and not store.has_entry(base):
+        store.put_entry(replace(entry, kernel_key=base))
+    store.remove_entry(entry.kernel_key)
+
+
+def foreign(entries: Iterable[Entry], tools: dict[str, str]) -> tuple[dict[str, int], list[str]]:
+    """({sku: kernels}, the toolchain names that differ) of the `entries` built by a toolchain other than
+    `tools`: kernels no key of this installation finds (see the module). Signposts are not counted. Nothing on a
+    host without FA4 (`tools` names it absent): it computes no keys (the lean runtime finds kernels by recipe)."""
+    if tools.get("flash-attn-4", ABSENT) == ABSENT:
+        return {}, []
+    counts: dict[str, int] = {}
+    names: set[str] = set()
+    for entry in entries:
+        drift = toolchain_drift(entry.toolchain, tools)
+        if drift and not entry.is_signpost:
+            counts[entry.sku] = counts.get(entry.sku, 0) + 1
+            names.update(drift)
+    return dict(sorted(counts.items())), sorted(names)
+
+
+def rebuild_advice(counts: dict[str, int], drift: list[str]) -> list[str]:
+    """What to say about kernels built by another toolchain (foreign()): one line per SKU, the fix in it."""
+    differ = ", ".join(drift[:6]) + (f" and {len(drift) - 6} more" if len(drift) > 6 else "")
+    return [f"{n} {sku} kernel(s) built by another toolchain ({differ} differ{'s' if len(drift) == 1 else ''}): "
+            f"no key of this installation finds them; rebuild with `fa4-aot build --sku {sku}`, then remove "
+            "them with `fa4-aot prune --toolchain old`" for sku, n in counts.items()]

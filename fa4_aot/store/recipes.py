@@ -1,0 +1,235 @@
+"""Recipes in the store: recipes/<ab>/<recipe key>.json holds every recorded region of one signature on one SKU.
+
+The recipe key is sha256 of the signature and the SKU's target facts; it needs no compiler to compute, so a lean
+GPU host finds its recipes without cutlass. It names head counts only through the GQA ratio, which is all of them
+FA4's kernels and dispatch read apart from sizes (issue 17): regions (recipe format 2) hold the KV head count as a
+size, guarded like the lengths, so one file serves a signature at every head count of its ratio. Files of format 1
+(builds before) are keyed by both head counts (`legacy_key`) and still read. Each region names the toolchain it
+was recorded with; a build with another toolchain replaces the regions of the old one (its kernel keys differ
+anyway).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import operator
+from collections.abc import Callable, Iterator
+from functools import reduce
+from typing import Any, NamedTuple
+
+from ..errors import StoreError
+from ..spec import kernel_keys, recipe_format, symexpr
+from ..spec.signature import Signature
+from ..spec.skus import Sku
+from . import Store
+
+MAX_BYTES = 8 << 20  # a recipe file a server accepts: regions are a few KB each
+
+
+def recipe_key(sig: Signature, sku: Sku) -> str:
+    """The key of the file holding `sig`'s regions on `sku` (format 2: by GQA ratio)."""
+    return key_of(keyed_signature(sig.to_dict()), sku.target_facts())
+
+
+def legacy_key(sig: Signature, sku: Sku) -> str:
+    """The key a format-1 file of `sig` on `sku` has (head counts named): stores built before format 2."""
+    return key_of(sig.to_dict(), sku.target_facts())
+
+
+# A forward returning LSE (no grad) launches exactly what a training call's forward launches (FA4 allocates LSE
+# for either; tests/lean/test_lean_parity.py compares them), so a training file serves it, backward dropped.
+# A forward without LSE does not: FA4 compiles another kernel for it (its compile key holds `lse is None`).
+_SERVED_BY = {"fwd_lse": ("bwd", "bwd_det")}
+
+
+class Source(NamedTuple):
+    """A recipe file that may serve a signature, and whether only its regions' forward steps do."""
+
+    key: str
+    forward_only: bool
+
+
+def sources(sig: Signature, sku: Sku) -> list[Source]:
+    """Every file whose regions may serve `sig` on `sku`, in the order to use them: its own file by GQA ratio, its
+    format-1 file by head counts, then those of the training signatures whose forward FA4 runs for it (their
+    regions' forward steps only)."""
+    found: dict[str, bool] = {}
+    for pass_ in (sig.pass_, *_SERVED_BY.get(sig.pass_, ())):
+        other = dataclasses.replace(sig, pass_=pass_)
+        for key in (recipe_key(other, sku), legacy_key(other, sku)):
+            found.setdefault(key, pass_ != sig.pass_)
+    return [Source(key, forward) for key, forward in found.items()]
+
+
+def keyed_signature(signature: Any) -> Any:
+    """What a format-2 key names of a signature (as Signature.to_dict writes it): every field but the head counts,
+    and FA4's `qhead_per_kvhead` in their place. A signature FA4 refuses (query heads not a multiple of KV heads)
+    is left as it is: no region is ever recorded for it."""
+    if not isinstance(signature, dict):
+        return signature
+    hq, hkv = signature.get("heads_q"), signature.get("heads_kv")
+    if isinstance(hq, bool) or isinstance(hkv, bool) or not (isinstance(hq, int) and isinstance(hkv, int)) \
+            or hkv <= 0 or hq % hkv:
+        return signature
+    doc = {k: v for k, v in signature.items() if k not in ("heads_q", "heads_kv")}
+    doc["qhead_per_kvhead"] = hq // hkv
+    return doc
+
+
+def region_key(region: dict[str, Any], target: dict[str, Any]) -> str:
+    """The key a file holding `region` has on a SKU with facts `target` (by its format)."""
+    signature = region.get("signature")
+    return key_of(signature if region.get("format") == 1 else keyed_signature(signature), target)
+
+
+def key_of(signature: Any, target: dict[str, Any]) -> str:
+    """The recipe key of a signature (as Signature.to_dict writes it) on a SKU with target facts `target`."""
+    doc = {"signature": signature, "target": target}
+    return hashlib.sha256(kernel_keys.dumps(doc).encode()).hexdigest()
+
+
+def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
+    """ValueError unless `data` is a recipe file a server may keep under `key` for a SKU with facts `target`:
+    at most MAX_BYTES of JSON {"key": key, "regions": [...]} whose every region's signature hashes, with
+    `target`, to `key` (so a file cannot sit under another signature's or SKU's key) and whose every region
+    holds only what recipe_format admits (FA4's host ops, bounded arithmetic)."""
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"recipe file of {len(data)} bytes is over the {MAX_BYTES}-byte limit")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"recipe file is not JSON ({str(e)[:100]})") from None
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        raise ValueError(f"recipe file does not hold key {key}")
+    regions = doc.get("regions")
+    if not isinstance(regions, list) or not regions or not all(isinstance(r, dict) for r in regions):
+        raise ValueError("recipe file has no list of regions")
+    for region in regions:
+        if region_key(region, target) != key:
+            raise ValueError(f"a region's signature and the SKU's facts {kernel_keys.dumps(target)} do not hash "
+                             f"to recipe key {key}; publish the file under the SKU it was built for")
+    recipe_format.check_regions(regions)
+
+
+def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[dict[str, Any]]:
+    """The recorded regions under `key` ([] when none). `check(key, bytes)` may refuse the file by raising
+    (the client's trust policy: trust.policy.Trust.check_recipe) before a byte of it is parsed; StoreError for a file
+    that is not JSON, holds another key, or holds what recipe_format refuses (signed or not: a recipe runs
+    only FA4's host ops)."""
+    data = store.recipes(key)
+    if data is None:
+        return []
+    if check is not None:
+        check(key, data)
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise StoreError(f"unreadable recipe file {key} in {store.root}: {e}; rerun `fa4-aot build` (it rewrites "
+                         "the file)") from e
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        held = doc.get("key") if isinstance(doc, dict) else None
+        raise StoreError(f"recipe file {key} in {store.root} holds key {str(held)[:80]!r}; rerun `fa4-aot build`")
+    try:
+        recipe_format.check_regions(doc.get("regions"))
+    except ValueError as e:
+        raise StoreError(f"recipe file {key} in {store.root} is refused: {e}; rerun `fa4-aot build` (it rewrites "
+                         "the file) or pull it again from a server that holds a good one") from None
+    return list(doc["regions"])
+
+
+def merge(store: Store, key: str, regions: list[dict[str, Any]]) -> int:
+    """Add `regions` under `key` (under the key's lock), dropping regions of other toolchains and duplicates.
+    Returns how many regions the file holds now."""
+    if not regions:
+        return len(load(store, key))
+    with store.lock(key):
+        tools = regions[-1]["toolchain"]
+        try:
+            kept = [r for r in load(store, key) if r.get("toolchain") == tools]
+        except StoreError:  # an unreadable file is replaced by what this build recorded
+            kept = []
+        seen = {kernel_keys.dumps(r["guards"]) for r in kept}
+        for region in regions:
+            if region["toolchain"] == tools and kernel_keys.dumps(region["guards"]) not in seen:
+                kept.append(region)
+                seen.add(kernel_keys.dumps(region["guards"]))
+        store.put_recipes(key, json.dumps({"key": key, "regions": kept}, sort_keys=True).encode())
+    return len(kept)
+
+
+def find(regions: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, Any] | None:
+    """The region whose guards hold at `sizes`, or None. Regions never disagree where they overlap (each is FA4's
+    own choice there), so the first that holds is FA4's. The region found moves to the front of `regions`: a
+    signature's calls come in runs of one region (decode steps, one training shape), so the next lookup tries it
+    first. Guards are evaluated compiled (`_compiled`), about ten times faster than symexpr.evaluate."""
+    for i, region in enumerate(regions):
+        if _holds(region["guards"], sizes):
+            if i:
+                regions.insert(0, regions.pop(i))
+            return region
+    return None
+
+
+def _holds(guards: list[Any], sizes: dict[str, int]) -> bool:
+    found = _compiled.get(id(guards))
+    if found is None or found[0] is not guards:
+        if len(_compiled) > 100_000:
+            _compiled.clear()
+        found = _compiled[id(guards)] = (guards, [_compile(g) for g in guards])
+    try:
+        return all(check(sizes) for check in found[1])
+    except (ValueError, ZeroDivisionError, KeyError):  # symexpr.evaluate's refusals: the region does not hold
+        return False
+
+
+# id(guards) -> (guards, compiled guards); the list is kept so that its id is not reused while cached
+_compiled: dict[int, tuple[list[Any], list[Callable[[dict[str, int]], Any]]]] = {}
+_OPS: dict[str, Callable[..., Any]] = {
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+    "ge": operator.ge, "floordiv": operator.floordiv, "mod": operator.mod,
+}
+
+
+def _compile(expr: Any) -> Callable[[dict[str, int]], Any]:
+    """A closure computing a symexpr expression (checked by recipe_format at load) as symexpr.evaluate does: the
+    common ops directly (their operands are sizes and bounded literals, so values stay far below symexpr's bound:
+    FA4's guards multiply at most a few sizes), pow and fractions through symexpr.evaluate itself."""
+    if isinstance(expr, bool | int):
+        return lambda sizes: expr
+    op, args = expr[0], expr[1:]
+    if op == "sym":
+        name = args[0]
+        return lambda sizes: sizes[name]
+    if op in ("pow", "frac") or any(isinstance(a, list) and a[0] in ("pow", "frac") for a in args):
+        return lambda sizes: symexpr.evaluate(expr, sizes)
+    parts = [_compile(a) for a in args]
+    if op in _OPS:
+        a, b = parts
+        fn = _OPS[op]
+        return lambda sizes: fn(a(sizes), b(sizes))
+    if op == "add":
+        return lambda sizes: sum(p(sizes) for p in parts)
+    if op == "mul":
+        return lambda sizes: reduce(operator.mul, (p(sizes) for p in parts))
+    if op in ("max", "min", "and", "or"):
+        fold = {"max": max, "min": min, "and": all, "or": any}[op]
+        return lambda sizes: fold([p(sizes) for p in parts])
+    if op == "not":
+        return lambda sizes: not parts[0](sizes)
+    return lambda sizes: symexpr.evaluate(expr, sizes)
+
+
+def keys_for(store: Store, target: dict[str, Any]) -> Iterator[tuple[str, bytes]]:
+    """(key, bytes) of every readable recipe file in `store` recorded for a SKU with facts `target` (its
+    regions' signatures hash, with `target`, to its key); files of other SKUs and unreadable ones are passed over."""
+    for found in store.scan("recipes"):
+        data = store.recipes(found.name) if found.kind == "file" else None
+        if data is None:
+            continue
+        try:
+            check_file(data, found.name, target)
+        except ValueError:
+            continue
+        yield found.name, data

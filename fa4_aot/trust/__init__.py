@@ -1,0 +1,1 @@
+"""Signed SKU manifests and the client's trust policy."""
