@@ -62,9 +62,9 @@ def configure(sku: Sku) -> None:
 
 
 def hardware_calls() -> list[tuple[str, Any]]:
-    from . import target
+    from . import consumed
 
-    return target.hardware_calls()
+    return consumed.hardware_calls()
 
 
 def toolchain() -> dict[str, str]:

@@ -6,7 +6,7 @@ FA4 hard-codes two L2 budgets, tuned on the H100 (50 MiB L2):
   walked together so that they stay in L2;
 - `self.size_l2 = (32 * 1024 * 1024) // divisor` in prepare_scheduler.py's FlashPrepareScheduler.
 `patch(sku)` makes every one of them ask skus.Constants for `l2_budget` / `prepare_l2_budget` and record the
-answer as consumed (target.consume), so the kernels they change carry the value in their key. With the SKU's
+answer as consumed (consumed.consume), so the kernels they change carry the value in their key. With the SKU's
 `l2_budget` off the answers are FA4's own figures: the bytes do not change, and the value is the same for every
 SKU, so kernels stay shared. On, they follow the SKU's L2 (skus.l2_budgets).
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import BuildError
 from ..spec.skus import Sku
+from .consumed import consume
 
 _FA4_LINE = "size_l2 = 50 * 1024 * 1024"
 _OUR_LINE = "size_l2 = _fa4_aot_l2_budget()"
@@ -37,15 +38,13 @@ def patch(sku: Sku) -> None:
     import flash_attn.cute.prepare_scheduler as prepare
     import flash_attn.cute.tile_scheduler as tiles
 
-    from . import target
-
-    _patch_source(tiles, lambda: target.consume("l2_budget", sku))
+    _patch_source(tiles, lambda: consume("l2_budget", sku))
     scheduler = prepare.FlashPrepareScheduler
     original = getattr(scheduler.__init__, "_fa4_aot_original", scheduler.__init__)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        budget = target.consume("prepare_l2_budget", sku)
+        budget = consume("prepare_l2_budget", sku)
         self.size_l2 = budget // self.size_l2_divisor  # as FA4 derives both from its 32 MiB
         self.max_kvblocks_in_l2 = (self.size_l2 + self.size_one_kvblock - 1) // self.size_one_kvblock
 

@@ -18,22 +18,9 @@ from typing import Any
 
 from ..errors import BuildError
 from ..spec.skus import Sku
+from . import l2
+from .consumed import consume
 from .versions import cutlass_cuda_flavor
-
-_calls: list[tuple[str, Any]] = []
-
-
-def hardware_calls() -> list[tuple[str, Any]]:
-    """What compiles in this process asked the stand-in HardwareInfo, and what it answered."""
-    return list(_calls)
-
-
-def consume(name: str, sku: Sku) -> int:
-    """The value of SKU constant `name` (skus.Constants, the derivation clients use too), recorded as consumed
-    by the compile in progress."""
-    value = sku.constants().value(name)
-    _calls.append((name, value))
-    return value
 
 
 def make_hardware_info(sku: Sku) -> type:
@@ -90,8 +77,6 @@ def configure(sku: Sku) -> None:
     import flash_attn.cute.utils as fa_utils
 
     tile_scheduler.HardwareInfo = hardware_info
-    from . import l2
-
     l2.patch(sku)  # FA4's L2 budgets become consumed constants (off: FA4's own figures)
     cute_dsl_utils.get_max_active_clusters.cache_clear()
     fa_utils._fa_disable_2cta_cuda12 = sku.cuda_major == 12
