@@ -1,4 +1,4 @@
-"""A Hugging Face config.json read as attention facts (a models.Model). Pure: no transformers, no torch.
+"""A Hugging Face config.json read as attention facts (a facts.Model). Pure: no transformers, no torch.
 
 Read, in order of precedence:
 - heads: num_attention_heads (Falcon: n_head); KV heads: num_key_value_heads (Falcon: num_kv_heads / n_head_kv,
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .models import Model, make
+from .facts import Model, make
 
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra", "vit", "deit",
                  "dinov2", "beit", "clip_vision_model", "siglip_vision_model", "modernbert")
