@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import Fa4AotError
 from ..remote import wait as build_wait
@@ -25,9 +25,29 @@ from ..store import Miss, recipes
 if TYPE_CHECKING:
     from ..spec.skus import Sku
     from ..store import Store
-    from .runner import Attention
+    from .fetch import Fetcher
 
 FAMILY = "recipe"
+
+
+class Parts(Protocol):
+    """What after_miss reads of a runtime (runner.Runtime is one)."""
+
+    store: Store
+    sku: Sku
+    fetcher: Fetcher | None
+
+
+class Missed(Protocol):
+    """What after_miss reads and reloads of a signature's attention (runner.Attention is one)."""
+
+    sig: Signature
+    regions: list[dict[str, Any]]
+
+    @property
+    def rt(self) -> Parts: ...
+
+    def reload(self) -> None: ...
 
 
 def call_of(sig: Signature, sizes: dict[str, int]) -> Call:
@@ -64,7 +84,7 @@ def note(store: Store, miss: Miss, call: Call) -> bool:
     return True
 
 
-def after_miss(attn: Attention, sizes: dict[str, int]) -> dict[str, Any] | None:
+def after_miss(attn: Missed, sizes: dict[str, int]) -> dict[str, Any] | None:
     """Record the miss of `attn` at `sizes` and report it to the server; with FA4_AOT_BUILD_WAIT, wait for its
     build and return the region it recorded (None when the wait did not help: the reason is in the fetcher's
     `error`). Without a server or a wait: None at once."""
