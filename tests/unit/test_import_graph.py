@@ -1,12 +1,12 @@
-"""No import circles in fa4_aot or service (issue 7), checked on the source with ast, no import executed.
+"""The house's plan, checked on the source with ast (no import executed): no import circles in fa4_aot or service
+(issue 7), counted honestly (issue 20), and fa4_aot's packages layered as its README's "Where a change belongs" says.
 
-What counts as an edge:
-- module-level imports only, including those inside module-level `if`/`try`/`with` blocks and class bodies (they
-  run when the module is imported). Imports inside functions are left out: they run after every module involved
-  has finished loading, and the tree uses them on purpose to keep FA4, httpx and the server off the import path.
-- `if TYPE_CHECKING:` imports are left out of the runtime graph (they never run), but they are a dependency of
-  the design all the same: a second test checks the graph with them, so that a circle hidden behind
-  TYPE_CHECKING (a module that holds two concepts) is caught too.
+What counts as an edge: every import statement of a module, wherever it stands: at module level, inside
+`if`/`try`/`with` blocks and class bodies, and inside functions. An import inside a function runs later than one at
+the top, but a circle through it is a circle all the same (two modules that need each other hold one concept
+between them), so it is counted (issue 20: 162 such imports had hidden three circles).
+- `if TYPE_CHECKING:` imports never run: they are left out of the runtime graph, and a second test checks the
+  graph with them (the design graph), so that a circle hidden behind TYPE_CHECKING is caught too.
 - `from . import name` is an edge to the submodule `name` when one exists, else to the package (`name` is then
   an attribute of its __init__). Importing `a.b.c` also runs `a/__init__` and `a/b/__init__`, but those implicit
   edges are not drawn: a package's __init__ importing its own submodules is the normal layout, not a circle.
@@ -40,7 +40,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _import_nodes(body: list[ast.stmt], type_checking: bool) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements that run when the module is imported (plus TYPE_CHECKING ones if asked)."""
+    """Every import statement of `body`, in functions too; those under `if TYPE_CHECKING:` only if asked."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
@@ -48,13 +48,12 @@ def _import_nodes(body: list[ast.stmt], type_checking: bool) -> Iterator[ast.Imp
             if type_checking:
                 yield from _import_nodes(node.body, type_checking)
             yield from _import_nodes(node.orelse, type_checking)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        else:  # if/try/with/for/while/class bodies at module level run at import
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                children = getattr(node, field, None) or []
-                stmts = [s for c in children for s in (c.body if isinstance(c, ast.ExceptHandler) else [c])]
-                yield from _import_nodes(stmts, type_checking)
+        else:  # function bodies, if/try/with/for/while/match, class bodies
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    yield from _import_nodes([child], type_checking)
+                elif isinstance(child, ast.ExceptHandler | ast.match_case):
+                    yield from _import_nodes(child.body, type_checking)
 
 
 def _targets(name: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]) -> Iterator[str]:
@@ -78,7 +77,7 @@ def _targets(name: str, is_package: bool, node: ast.Import | ast.ImportFrom, kno
 
 
 def import_graph(root: Path, packages: tuple[str, ...], type_checking: bool = False) -> dict[str, set[str]]:
-    """Module -> the modules of `packages` it imports when it is imported."""
+    """Module -> the modules of `packages` it imports (anywhere in it; TYPE_CHECKING imports only if asked)."""
     files = module_files(root, packages)
     known = set(files)
     graph: dict[str, set[str]] = {}
@@ -144,8 +143,17 @@ CASES = {
     "absolute circle through a package": (
         {"p/__init__.py": "", "p/sub/__init__.py": "from p.sub import c\n", "p/sub/c.py": "from p.sub import x\n"},
         [["p.sub", "p.sub.c"]], [["p.sub", "p.sub.c"]]),
-    "function-level import is no circle": (
-        {"p/__init__.py": "", "p/a.py": "import p.b\n", "p/b.py": "def f():\n    from . import a\n"}, [], []),
+    "function-level import is a circle too": (
+        {"p/__init__.py": "", "p/a.py": "import p.b\n", "p/b.py": "def f():\n    from . import a\n"},
+        [["p.a", "p.b"]], [["p.a", "p.b"]]),
+    "an import in a method or an except clause counts": (
+        {"p/__init__.py": "", "p/a.py": "import p.b\n",
+         "p/b.py": "class C:\n    def m(self):\n        try:\n            pass\n        except OSError:\n"
+                   "            from .a import x\n"}, [["p.a", "p.b"]], [["p.a", "p.b"]]),
+    "TYPE_CHECKING inside a function counts only for the design graph": (
+        {"p/__init__.py": "", "p/a.py": "import p.b\n",
+         "p/b.py": "from typing import TYPE_CHECKING\ndef f():\n    if TYPE_CHECKING:\n        from .a import A\n"},
+        [], [["p.a", "p.b"]]),
     "TYPE_CHECKING import counts only for the design graph": (
         {"p/__init__.py": "", "p/a.py": "import p.b\n",
          "p/b.py": "import typing\nif typing.TYPE_CHECKING:\n    from .a import A\nelse:\n    pass\n"},
@@ -184,3 +192,85 @@ def test_no_design_circles() -> None:
     graph = import_graph(ROOT, PACKAGES, type_checking=True)
     found = cycles(graph)
     assert not found, "circles through TYPE_CHECKING imports: " + " | ".join(_describe(graph, c) for c in found)
+
+
+# -- the layers ----------------------------------------------------------------------------------------------
+
+# What each part of fa4_aot may import (README, "Where a change belongs"). errors and config are the ground floor
+# every part stands on; a part never imports one listed above it. The lean runtime in particular never reaches
+# FA4 (fa4/) nor the build side, and pure values (spec/) import nothing but errors and config.
+BASE = {"errors", "config"}
+LAYERS: dict[str, set[str]] = {
+    "errors": set(),
+    "config": set(),
+    "spec": BASE,
+    "matrix": BASE | {"spec"},
+    "store": BASE | {"spec"},
+    "trust": BASE | {"spec", "store"},
+    "remote": BASE | {"spec", "store", "trust"},
+    "fa4": BASE | {"spec", "store"},
+    "runtime": BASE | {"spec", "store", "trust", "remote"},
+    "client": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4"},
+    "build": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4"},
+    "cli": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build", "fa4_aot"},
+    "fa4_aot": BASE | {"runtime", "client", "remote"},  # the package's face: lazy attributes over the parts
+    "__main__": {"cli"},
+}
+
+
+def part_of(module: str) -> str:
+    """fa4_aot.spec.calls -> spec; fa4_aot.errors -> errors; fa4_aot -> fa4_aot."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_part_has_a_layer() -> None:
+    parts = {part_of(m) for m in module_files(ROOT, ("fa4_aot",))}
+    assert parts == set(LAYERS), f"parts without a layer: {parts - set(LAYERS)}; layers without a part: " \
+                                 f"{set(LAYERS) - parts}"
+
+
+def test_parts_import_only_the_layers_below() -> None:
+    graph = import_graph(ROOT, ("fa4_aot",), type_checking=True)
+    wrong = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                   if part_of(t) != part_of(m) and part_of(t) not in LAYERS[part_of(m)])
+    assert wrong == [], "imports against the layers: " + "; ".join(wrong)
+
+
+def test_the_layer_check_sees_a_wrong_import(tmp_path: Path) -> None:
+    _write(tmp_path, {"fa4_aot/__init__.py": "", "fa4_aot/spec/__init__.py": "", "fa4_aot/fa4/__init__.py": "",
+                      "fa4_aot/spec/a.py": "def f():\n    from ..fa4 import b\n", "fa4_aot/fa4/b.py": ""})
+    graph = import_graph(tmp_path, ("fa4_aot",), type_checking=True)
+    assert graph["fa4_aot.spec.a"] == {"fa4_aot.fa4.b"}
+    assert "fa4" not in LAYERS[part_of("fa4_aot.spec.a")]
+
+
+def test_no_module_name_twice() -> None:
+    """A name says where a change belongs only if it is said once: no two modules (or a module and a package)
+    of fa4_aot share a name."""
+    seen: dict[str, list[str]] = {}
+    for module in module_files(ROOT, ("fa4_aot",)):
+        leaf = module.rsplit(".", 1)[-1]
+        if leaf != "__main__":
+            seen.setdefault(leaf, []).append(module)
+    assert {leaf: found for leaf, found in seen.items() if len(found) > 1} == {}
+
+
+def test_one_load() -> None:
+    """fa4_aot.load is the one load() of the public face; the FA4-backed path names its own (client.prepare)."""
+    faces = [ROOT / "fa4_aot" / "__init__.py", ROOT / "fa4_aot" / "client" / "__init__.py",
+             ROOT / "fa4_aot" / "runtime" / "__init__.py"]
+    exported = [str(path.relative_to(ROOT)) for path in faces if "load" in _public_names(path)]
+    assert exported == ["fa4_aot/__init__.py"]
+
+
+def _public_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            names |= set(ast.literal_eval(node.value))
+    return names
