@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import config
 from ..errors import Fa4AotError, KernelMissing
-from ..spec import hosts
+from ..spec import hosts, skus
 from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku, detect_device, select
 from ..store import Store, recipes
@@ -56,10 +56,8 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
     store = Store(cache_dir or config.default_cache_dir())
     found = _runtimes.get(store.root)
     if found is None:
-        from ..matrix import variants
-
-        matrix = variants.load(config.default_variants_file())
-        sku, constants, _trace = select(matrix.skus, detect_device(), forced=os.environ.get("FA4_AOT_SKU"),
+        table = skus.table(config.default_variants_file())
+        sku, constants, _trace = select(table, detect_device(), forced=os.environ.get("FA4_AOT_SKU"),
                                         cpu=hosts.detect())
         remote = None
         if config.server_url() is not None:

@@ -14,6 +14,7 @@ import difflib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import HostMismatch, UnknownSku
@@ -111,6 +112,12 @@ class DeviceInfo:
     sm_count: int
     l2_bytes: int
     cuda_major: int
+
+
+def table(path: Path) -> dict[str, Sku]:
+    """The SKU table of a variants file (its `[skus.NAME]` tables; its variants are not read): what a client
+    needs to match its device. Raises ConfigError naming file, line and field."""
+    return parse_skus(TomlSource(path))
 
 
 def parse_skus(src: TomlSource) -> dict[str, Sku]:
