@@ -10,7 +10,7 @@ there (a control: their times must agree within noise).
     python bench/l2_budget.py --build-only --store DIR      # on a CPU host; then --no-build --store DIR on the GPU
 
 Steps: (1) build both variants of every kernel the calls need into --store (default: a fresh temp folder),
-CPU-side in spawned workers (`fa4_aot.build.orchestrator.build_calls`; about a minute on a 16-core host), unless --no-build
+CPU-side in spawned workers (`fa4_aot.build.orchestrator.build_calls`; a minute on a 16-core host), unless --no-build
 and the store already holds them; (2) one fresh process per variant installs fa4_aot in strict mode from that
 store with a variants table whose SKU row has `l2_budget` off or on (0 compiles is checked) and times each call
 with CUDA events (median of --iters after warm-up); (3) prints the table and the swizzle each budget gives,

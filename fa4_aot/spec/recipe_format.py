@@ -3,7 +3,7 @@ the server (store.recipes.check_file, at upload) both apply. Pure; no torch.
 
 A recipe file comes from a build host or a server and is replayed by every lean process, so it is data, never
 code (issue 18, D26): a torch op only from runtime.replay.ATEN_OPS (what FA4's host path issues), a dtype or torch name
-only from runtime.replay.DTYPES / runtime.replay.TORCH_NAMES, size expressions checked by symexpr.check (known ops, bounded
+only from runtime.replay's DTYPES / TORCH_NAMES, size expressions checked by symexpr.check (known ops, bounded
 integers and exponents, bounded nesting), every slot and kernel index within the region, every count bounded.
 Anything else is refused with ValueError naming where it is.
 """

@@ -4,7 +4,7 @@ request for a model's kernels instead of two per kernel (issue 11: a cluster sta
 Body: one line of JSON, `{"entries": [Entry...], "missing": [kernel keys], "objects": [[digest, size]...]}`,
 then the bytes of each listed object, back to back, in that order (an object several entries share is sent
 once). With `host_arch` (a lean-runtime client), each entry's library for that arch and the runtime libraries
-it needs come along. Clients hash each object while it streams and store nothing that does not match (fa4_aot.remote.http).
+it needs come along. Clients hash each object while it streams and store nothing that does not match (remote.http).
 
 Like object reads, a bundle is read from the store's files, not the database: an index entry exists only once
 its object is complete and its database row committed (publish writes the entry last), so a cluster coming up

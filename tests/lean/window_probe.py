@@ -75,7 +75,7 @@ class _Stubs:
 
 @contextmanager
 def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any]) -> Iterator[None]:
-    """The lean runtime (runtime.runner.runtime) over a store that holds, for any signature asked for, the region a build
+    """The lean runtime (runner.runtime) over a store that holds, for any signature asked for, the region a build
     records at this call's sizes; kernels are _Stubs."""
     from fa4_aot import fa4
     from fa4_aot.runtime import replay, runner

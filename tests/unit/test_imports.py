@@ -41,7 +41,8 @@ def test_only_the_seam_imports_fa4() -> None:
     "import fa4_aot",
     "import fa4_aot.client",
     "import fa4_aot.fa4",
-    "import fa4_aot.build.orchestrator, fa4_aot.remote.push_pull, fa4_aot.client.attention, fa4_aot.client.installation",
+    "import fa4_aot.build.orchestrator, fa4_aot.remote.push_pull, fa4_aot.client.attention",
+    "import fa4_aot.client.installation",
     "from fa4_aot.fa4 import tracking; tracking.current()",
 ])
 def test_importing_loads_no_fa4_module(statement: str) -> None:
