@@ -22,7 +22,6 @@ import numpy as np
 from .. import fa4
 from ..errors import DiskFull
 from ..runtime import replay
-from ..runtime.libraries import has_library
 from ..spec import kernel_keys, probes, recipe_format, recipe_space
 from ..spec.calls import Call
 from ..spec.signature import Signature
@@ -237,7 +236,7 @@ def unlinked(store: Store, base_keys: list[str], sku: Sku) -> list[str]:
         if entry is not None:
             keys += [base] + ([kernel_keys.variant_key(entry, sku.constants())] if entry.hardware_queries else [])
     entries = [store.get_entry(kk) for kk in dict.fromkeys(keys)]
-    return [e.kernel_key for e in entries if e is not None and not has_library(store, e, sku.host_target.arch)]
+    return [e.kernel_key for e in entries if e is not None and not store.has_library(e, sku.host_target.arch)]
 
 
 def save(store: Store, recorded: dict[str, list[dict[str, Any]]]) -> int:

@@ -33,12 +33,6 @@ if TYPE_CHECKING:
 EXPORT_FUNCTION = "func"  # build.EXPORT_FUNCTION (not imported: build pulls in the build machinery)
 
 
-def has_library(store: Store, entry: Entry, arch: str) -> bool:
-    """Whether `entry` names a library for host `arch` and `store` holds it and every runtime library it needs
-    (an entry can name bytes that verify quarantined, a bundle left out, or someone deleted)."""
-    return arch in entry.shared_libs and all(store.has_object(d) for d in entry.lib_digests(arch))
-
-
 class Libraries:
     """Kernel functions by kernel key, loaded once per process from one store."""
 
@@ -72,7 +66,7 @@ class Libraries:
     def _wanted(self, base_key: str) -> str:
         """The key to fetch for `base_key` ('' when its kernel loads from the store as it is)."""
         entry, _why = self._entry(base_key)
-        if entry is not None and has_library(self.store, entry, self.arch):
+        if entry is not None and self.store.has_library(entry, self.arch):
             return ""
         base = self.store.get_entry(base_key)
         if base is None or self.arch not in base.shared_libs or not base.hardware_queries or self.constants is None:
@@ -86,11 +80,11 @@ class Libraries:
         import tvm_ffi
 
         entry, why = self._entry(kernel_key)
-        if (entry is None or not has_library(self.store, entry, self.arch)) and self.fetcher is not None:
+        if (entry is None or not self.store.has_library(entry, self.arch)) and self.fetcher is not None:
             self.prefetch([kernel_key])  # a library whose bytes are missing is fetched again, with its kernel
             entry, why = self._entry(kernel_key)
         lib = entry.shared_libs.get(self.arch) if entry is not None else None
-        if entry is None or lib is None or not has_library(self.store, entry, self.arch):
+        if entry is None or lib is None or not self.store.has_library(entry, self.arch):
             why = (why or "is not in") if entry is None else (
                 f"has no {self.arch} library (built before linking) in" if lib is None else
                 f"names an {self.arch} library or runtime library that is missing from")

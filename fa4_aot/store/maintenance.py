@@ -1,6 +1,7 @@
 """Keeping a store healthy: `verify` (re-hash, check entries, quarantine what fails) and `gc` (unreferenced
-objects, dead writers' temp files). Built on the Store API (scan, hash_object, quarantine, temp_files): this
-module decides what is wrong and what goes; store/ owns every path and follows no link below the root."""
+objects, dead writers' temp files). Built on the Store's maintenance-facing part (store/upkeep.py: scans, hashes,
+quarantine, temp files): this module decides what is wrong and what goes; the Store owns every path and follows
+no link below the root."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def _verify_objects(store: Store, report: VerifyReport, doomed: list[Found],
                     progress: Callable[[int, int, str], None] | None) -> dict[str, int]:
     """Hash every object; returns {digest: size} of the good ones and appends the bad ones to `doomed`."""
     good: dict[str, int] = {}
-    items = list(store.scan("objects"))
+    items = list(store.scan_objects())
     for done, found in enumerate(items, 1):
         status = _verify_object(store, report, doomed, good, found)
         if progress is not None:
@@ -116,7 +117,7 @@ class _States:
 
 def _verify_entries(store: Store, report: VerifyReport, states: _States, repair: bool) -> list[Found]:
     doomed = []
-    for found in store.scan("index"):
+    for found in store.scan_index():
         if found.kind == "unexpected":
             report.unexpected.append(shown(found.where))
             continue
@@ -194,7 +195,7 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 0.0) -> GcReport:
     stops object removal with StoreError). Leaves quarantine/ alone."""
     report = GcReport()
     cutoff = time.time() - min_age
-    old = [f.name for f in store.scan("objects") if f.kind == "file" and (store.object_mtime(f.name) or cutoff + 1)
+    old = [f.name for f in store.scan_objects() if f.kind == "file" and (store.object_mtime(f.name) or cutoff + 1)
            <= cutoff]
     if old:
         live = {d for e in store.entries() for d in e.digests()}

@@ -224,7 +224,7 @@ def _compile(expr: Any) -> Callable[[dict[str, int]], Any]:
 def keys_for(store: Store, target: dict[str, Any]) -> Iterator[tuple[str, bytes]]:
     """(key, bytes) of every readable recipe file in `store` recorded for a SKU with facts `target` (its
     regions' signatures hash, with `target`, to its key); files of other SKUs and unreadable ones are passed over."""
-    for found in store.scan("recipes"):
+    for found in store.scan_recipes():
         data = store.recipes(found.name) if found.kind == "file" else None
         if data is None:
             continue

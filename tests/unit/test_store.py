@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot import store as store_module
 from fa4_aot.errors import DiskFull, IntegrityError, StoreError
 from fa4_aot.store import Entry, Miss, Store, maintenance, sha256_file
+from fa4_aot.store import objects as store_objects
 from fa4_aot.store.fsutil import FileLock, atomic_write
 from tests.conftest import proven
 
@@ -242,14 +242,14 @@ def test_verified_object_path_refuses_a_file_swapped_while_hashing(tmp_path: Pat
     store = Store(tmp_path)
     digest = store.put_object(b"kernel bytes")
     path = store.object_path(digest)
-    real = store_module.hash_stream
+    real = store_objects.hash_stream
 
     def hash_then_swap(f: object, keep: object = None) -> object:
         h = real(f, keep)  # type: ignore[arg-type]
         atomic_write(path, b"other bytes!")  # another writer renames a file over the one just hashed
         return h
 
-    monkeypatch.setattr(store_module, "hash_stream", hash_then_swap)
+    monkeypatch.setattr(store_objects, "hash_stream", hash_then_swap)
     with pytest.raises(StoreError, match=f"object {path} changed while it was being verified"):
         store.verified_object_path(digest)
 

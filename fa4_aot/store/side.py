@@ -1,0 +1,108 @@
+"""Side data: what the store keeps beside kernels. Misses (misses/<key>.json: kernels a client needed and
+lacked), lean-runtime recipe files (recipes/ab/<key>.json; store/recipes.py owns their content) and signed
+manifests (manifests/<sku>/<id>.json; trust/signing.py owns their content), and the marks a server polls to see
+that anything changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoreError
+from .fsutil import lstat_beneath
+from .root import HEX64, Root, _check_sku, _listdir_beneath, check_hex
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A kernel a client needed in fallback mode and compiled itself."""
+
+    kernel_key: str
+    family: str
+    compile_key: Any
+    sku: str
+    call: dict[str, Any] | None = None  # the Call that needed it, when the client could tell (calls.capture)
+    args: dict[str, Any] | None = None  # its exact FA4 arguments (spec/exact.py): what `build --from-misses` replays
+    when: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+class SideData(Root):
+    """The Store's side data (see the module)."""
+
+    def record_miss(self, miss: Miss) -> None:
+        path = self.root / "misses" / f"{check_hex(miss.kernel_key, 'kernel key')}.json"
+        self._write(path, json.dumps(asdict(miss), sort_keys=True, indent=1).encode())
+
+    def misses(self) -> list[Miss]:
+        folder = self.root / "misses"
+        if not self.ready() or lstat_beneath(self.root, ("misses",)) is None:
+            return []
+        found = []
+        for name in sorted(os.listdir(folder)):
+            if HEX64.fullmatch(name.removesuffix(".json")) and name.endswith(".json"):
+                with self._open(folder / name) as f:
+                    found.append(Miss(**json.loads(f.read())))
+        return found
+
+    def put_recipes(self, key: str, data: bytes) -> None:
+        """Replace recipes/<ab>/<key>.json (a signature's recorded regions on one SKU) atomically."""
+        self._write(self._recipes_path(key), data)
+
+    def recipes(self, key: str) -> bytes | None:
+        """The bytes of recipes/<ab>/<key>.json, or None when there is none; StoreError for a symlink."""
+        try:
+            with self._open(self._recipes_path(key)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def _recipes_path(self, key: str) -> Path:
+        check_hex(key, "recipe key")
+        return self.root / "recipes" / key[:2] / f"{key}.json"
+
+    def put_manifest(self, sku: str, manifest_id: str, data: bytes) -> Path:
+        """Keep a signed manifest's bytes as manifests/<sku>/<manifest id>.json; idempotent (same bytes kept)."""
+        path = self.root / "manifests" / _check_sku(sku) / f"{check_hex(manifest_id, 'manifest id')}.json"
+        try:
+            with self._open(path) as f:
+                if f.read() == data:
+                    return path
+        except FileNotFoundError:
+            pass
+        self._write(path, data)
+        return path
+
+    def manifests(self, sku: str) -> list[bytes]:
+        """The bytes of every manifest kept for `sku`, in name order; symlinks and other names are passed over."""
+        parts = ("manifests", _check_sku(sku))
+        if not self.ready() or lstat_beneath(self.root, parts) is None:
+            return []
+        found = []
+        for name in sorted(_listdir_beneath(self.root, parts)):
+            if name.endswith(".json") and HEX64.fullmatch(name.removesuffix(".json")):
+                try:
+                    with self._open(self.root.joinpath(*parts, name)) as f:
+                        found.append(f.read())
+                except StoreError:  # a symlink or a folder: never followed, not a manifest
+                    continue
+        return found
+
+    def change_marks(self) -> tuple[tuple[str, int], ...]:
+        """(folder, mtime_ns) of index/, recipes/, manifests/ and their direct subfolders, links not followed:
+        every write into the store is an atomic rename into one of them, which changes that folder's time, so
+        two equal results mean nothing was added, replaced or removed in between (a server polls this)."""
+        found = []
+        for top in ("index", "recipes", "manifests"):
+            try:
+                found.append((top, os.lstat(self.root / top).st_mtime_ns))
+                with os.scandir(self.root / top) as it:
+                    found += [(f"{top}/{e.name}", e.stat(follow_symlinks=False).st_mtime_ns)
+                              for e in it if e.is_dir(follow_symlinks=False)]
+            except FileNotFoundError:
+                continue
+        return tuple(sorted(found))
+
