@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..runtime.replay import HEADS, RECIPE_FORMAT, SIZE_NAMES, size_names
 from ..spec.kernel_keys import canonical, dumps, kernel_key
+from ..spec.recipe_format import HEADS, RECIPE_FORMAT, SIZE_NAMES, size_names
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from . import caches, sympy_json
@@ -214,7 +214,7 @@ def _launching(interface: Any) -> Iterator[None]:
 
 def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True,
            defaults: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The recipe of `sig` for the region of sizes containing `sizes` (names: runtime.replay.size_names(layout); the KV
+    """The recipe of `sig` for the region of sizes containing `sizes` (names: recipe_format.size_names(layout); the KV
     head count defaults to the signature's, the query heads are always the signature's GQA ratio times it).
     With symbolic=False, FA4 runs at exactly `sizes`: what it does there, for comparing with a replay; the
     size arguments named in `defaults` (max_seqlen_q/k of seqused and paged calls) are then left to FA4.

@@ -17,59 +17,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..spec import symexpr
+from ..spec.recipe_format import (
+    ATEN_OPS,
+    DTYPES,
+    FORMATS,
+    HEADS,
+    RECIPE_FORMAT,
+    SIZE_NAMES,
+    TORCH_NAMES,
+    size_names,
+    sizes_of_call,
+)
 
-RECIPE_FORMAT = 2
-# Format 1 (builds before issue 17) held head counts as constants and its file's key named them. Format 2 holds
-# the KV head count as a size (HEADS; the query heads are the signature's GQA ratio times it), so FA4's choices
-# on head counts are guards like those on lengths, and its file's key names the GQA ratio only
-# (store.recipes.recipe_key). The lean runtime reads both.
-FORMATS = (1, 2)
-HEADS = "heads_kv"
-# What FA4's host path issues between its kernel launches, as the recorder's dispatch mode sees it (issue 18, D26:
-# a recipe file is data, never a way to reach any other torch op). The first five are every op in about 5,000
-# regions recorded on the h200 and the b200 (dense, varlen, seqused, paged; every pass, mask, sink, split and
-# head dim); the last five are FA4's forward on empty inputs (`out.zero_()`, `lse.fill_(-inf)`,
-# `lse.copy_(learnable_sink[:, None])`). recipe_format.check_region refuses a file naming any other.
-ATEN_OPS = frozenset({
-    "aten.empty.memory_format", "aten.empty_like.default", "aten.zeros.default", "aten.detach.default",
-    "aten.transpose.int",
-    "aten.zero_.default", "aten.fill_.Scalar", "aten.copy_.default", "aten.slice.Tensor", "aten.unsqueeze.default",
-})
-DTYPES = frozenset({"bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"})
-TORCH_NAMES = frozenset({"contiguous_format", "preserve_format", "strided"})  # memory formats and layouts
-SIZE_NAMES = {
-    "dense": ("batch", "seqlen_q", "seqlen_k"),
-    "varlen": ("batch", "total_q", "total_k", "max_seqlen_q", "max_seqlen_k"),
-    # q, k, v as dense plus seqused_k; max_seqlen_q/k as FA4 takes them (None means seqlen_q / seqlen_k)
-    "seqused": ("batch", "seqlen_q", "seqlen_k", "max_seqlen_q", "max_seqlen_k"),
-    # dense q, k and v as (num_pages, page_size, heads, dim) pools, page_table (batch, pages_per_seq), seqused_k;
-    # the page size is the signature's; max_seqlen_k None means pages_per_seq * page_size (FA4's default)
-    "paged": ("batch", "seqlen_q", "num_pages", "pages_per_seq", "max_seqlen_q", "max_seqlen_k"),
-}
-
-
-def size_names(layout: str, fmt: int = RECIPE_FORMAT) -> tuple[str, ...]:
-    """The sizes a region of `layout` recorded in format `fmt` is a function of (KeyError for a layout without
-    recipes)."""
-    return SIZE_NAMES[layout] + ((HEADS,) if fmt >= 2 else ())
-
-
-def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int, page_size: int = 0) -> dict[str, int]:
-    """The recipe sizes of a Call (varlen: every sequence at the max length, as the planner's calls are;
-    paged: a pool of exactly the pages the batch needs, as the planner's calls have)."""
-    if layout == "dense":
-        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
-    if layout == "seqused":
-        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "max_seqlen_q": seqlen_q,
-                "max_seqlen_k": seqlen_k}
-    if layout == "paged":
-        if page_size <= 0:
-            raise ValueError("a paged call needs its page_size")
-        pages = -(-seqlen_k // page_size)
-        return {"batch": batch, "seqlen_q": seqlen_q, "num_pages": batch * pages, "pages_per_seq": pages,
-                "max_seqlen_q": seqlen_q, "max_seqlen_k": pages * page_size}
-    return {"batch": batch, "total_q": batch * seqlen_q, "total_k": batch * seqlen_k,
-            "max_seqlen_q": seqlen_q, "max_seqlen_k": seqlen_k}
+# The recipe format's names are defined in spec/recipe_format.py (the build, the server and the seam read them
+# there); the replay's readers also find them here.
+__all__ = ["forward_part", "covers", "Bound", "bind", "saved_slots", "concretize", "ATEN_OPS", "DTYPES", "FORMATS",
+           "HEADS", "RECIPE_FORMAT", "SIZE_NAMES", "TORCH_NAMES", "size_names", "sizes_of_call"]
 
 
 def forward_part(doc: Mapping[str, Any]) -> dict[str, Any]:
