@@ -4,7 +4,7 @@ The server keeps the build jobs (service/crud_builds.py: one per SKU and missed 
 it, persisted in its database); a builder claims the oldest with a lease, renews the lease while it works, and
 on its end tells the server how it went. A builder killed mid-job loses nothing: its lease runs out and the next
 claim (its restart, or another builder) takes the job over. A job is `build --from-misses` of its one miss
-(remote.push_pull.build_misses) on the builder's executor (a local pool kept warm between jobs, or Ray), then published
+(rebuild.build_misses) on the builder's executor (a local pool kept warm between jobs, or Ray), then published
 exactly as `push` does (objects, libraries, recipe files), with a manifest signed by the builder's key when one
 is given. A call FA4 rejects ends "rejected" with FA4's reason, which the server answers every later report
 with; it is not built again.
@@ -23,12 +23,13 @@ from typing import Any
 from ..errors import Fa4AotError, RemoteError
 from ..matrix.variants import Matrix
 from ..remote.http import Remote
-from ..remote.push_pull import build_misses, push
+from ..remote.push_pull import push
 from ..spec import kernel_keys
 from ..store import Store
 from ..trust import signing
 from .executors import Executor
 from .orchestrator import Report
+from .rebuild import build_misses
 
 log = logging.getLogger("fa4_aot.build.builder")
 MAX_DETAIL = 8000  # characters of a job's detail sent to the server (it accepts 16 KiB)

@@ -292,7 +292,7 @@ def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str |
                   as_json: bool) -> None:
     from dataclasses import asdict
 
-    from ..remote.push_pull import build_misses, rebuild_misses
+    from ..build.rebuild import build_misses, rebuild_misses
 
     if server:
         reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs)

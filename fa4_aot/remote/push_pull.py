@@ -1,4 +1,5 @@
-"""Moving kernels between a local store and a server: push, pull, and rebuilding what clients missed."""
+"""Moving kernels between a local store and a server: push and pull (rebuilding what clients missed is the build's:
+build/rebuild.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..build.executors import Executor
-from ..build.orchestrator import Report, Result, Work, build_calls
 from ..errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
-from ..matrix.variants import Matrix
-from ..runtime import misses as lean_miss
-from ..spec import kernel_keys
-from ..spec.calls import Call
-from ..spec.exact import ExactCall
 from ..spec.skus import Sku
 from ..store import Store
 from ..trust import signing
@@ -131,95 +125,6 @@ def _sku_of(listing: dict[str, Any], name: str, url: str) -> Sku:
                    host=str(facts.get("host", "")))
     except (TypeError, KeyError, ValueError):
         raise RemoteError(f"{url} describes SKU {name} without its facts; is it an fa4-aot server?") from None
-
-
-def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
-                   progress: Callable[..., None] | None = None) -> list[Report]:
-    """Build the kernels clients reported missing to `remote`, per SKU, and push the results."""
-    reports = build_misses(matrix, store, remote.misses(), jobs=jobs, progress=progress)
-    for report in reports:
-        push(store, remote, report.sku)
-    return reports
-
-
-def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], jobs: int = 1,
-                 progress: Callable[..., None] | None = None, executor: Executor | None = None) -> list[Report]:
-    """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows: a miss that carries the exact
-    FA4 arguments of its call (`args`, spec/exact.py) is replayed through FA4 with them, an older one re-plans the Call
-    it carries; a lean runtime's miss (family "recipe", runtime/misses.py) plans its Call, which records its recipe
-    regions with its kernels and libraries. A missed kernel the rebuild does not produce (no call recorded, or
-    the call no longer selects it), or a lean call no region then serves, is a failure in its SKU's report, so
-    nothing is left out silently. `executor` (default: a local pool of `jobs`) is left open for its owner."""
-    by_sku: dict[str, dict[str, dict[str, Any]]] = {}
-    for miss in misses:
-        if miss.get("sku") in matrix.skus:
-            by_sku.setdefault(miss["sku"], {})[miss["kernel_key"]] = miss
-    reports = []
-    for name, wanted in sorted(by_sku.items()):
-        items = [_item(m) for m in wanted.values()]
-        work: Work = list(dict.fromkeys(("from-misses", c) for c in items if c is not None))
-        report = build_calls(matrix.sku(name), store, work, jobs=jobs, progress=progress, executor=executor)
-        _unreproduced(report, wanted, store, matrix.sku(name))
-        reports.append(report)
-    return reports
-
-
-def _item(miss: dict[str, Any]) -> Call | ExactCall | None:
-    """What rebuilds a miss: its exact record when it carries a readable one, else its Call, else None (none
-    recorded, or one this fa4-aot cannot read: a server may hold misses from other clients): that miss is then
-    reported as not reproduced, and the others still build."""
-    call = _call(miss.get("call"))
-    if miss.get("args"):
-        try:
-            return ExactCall.from_dict(miss["args"], call)
-        except ValueError:
-            pass
-    return call
-
-
-def _call(doc: Any) -> Call | None:
-    if not doc:
-        return None
-    try:
-        return Call.from_dict(doc)
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Store, sku: Sku) -> None:
-    done = _done_keys(report, store)
-    for key, miss in sorted(wanted.items()):
-        if key in done or _lean_served(miss, store, sku):
-            continue
-        item = _item(miss)
-        why = ("no recipe region the build recorded serves this lean call (see the report's lean failures)"
-               if miss.get("family") == lean_miss.FAMILY and item is not None else
-               "the client could not describe the call (score_mod, block sparsity...)" if item is None
-               else "replaying the recorded arguments did not ask for it (was FA4 or the SKU table changed?)"
-               if isinstance(item, ExactCall) else
-               "re-planning the recorded call did not select it (an older client's miss, without its exact "
-               "arguments: run the workload again with this fa4-aot)")
-        report.results.append(Result("failed", miss["family"], key, "from-misses", item.describe() if item else "",
-                                     error=f"missed kernel not rebuilt: {why}"))
-
-
-def _lean_served(miss: dict[str, Any], store: Store, sku: Sku) -> bool:
-    """A lean miss is closed when the store serves its call (a region and every kernel it launches)."""
-    call = _call(miss.get("call"))
-    return miss.get("family") == lean_miss.FAMILY and call is not None and lean_miss.served(store, sku, call)
-
-
-def _done_keys(report: Report, store: Store) -> set[str]:
-    """Keys of the kernels the report built or found, under both names a kernel may have: a client's miss names
-    the base key, while a kernel that consumed SKU constants is reported under its full key."""
-    done = set()
-    for r in report.results:
-        if r.status in ("built", "present"):
-            done.add(r.kernel_key)
-            entry = store.get_entry(r.kernel_key)
-            if entry is not None:
-                done.update(kernel_keys.entry_keys(entry))
-    return done
 
 
 def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer, progress: Progress | None,

@@ -108,17 +108,3 @@ def after_miss(attn: Missed, sizes: dict[str, int]) -> dict[str, Any] | None:
     if found is None and not rt.fetcher.error:
         rt.fetcher.error = "its build is done, but the server's recipe file has no region for these sizes"
     return found
-
-
-def served(store: Store, sku: Sku, call: Call) -> bool:
-    """Whether `store` holds a recipe region (of any file the lean runtime reads for the call's signature) that
-    serves `call` and every kernel it launches: what a lean miss's build must leave behind. Reads only the store."""
-    from . import replay
-
-    sig = Signature.of(call)
-    sizes = {**replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
-             replay.HEADS: call.heads_kv}
-    regions = [replay.forward_part(r) if forward else r for key, forward in recipes.sources(sig, sku)
-               for r in recipes.load(store, key, None)]
-    found = recipes.find(regions, sizes)
-    return found is not None and all(store.has_entry(k["kernel_key"]) for k in found["kernels"])

@@ -211,7 +211,8 @@ LAYERS: dict[str, set[str]] = {
     "fa4": BASE | {"spec", "store"},
     "runtime": BASE | {"spec", "store", "trust", "remote"},
     "client": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4"},
-    "build": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4"},
+    # the build also reads what the lean runtime would find (a lean miss is closed when the runtime is served)
+    "build": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime"},
     "cli": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build", "fa4_aot"},
     "fa4_aot": BASE | {"runtime", "client", "remote"},  # the package's face: lazy attributes over the parts
     "__main__": {"cli"},
