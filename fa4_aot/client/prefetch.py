@@ -32,7 +32,6 @@ from ..matrix import models, modelwork
 from ..remote import lean_files
 from ..runtime import misses, replay
 from ..runtime.fetch import Fetcher
-from ..runtime.libraries import has_library
 from ..spec import kernel_keys
 from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku
@@ -169,7 +168,7 @@ def _fetch(store: Store, remote: Remote, fetcher: Fetcher, sku: Sku, base_keys: 
 
     def lacking(key: str) -> bool:
         entry = store.get_entry(key)
-        return entry is None or not has_library(store, entry, arch)
+        return entry is None or not store.has_library(entry, arch)
 
     first = [k for k in base_keys if lacking(k)]
     if first:

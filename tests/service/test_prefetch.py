@@ -21,7 +21,6 @@ from fa4_aot.config import default_variants_file, host_arch
 from fa4_aot.matrix import models, modelwork
 from fa4_aot.matrix.variants import load
 from fa4_aot.runtime import misses as lean_miss
-from fa4_aot.runtime.libraries import has_library
 from fa4_aot.store import Store
 from fa4_aot.store import recipes as recipe_store
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
@@ -69,7 +68,7 @@ def test_pull_model_fetches_exactly_its_kernel_set_in_one_bundle(built: tuple[Pa
     arch = host_arch()
     for e in entries:  # byte-identical kernels, each with this host's library and the runtime libraries it needs
         assert e.object_digest == build.get_entry(e.kernel_key).object_digest
-        assert has_library(pulled, e, arch)
+        assert pulled.has_library(e, arch)
     assert {p.stem for p in (node / "recipes").glob("??/*.json")} == _model_recipes("h200", ("prefill",))
     for p in (node / "recipes").glob("??/*.json"):
         assert p.read_bytes() == build.recipes(p.stem)
