@@ -16,13 +16,13 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..spec.calls import Call
 
-Kernel = tuple[str, str]  # (family, kernel key)
-
+if TYPE_CHECKING:
+    from .coverage_lean import Kernel, Lookup
 
 @dataclass
 class Verdict:
@@ -59,16 +59,6 @@ def judge(label: str, calls: list[Any], planned: Iterable[tuple[list[Kernel], st
     verdict.kernels = list(seen)
     verdict.missing = [k for k in verdict.kernels if not has(k[1])]
     return verdict
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """What the store holds for one item on the lean runtime: the kernels of the regions serving it, and where
-    no region holds ('' when one always does: then it is served if every kernel is present)."""
-
-    kernels: tuple[Kernel, ...]
-    outside: str = ""
-    unsupported: str = ""  # what the lean runtime refuses about the item whatever the store holds
 
 
 def judge_lean(label: str, calls: list[Any], lookups: Iterable[Lookup], has: Callable[[str], bool],

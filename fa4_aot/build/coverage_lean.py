@@ -1,5 +1,6 @@
 """What `fa4-aot coverage --runtime lean` reads of a store: a call's recipe region and the kernels it names, as the
-lean runtime (runtime.runner.Attention) finds them, without torch, FA4 or a GPU. Judging itself is coverage.judge_lean.
+lean runtime (runtime.runner.Attention) finds them, without torch, FA4 or a GPU. Judging itself is coverage.judge_lean,
+over the Lookups made here.
 
 A call: its signature's recipe files in the order the runtime reads them (store.recipes.sources: by GQA ratio, by
 head counts for stores from before, a training file's forward for a forward with LSE), the region whose guards
@@ -13,21 +14,33 @@ recorded with it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..runtime import replay
-from ..runtime.libraries import has_library
 from ..spec import probes, recipe_space
 from ..spec.calls import Call
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..store import Store, recipes
-from .coverage import Kernel, Lookup
 
 POINTS = 20_000  # points of a signature's size space judged (a build explores until rounds of 20,000 are covered)
 SEED = 17
+
+
+Kernel = tuple[str, str]  # (family, kernel key)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the store holds for one item on the lean runtime: the kernels of the regions serving it, and where
+    no region holds ('' when one always does: then it is served if every kernel is present)."""
+
+    kernels: tuple[Kernel, ...]
+    outside: str = ""
+    unsupported: str = ""  # what the lean runtime refuses about the item whatever the store holds
 
 
 class Regions:
@@ -100,7 +113,7 @@ def held(store: Store, sku: Sku) -> Callable[[str], bool]:
     def has(base: str) -> bool:
         key = stored_key(store, base, sku)
         entry = store.get_entry(key) if key is not None else None
-        return entry is not None and has_library(store, entry, sku.host_target.arch)
+        return entry is not None and store.has_library(entry, sku.host_target.arch)
 
     return has
 
