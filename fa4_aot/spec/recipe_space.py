@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.replay import HEADS
 from . import probes
+from .recipe_format import HEADS
 from .signature import Signature
 from .skus import Sku
 
@@ -46,7 +46,7 @@ class Size:
 
 @dataclass(frozen=True)
 class Space:
-    """The sizes of one signature's calls (runtime.replay.size_names of its layout, each after the sizes its bound reads)
+    """The sizes of one signature's calls (recipe_format.size_names of its layout, each after the sizes its bound reads)
     and the KV head counts of its GQA ratio drawn (`heads`: the signature's first)."""
 
     sizes: tuple[Size, ...]
@@ -58,7 +58,7 @@ class Space:
 
 
 def space(sig: Signature, sku: Sku) -> Space:
-    """The size space of `sig` on `sku` (runtime.replay.SIZE_NAMES of its layout)."""
+    """The size space of `sig` on `sku` (recipe_format.SIZE_NAMES of its layout)."""
     batches = _batches(sig, sku)
     sq, sk = tuple(probes.seqlens_q(sig)), tuple(_seqlens_k(sig))
     big_q, big_k = probes.MAX_SEQLEN_Q, probes.MAX_SEQLEN_K

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fa4_aot.build import coverage, coverage_lean
+from fa4_aot.build import coverage
+from fa4_aot.build.coverage_lean import Lookup
 from tests.unit.test_record import CALL
 
 A, B, C = ("_flash_attn_fwd", "a" * 64), ("_flash_attn_bwd", "b" * 64), ("_bwd_preprocess", "c" * 64)
@@ -37,11 +38,11 @@ def test_report_lines_and_summary() -> None:
 
 
 @pytest.mark.parametrize("lookups,stored,served,missing,unrecorded,errors", [
-    ([coverage_lean.Lookup((A, B))], {A[1], B[1]}, True, [], 0, 0),
-    ([coverage_lean.Lookup((A, B))], {A[1]}, False, [B], 0, 0),  # a region whose kernel is not stored (or unlinked)
-    ([coverage_lean.Lookup((), outside="batch=32, seqlen_q=1")], {A[1]}, False, [], 1, 0),  # no region holds
-    ([coverage_lean.Lookup((A,)), coverage_lean.Lookup((A, C))], {A[1]}, False, [C], 0, 0),  # kernels of every call, once
-    ([coverage_lean.Lookup((), unsupported="num_splits=3 on sm_90")], set(), False, [], 0, 1),  # never served
+    ([Lookup((A, B))], {A[1], B[1]}, True, [], 0, 0),
+    ([Lookup((A, B))], {A[1]}, False, [B], 0, 0),  # a region whose kernel is not stored (or unlinked)
+    ([Lookup((), outside="batch=32, seqlen_q=1")], {A[1]}, False, [], 1, 0),  # no region holds
+    ([Lookup((A,)), Lookup((A, C))], {A[1]}, False, [C], 0, 0),  # kernels of every call, once
+    ([Lookup((), unsupported="num_splits=3 on sm_90")], set(), False, [], 0, 1),  # never served
 ])
 def test_judge_lean(lookups, stored, served, missing, unrecorded, errors) -> None:
     calls = [CALL] * len(lookups)
@@ -53,7 +54,7 @@ def test_judge_lean(lookups, stored, served, missing, unrecorded, errors) -> Non
 
 
 def test_lean_lines_name_the_sizes_no_region_holds_and_the_fix() -> None:
-    bad = coverage.judge_lean("decode", [CALL], [coverage_lean.Lookup((), outside="batch=32, seqlen_q=1")], set().__contains__,
+    bad = coverage.judge_lean("decode", [CALL], [Lookup((), outside="batch=32, seqlen_q=1")], set().__contains__,
                               fix="fa4-aot build X")
     text = coverage.lines([bad])
     assert text[0] == "MISSING  decode  (0 of 0 kernel(s) not in the store, 1 without a recipe region)"

@@ -210,7 +210,8 @@ LAYERS: dict[str, set[str]] = {
     "remote": BASE | {"spec", "store", "trust"},
     "fa4": BASE | {"spec", "store"},
     "runtime": BASE | {"spec", "store", "trust", "remote"},
-    "client": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4"},
+    # a serving node's setup: the FA4-backed path, and prefetching a model's kernels for either runtime
+    "client": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime"},
     # the build also reads what the lean runtime would find (a lean miss is closed when the runtime is served)
     "build": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime"},
     "cli": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build", "fa4_aot"},
