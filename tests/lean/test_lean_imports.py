@@ -31,7 +31,9 @@ def test_import_fa4_aot_loads_no_compiler() -> None:
 
 def test_lean_modules_load_no_compiler() -> None:
     body = ("import torch, tvm_ffi, fa4_aot\n"
-            "from fa4_aot.runtime import runner as lean, api as lean_api, libraries as lean_libs, replay as recipe; from fa4_aot.store import recipes as recipe_store; from fa4_aot.spec import symexpr")
+            "from fa4_aot.runtime import api, libraries, replay, runner\n"
+            "from fa4_aot.store import recipes\n"
+            "from fa4_aot.spec import recipe_format, symexpr")
     assert _imported(body) == []
 
 
