@@ -7,48 +7,46 @@
     fa4_aot.install()                                  # or: FA4 itself reads the store (any FA4 feature)
     fa4_aot.prefetch("llama-3.1-8b", tp=[1, 2])        # a model's kernels from FA4_AOT_SERVER, before the first call
 
-`import fa4_aot` imports neither torch nor FA4; install() imports FA4, the lean entry points never do.
+`import fa4_aot` imports neither torch nor FA4; install() imports FA4, the lean entry points never do. The entry
+points are attributes loaded on first use (PEP 562), and type checkers and IDEs see their real signatures through
+the TYPE_CHECKING imports below (as huggingface_hub's __init__ does).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .errors import BuildError, ConfigError, Fa4AotError, IntegrityError, KernelMissing, StoreError, UnknownSku
+
+if TYPE_CHECKING:  # what the lazy attributes below are, for type checkers and IDEs
+    from .client.installation import install
+    from .client.prefetch import prefetch
+    from .runtime.api import flash_attn_func, flash_attn_varlen_func, load
 
 __version__ = "0.1.0"
 __all__ = ["install", "load", "flash_attn_func", "flash_attn_varlen_func", "prefetch",
            "Fa4AotError", "ConfigError", "UnknownSku", "KernelMissing", "IntegrityError",
            "StoreError", "BuildError"]
 
-
-def install(mode: str = "strict", **kwargs: Any) -> Any:
-    """See fa4_aot.client.install."""
-    from .client import install as _install
-
-    return _install(mode, **kwargs)
-
-
-def load(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.runtime.api.load (lean runtime). fa4_aot.client.load does the same through FA4 itself."""
-    from .runtime.api import load as _load
-
-    return _load(*args, **kwargs)
+# entry point -> the module that defines it, imported on first use (the lean runtime's needs torch)
+_LAZY = {
+    "install": "fa4_aot.client.installation",
+    "prefetch": "fa4_aot.client.prefetch",
+    "load": "fa4_aot.runtime.api",
+    "flash_attn_func": "fa4_aot.runtime.api",
+    "flash_attn_varlen_func": "fa4_aot.runtime.api",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """flash_attn_func and flash_attn_varlen_func: fa4_aot.runtime.api's own functions (lean runtime), imported on
-    first use; no wrapper runs per call (a wrapper cost about 1 us of a decode step's host time)."""
-    if name in ("flash_attn_func", "flash_attn_varlen_func"):
-        from .runtime import api
-
-        found = globals()[name] = getattr(api, name)
-        return found
-    raise AttributeError(f"module 'fa4_aot' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fa4_aot' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups are plain module attributes
+    return value
 
 
-def prefetch(*args: Any, **kwargs: Any) -> Any:
-    """See fa4_aot.client.prefetch.prefetch: fetch one model's kernel set from a server, so a node starts warm."""
-    from .client.prefetch import prefetch as _fn
-
-    return _fn(*args, **kwargs)
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

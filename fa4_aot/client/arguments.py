@@ -1,4 +1,4 @@
-"""load()'s arguments, checked and turned into a Call. Pure: the torch dtype is matched by name."""
+"""prepare()'s arguments, checked and turned into a Call. Pure: the torch dtype is matched by name."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..spec.calls import Call, dtype_name, mask_of, pass_of
 def call_from(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None, *, causal: bool, dtype: Any,
               window_size: tuple[int | None, int | None], softcap: float, sink: bool, num_splits: int,
               layout: str, page_size: int, training: bool, deterministic: bool, return_lse: bool) -> Call:
-    """The Call load() plans. Raises ValueError saying which argument is wrong and what it should be."""
+    """The Call prepare() plans. Raises ValueError saying which argument is wrong and what it should be."""
     if len(q_shape) != 4 or (k_shape is not None and len(k_shape) != 4):
         raise ValueError("q_shape and k_shape are (batch, seqlen, heads, head_dim) for every layout")
     k_shape = k_shape or q_shape

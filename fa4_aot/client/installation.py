@@ -208,7 +208,7 @@ def installed() -> Installation | None:
 def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_file: Path | None = None) -> Installation:
     """Serve FA4's kernels from the store for this process's GPU. Idempotent for the same mode and store.
     With FA4_AOT_SKU=NAME it needs no GPU: on a host without CUDA it points FA4 at that SKU (as a build
-    worker does), so load() can plan and check the store there.
+    worker does), so prepare() can plan and check the store there.
 
     Raises UnknownSku when the device matches no SKU (the message lists them and how to add one).
     """

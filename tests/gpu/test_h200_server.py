@@ -46,7 +46,7 @@ for (b, s, h, hkv, d) in [(2, 4096, 32, 8, 128), (4, 1024, 16, 16, 64), (1, 2048
     out, _ = flash_attn_func(q, k, v, causal=True)
     out.float().sum().backward()
 import fa4_aot.client
-attn = fa4_aot.client.load((8, 1024, 32, 128), (8, 1024, 8, 128), causal=True, layout="varlen")
+attn = fa4_aot.client.prepare((8, 1024, 32, 128), (8, 1024, 8, 128), causal=True, layout="varlen")
 torch.cuda.synchronize()
 print(json.dumps({"compiles": compiles, "fetched": inst.stats.fetched, "loaded": inst.stats.loaded,
                   "compiled": inst.stats.compiled}))

@@ -84,7 +84,7 @@ def test_strict_zero_compiles_and_correct(compile_counter, name, kw, qs, ks):
 
     count, inst = compile_counter
     before = count["n"]
-    attn = fa4_aot.client.load(qs, ks, **kw)  # through FA4 (install path); fa4_aot.load is the lean runtime
+    attn = fa4_aot.client.prepare(qs, ks, **kw)  # through FA4 (install path); fa4_aot.load is the lean runtime
     torch.manual_seed(0)
     b, sq, h, d = qs
     _, sk, hkv, dv = ks

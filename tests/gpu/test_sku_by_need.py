@@ -45,7 +45,7 @@ cases = [
 ]
 for case in cases:
     (qs, ks) = case.pop("shapes")
-    attn = fa4_aot.client.load(qs, ks, **case)  # through FA4 (install path); fa4_aot.load is the lean runtime
+    attn = fa4_aot.client.prepare(qs, ks, **case)  # through FA4 (install path); fa4_aot.load is the lean runtime
     q = torch.randn(qs, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(ks, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     out = attn(q, k, v)

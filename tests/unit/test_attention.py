@@ -1,5 +1,5 @@
-"""load() and AttentionFn over a fake of the FA4 seam: what load() asks FA4 for and in which order, without FA4
-or a GPU. (The real seam under load() needs a GPU to load objects: tests/gpu/test_h200_strict.py runs it.)"""
+"""prepare() and AttentionFn over a fake of the FA4 seam: what prepare() asks FA4 for and in which order, without FA4
+or a GPU. (The real seam under prepare() needs a GPU to load objects: tests/gpu/test_h200_strict.py runs it.)"""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def seam(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     return fake
 
 
-def test_load_plans_then_asks_fa4_for_every_kernel_while_the_call_runs(seam: SimpleNamespace, tmp_path: Path) -> None:
-    attn = attention.load((2, 1024, 16, 128), causal=True, training=True, cache_dir=tmp_path)
+def test_prepare_plans_then_asks_fa4_for_every_kernel_while_the_call_runs(seam: SimpleNamespace, tmp_path: Path) -> None:
+    attn = attention.prepare((2, 1024, 16, 128), causal=True, training=True, cache_dir=tmp_path)
     call = attn.call
     assert (call.pass_, call.mask, call.batch, call.heads_kv) == ("bwd", "causal", 2, 16)
     assert seam.log == [("plan", call), ("lookup", "_flash_attn_fwd", ("a",), call),
@@ -55,5 +55,5 @@ def test_load_plans_then_asks_fa4_for_every_kernel_while_the_call_runs(seam: Sim
 
 def test_bad_arguments_are_refused_before_fa4_is_asked(seam: SimpleNamespace, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="either causal=True or a window_size"):
-        attention.load((2, 1024, 16, 128), causal=True, window_size=(128, 0), cache_dir=tmp_path)
+        attention.prepare((2, 1024, 16, 128), causal=True, window_size=(128, 0), cache_dir=tmp_path)
     assert seam.log == []

@@ -1,4 +1,4 @@
-"""Issue 10.7: on a host without CUDA, argument errors come first and FA4_AOT_SKU lets install()/load() plan
+"""Issue 10.7: on a host without CUDA, argument errors come first and FA4_AOT_SKU lets install()/prepare() plan
 and check the store (KernelMissing names the SKU and the call) instead of failing with "no CUDA device".
 Each case runs in a fresh interpreter: install() points FA4 at the SKU before FA4 is imported."""
 
@@ -31,12 +31,12 @@ def run(code: str, tmp_path: Path, **env: str) -> str:
     ("(1, 512, 16, 128), layout='weird'", "layout must be one of"),
 ])
 def test_argument_errors_come_before_the_gpu_check(tmp_path: Path, args: str, message: str) -> None:
-    out = run(f"fa4_aot.client.load({args})", tmp_path)
+    out = run(f"fa4_aot.client.prepare({args})", tmp_path)
     assert "ValueError" in out and message in out and "CUDA" not in out
 
 
 def test_forced_sku_plans_and_checks_the_store_without_a_gpu(tmp_path: Path) -> None:
-    out = run("fa4_aot.client.load((1, 512, 16, 128), causal=True)", tmp_path, FA4_AOT_SKU="h200")
+    out = run("fa4_aot.client.prepare((1, 512, 16, 128), causal=True)", tmp_path, FA4_AOT_SKU="h200")
     assert "KernelMissing" in out and "for SKU h200 is not in" in out and "causal b=1 sq=512" in out
 
 
