@@ -1,5 +1,6 @@
-"""prepare(): plan one call signature, load every kernel it needs from the store, and return an AttentionFn that
-runs FA4 with those flags (fa4_aot.load does the same on the lean runtime). FA4 is reached only through the seam (fa4_aot.fa4)."""
+"""prepare(): plan one call signature, load every kernel it needs from the store, and return an AttentionFn
+that runs FA4 with those flags (fa4_aot.load does the same on the lean runtime). FA4 is reached only through
+the seam (fa4_aot.fa4)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def seam(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     return fake
 
 
-def test_prepare_plans_then_asks_fa4_for_every_kernel_while_the_call_runs(seam: SimpleNamespace, tmp_path: Path) -> None:
+def test_prepare_plans_then_asks_fa4_for_each_kernel_while_the_call_runs(seam: SimpleNamespace, tmp_path: Path) -> None:
     attn = attention.prepare((2, 1024, 16, 128), causal=True, training=True, cache_dir=tmp_path)
     call = attn.call
     assert (call.pass_, call.mask, call.batch, call.heads_kv) == ("bwd", "causal", 2, 16)
