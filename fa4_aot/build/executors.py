@@ -126,7 +126,8 @@ class LocalExecutor:
                 future.cancel()
 
     def relink(self, sku: Sku, store: Store, keys: list[str]) -> list[str]:
-        return self._pool_for(sku, store).submit(_relink_task, keys).result()
+        relinked: list[str] = self._pool_for(sku, store).submit(_relink_task, keys).result()
+        return relinked
 
     def close(self, stop: bool = False, grace: float = 5.0) -> None:
         """Shut the pool down; with `stop`, cancel what is queued and end the workers: SIGTERM first (a worker

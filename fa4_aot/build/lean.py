@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +86,7 @@ class Explored:
 
 
 def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[dict[str, Any]]],
-            first: list[dict[str, int]] = ()) -> Explored:
+            first: Sequence[dict[str, int]] = ()) -> Explored:
     """Record regions of `sig` until they cover its whole size space (recipe_space.space): points are drawn in
     rounds of ROUND; at each point no region covers, FA4 is recorded there (a region holding exactly where FA4
     makes the same choices); the first round is the space's corners (recipe_space.corners); exploring ends after
@@ -153,7 +154,7 @@ def _hints(regions: list[dict[str, Any]]) -> set[int]:
 
 def _known(worker: dict[str, Any], key: str) -> list[dict[str, Any]]:
     """The regions under `key` recorded in this worker or in the store with this toolchain (kept per worker)."""
-    known = worker.setdefault("regions", {})
+    known: dict[str, list[dict[str, Any]]] = worker.setdefault("regions", {})
     if key not in known:
         store = worker["store"]
         stored = recipes.load(store, key) if store is not None else []  # Ray workers have no store

@@ -86,7 +86,7 @@ def pass_store(f: Callable[Concatenate[Store, P], R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         return f(state().store, *args, **kwargs)
 
-    return click.option(  # type: ignore[no-any-return]
+    return click.option(
         "--cache-dir", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
         callback=_cache_dir_here, help="Kernel store (as the option before the command name)."
     )(wrapper)

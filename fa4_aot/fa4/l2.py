@@ -49,7 +49,7 @@ def patch(sku: Sku) -> None:
         self.max_kvblocks_in_l2 = (self.size_l2 + self.size_one_kvblock - 1) // self.size_one_kvblock
 
     init._fa4_aot_original = original  # type: ignore[attr-defined]
-    scheduler.__init__ = init  # type: ignore[method-assign]
+    scheduler.__init__ = init
 
 
 def _patch_source(module: Any, budget: Any) -> None:

@@ -190,7 +190,9 @@ def _choices(src: TomlSource, i: int, field: str, value: Any, allowed: tuple[str
 
 
 def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[str, Shapes]) -> Any:
-    fail = lambda field, msg: src.fail("[[variants]]", field, msg, i)  # noqa: E731
+    def fail(field: str | None, msg: str) -> ConfigError:
+        return src.fail("[[variants]]", field, msg, i)
+
     if "models" in table:
         return parse_model_variant(src, i, table)
     for key in table:
@@ -347,7 +349,9 @@ def parse_model_variant(src: TomlSource, i: int, table: dict[str, Any]) -> Model
     """A model entry; raises ConfigError naming file, line, field and the allowed values."""
     from . import models
 
-    fail = lambda field, msg: src.fail("[[variants]]", field, msg, i)  # noqa: E731
+    def fail(field: str | None, msg: str) -> ConfigError:
+        return src.fail("[[variants]]", field, msg, i)
+
     for key in table:
         if key not in MODEL_VARIANT_FIELDS:
             raise fail(key, f"unknown field in a model entry; allowed: {', '.join(MODEL_VARIANT_FIELDS)}")

@@ -7,7 +7,7 @@ KeyError, TypeError or a size that spins a reader forever (issue 18, D18 and D24
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from ..errors import RemoteError, StoreError
 from ..store import Entry, check_hex
@@ -49,7 +49,7 @@ def listing_of(doc: Any, source: str) -> dict[str, Any]:
             byte_count(item["size"], "size")
     except MALFORMED as e:
         raise RemoteError(f"{source} is not a kernel listing ({type(e).__name__}: {e}); {AGAIN}") from None
-    return doc
+    return cast("dict[str, Any]", doc)  # checked above to be a dict
 
 
 def miss_of(item: Any, source: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -30,6 +30,7 @@ from ..store import Entry, Store, check_hex
 from ..store.recipes import MAX_BYTES as MAX_RECIPE
 from .answers import bundle_head, entry_of, listing_of, miss_of
 
+_T = TypeVar("_T")
 RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 MIN_ATTEMPT = 0.1  # seconds: with less left before the deadline, another attempt is not started
@@ -389,16 +390,16 @@ class Remote:
         """Report miss `doc` (a Miss document) and wait for the answer: {"build": the job that builds it, or
         None, "detail": why none was queued}. RemoteError for a refused report (unknown SKU, oversized call)."""
         answer = _decoded(self._request("POST", "/v1/misses", ok=(200, 202), json=doc), self.url)
-        return _shaped(answer, dict, self.url)  # type: ignore[no-any-return]
+        return _shaped(answer, dict, self.url)
 
     def build(self, job_id: int) -> dict[str, Any]:
         """Build job `job_id` (GET /v1/builds/{id})."""
-        return _shaped(self._json("GET", f"/v1/builds/{int(job_id)}"), dict, self.url)  # type: ignore[no-any-return]
+        return _shaped(self._json("GET", f"/v1/builds/{int(job_id)}"), dict, self.url)
 
     def builds(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """Build jobs newest first (of one status when given)."""
         query = f"?limit={int(limit)}" + (f"&status={status}" if status else "")
-        return _shaped(self._json("GET", f"/v1/builds{query}"), list, self.url)  # type: ignore[no-any-return]
+        return _shaped(self._json("GET", f"/v1/builds{query}"), list, self.url)
 
     def claim_build(self, builder: str, lease: float) -> dict[str, Any] | None:
         """The next job for `builder` (leased for `lease` seconds), or None when none waits. Publish token."""
@@ -489,7 +490,7 @@ def _decoded(response: httpx.Response, url: str) -> Any:
                           "fa4-aot server (`fa4-aot serve`)?") from None
 
 
-def _shaped(doc: Any, kind: type, url: str) -> Any:
+def _shaped(doc: Any, kind: type[_T], url: str) -> _T:
     if not isinstance(doc, kind):
         raise RemoteError(f"{url} answered with JSON of an unexpected shape ({type(doc).__name__}, expected "
                           f"{kind.__name__}): is it an fa4-aot server of this version?")

@@ -212,7 +212,8 @@ def run(attn: Attention, sizes: dict[str, int], tensors: dict[str, Any], scale: 
     if not bound.bwd:  # forward only (inference, decode): no autograd node, FA4's steps run as they are
         return bound.forward(tensors)
     names = tuple(tensors)
-    return _autograd[0].apply(bound, names, *tensors.values())
+    out: tuple[Any, Any] = _autograd[0].apply(bound, names, *tensors.values())
+    return out
 
 
 class Unsupported(Fa4AotError, NotImplementedError):

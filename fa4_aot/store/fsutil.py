@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO
 
 from ..errors import DiskFull, StoreError
 
@@ -39,7 +39,7 @@ def sha256_file(path: Path) -> str:
         return hash_stream(f).hexdigest()
 
 
-def hash_stream(f: IO[bytes], keep: list[bytes] | None = None) -> Any:
+def hash_stream(f: IO[bytes], keep: list[bytes] | None = None) -> hashlib._Hash:
     """The sha256 object of everything left in `f`; appends the chunks to `keep` when given."""
     h = hashlib.sha256()
     while chunk := f.read(_CHUNK):

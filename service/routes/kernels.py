@@ -63,9 +63,9 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
     403 when the token is limited to other SKUs, or a SKU outside its list has these facts (shared keys)."""
     check_sku_allowed(token, kernel.sku)
     check_facts_allowed(session, token, crud.sku_facts(kernel))
-    if not kernel_keys.has_valid_key(kernel):  # type: ignore[arg-type]
+    if not kernel_keys.has_valid_key(kernel):
         try:
-            recomputed = " or ".join(kernel_keys.entry_keys(kernel))  # type: ignore[arg-type]
+            recomputed = " or ".join(kernel_keys.entry_keys(kernel))
         except ValueError as e:
             recomputed = f"nothing ({e})"  # a validation error of the field, shaped like FastAPI's own 422s
         raise RequestValidationError([{
