@@ -47,6 +47,7 @@ SOURCE_PACKAGES = ("flash_attn.cute", "cutlass", "quack")
 PATCHES = (
     "l2.py",  # rewrites FA4's tile-scheduler source and FlashPrepareScheduler's L2 budgets
     "target.py",  # answers FA4's and CuTe's hardware questions, arch variables and FA4's CUDA-12 2-CTA switch
+    "consumed.py",  # the SKU constants those answers (and l2.py's budgets) give, recorded as consumed
     "object_files.py",  # turns the compiled kernel into the object bytes stored (export module, host code, -O level)
 )
 _GENERATED = re.compile(r"_cutlass_ir_version_cu\d+\.py")  # see the module docstring
