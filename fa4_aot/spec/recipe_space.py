@@ -115,12 +115,13 @@ def _seqlens_k(sig: Signature) -> list[int]:
 
 
 # -- drawing points --------------------------------------------------------------------------------------------
-def draw(sp: Space, rng: np.random.Generator, count: int, extra: Mapping[str, Iterable[int]] = ()) -> dict[str, Any]:
+def draw(sp: Space, rng: np.random.Generator, count: int,
+         extra: Mapping[str, Iterable[int]] | None = None) -> dict[str, Any]:
     """`count` points of `sp` as {size name: int64 array}. Two points in five are structured: every size a probe
     value or one of `extra` (next to recorded guards' constants), where FA4's decisions turn; the others draw each
     size from those values, log-uniformly over its range, or next to its bounds, a third each."""
     points: dict[str, Any] = {}
-    extra = dict(extra)
+    extra = dict(extra or {})
     structured = rng.random(count) < 0.4
     for size in sp.sizes:
         high = np.full(count, size.high, dtype=np.int64)

@@ -214,7 +214,8 @@ def _compile(expr: Any) -> Callable[[dict[str, int]], Any]:
     if op == "mul":
         return lambda sizes: reduce(operator.mul, (p(sizes) for p in parts))
     if op in ("max", "min", "and", "or"):
-        fold = {"max": max, "min": min, "and": all, "or": any}[op]
+        folds: dict[str, Callable[[list[Any]], Any]] = {"max": max, "min": min, "and": all, "or": any}
+        fold = folds[op]
         return lambda sizes: fold([p(sizes) for p in parts])
     if op == "not":
         return lambda sizes: not parts[0](sizes)
