@@ -110,15 +110,17 @@ DECODE_OPEN = r"""
 import json, sys
 from pathlib import Path
 import torch
-from fa4_aot import config, lean, runtime.api, variants
+from fa4_aot import config
+from fa4_aot.matrix import variants
+from fa4_aot.runtime import api, runner
 from fa4_aot.store import Store
-rt = runtime.runner.Runtime(Store(Path(sys.argv[1])), variants.load(config.default_variants_file()).skus["h200"])
+rt = runner.Runtime(Store(Path(sys.argv[1])), variants.load(config.default_variants_file()).skus["h200"])
 sizes = {"seqused": {"batch": 4, "seqlen_q": 1, "seqlen_k": 2048, "max_seqlen_q": 1, "max_seqlen_k": 1000},
          "paged": {"batch": 4, "seqlen_q": 1, "num_pages": 600, "pages_per_seq": 128, "max_seqlen_q": 1,
                    "max_seqlen_k": 2048}}
 found = {}
 for layout, at in sizes.items():
-    attn = rt.attention(runtime.api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, page_size=16))
+    attn = rt.attention(api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, page_size=16))
     bound = attn.bound(at, torch.device("cpu"), None)
     kernels = attn.region(attn.sizes(at))["kernels"]
     found[layout] = {"inputs": sorted(bound.expected), "functions": sorted(

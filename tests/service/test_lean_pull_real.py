@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 OPEN = r"""
 import json, sys
 from pathlib import Path
-from fa4_aot import lean, recipe, variants
+from fa4_aot.matrix import variants
+from fa4_aot.runtime import replay, runner
 from fa4_aot.store import Store
 from fa4_aot.trust.policy import Trust
 from fa4_aot.spec.calls import Call
@@ -38,9 +39,9 @@ if server:
     from fa4_aot.remote.http import Remote
     remote = Remote(server)
     fetcher = Fetcher(remote, Trust.from_env(sku, store, remote), store)
-rt = runtime.runner.Runtime(store, sku, None, None, fetcher)
+rt = runner.Runtime(store, sku, None, None, fetcher)
 attn = rt.attention(Signature.of(call))
-sizes = runtime.replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
+sizes = replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
 attn.preload(sizes)
 names = [type(rt.libraries.function(e.kernel_key, e.family)).__name__ for e in store.entries()]
 print(json.dumps({"functions": names, "regions": len(attn.regions), "fetched": fetcher.fetched if fetcher else 0,

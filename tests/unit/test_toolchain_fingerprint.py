@@ -29,7 +29,7 @@ COMPILE_KEYS = (("fwd", 128, True, None, 0.125), ("bwd", 64, False, "x", 1.0))
 # A fresh interpreter prints its toolchain and the keys of a few kernels (base keys and keys with constants)
 PROBE = f"""
 import json
-from fa4_aot import kernel_keys
+from fa4_aot.spec import kernel_keys
 from fa4_aot.fa4 import versions
 from fa4_aot.spec.skus import Sku
 skus = [Sku(**s) for s in {[s.__dict__ for s in SKUS]!r}]
