@@ -137,7 +137,9 @@ def test_decode_build_records_seqused_and_paged_recipes_the_lean_runtime_binds(t
                    "--only", "lean-decode", "--json", cache=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)
-    assert doc["failed"] == 0 and doc["lean_failures"] == [] and doc["recipes"] == 4
+    files = sorted(tmp_path.glob("recipes/*/*.json"))  # one recipe file per signature, its regions covering every size
+    regions = sum(len(json.loads(f.read_text())["regions"]) for f in files)
+    assert doc["failed"] == 0 and doc["lean_failures"] == [] and len(files) == 4 and doc["recipes"] == regions >= 4
     opened = subprocess.run([sys.executable, "-c", DECODE_OPEN, str(tmp_path)], capture_output=True, text=True,
                             cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert opened.returncode == 0, opened.stderr[-3000:]

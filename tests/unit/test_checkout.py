@@ -51,7 +51,8 @@ def test_readme_and_ci_differed_both_run_test_sh_which_alone_installs_and_runs_p
     assert _commands(section) == ["./test.sh"]
     ci = _commands((ROOT / ".ci" / "run").read_text())
     assert ci[-1] == "./test.sh"
-    for text in ("\n".join(_commands(section)), "\n".join(ci)):  # neither installs Python packages nor runs pytest on its own
+    # neither installs Python packages nor runs pytest on its own
+    for text in ("\n".join(_commands(section)), "\n".join(ci)):
         assert "pip " not in text and "pytest" not in text and "flavour-venv" not in text
     script = (ROOT / "test.sh").read_text()
     assert 'exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"' in script

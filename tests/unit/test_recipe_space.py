@@ -85,7 +85,7 @@ def test_compiled_guards_in_region_lookup_agree_with_symexpr() -> None:
     for i in range(2000):
         at = recipe_space.point(points, i)
 
-        def holds(guards: list) -> bool:
+        def holds(guards: list, at: dict = at) -> bool:
             try:
                 return symexpr.holds(guards, at)
             except ValueError:
