@@ -9,14 +9,12 @@ the temp directory.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -31,37 +29,26 @@ from fa4_aot.trust.policy import Trust
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.trust.raw_server import RawServer, reply
 
-COMMITTED = ROOT / "tests" / "data" / "store_h200_xeon"
 RUNTIME = "libcute_dsl_runtime.so"
 H200 = Sku("h200", "sm_90a", 132, 62914560, 13, host="x86-64-v3")
 
 
-def _runtime_bytes(digest: str) -> bytes:
-    """CuTe's runtime library from the installed nvidia-cutlass-dsl-libs-cu13 wheel (what the build stores)."""
-    try:
-        files = metadata.files("nvidia-cutlass-dsl-libs-cu13") or []
-    except metadata.PackageNotFoundError:
-        pytest.skip("needs nvidia-cutlass-dsl-libs-cu13 (the build extra) for CuTe's runtime library")
-    path = next((Path(str(f.locate())) for f in files if f.name == RUNTIME and "stubs" not in str(f)), None)
-    data = path.read_bytes() if path is not None else b""
-    if hashlib.sha256(data).hexdigest() != digest:
-        pytest.skip(f"this environment's {RUNTIME} is not the one the committed store was linked against")
-    return data
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny h200 matrix built here once, with this toolchain's keys (a build finds only its own toolchain's
+    kernels, so a store committed by an earlier toolchain would not be the one it relinks)."""
+    root = tmp_path_factory.mktemp("library-faults") / "cache"
+    _build(Store(root))
+    return root
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    """A copy of the committed h200 store, made whole with the runtime library its entries need."""
+def store(built: Path, tmp_path: Path) -> Store:
+    """A copy of the built store, whole: every entry's library and the runtime library they need."""
     root = tmp_path / "cache"
-    shutil.copytree(COMMITTED, root, ignore=shutil.ignore_patterns("README.md"))
-    for folder, _dirs, files in os.walk(root):  # a checkout's modes follow its umask; the store wants its own
-        os.chmod(folder, 0o700)
-        for name in files:
-            os.chmod(os.path.join(folder, name), 0o600)
+    shutil.copytree(built, root, symlinks=True)
     s = Store(root)
-    (runtime,) = {e.shared_libs["x86_64"]["needs"][RUNTIME] for e in s.entries()}
-    s.put_object(_runtime_bytes(runtime))
-    assert maintenance.verify(s).ok
+    assert maintenance.verify(s).ok and _missing(s) == []
     return s
 
 
