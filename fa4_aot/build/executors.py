@@ -17,7 +17,9 @@ import functools
 import multiprocessing
 import multiprocessing.spawn
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -205,12 +207,11 @@ def _state() -> WorkerState:
 
 
 def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
-    import signal
-
     # Ctrl-C reaches the whole process group: the parent decides (LocalExecutor.close), workers do not die
     # mid-write. Its SIGTERM then unwinds the worker through its finally blocks (temp files, locks), and ends it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.unraisablehook = _sigterm_again
     _end_with_parent(signal.SIGTERM)
     # configure() runs in the first task, so that a wrong environment fails that task with a BuildError
     if sys_path:  # a worker of another flavour's interpreter: multiprocessing gave it the driver's sys.path
@@ -223,6 +224,18 @@ def _on_sigterm(*_: object) -> None:
     if _worker is not None:
         _worker.stopping = True
     raise SystemExit(143)
+
+
+def _sigterm_again(unraisable: sys.UnraisableHookArgs) -> None:
+    """A SIGTERM that lands in a weakref or GC callback (an import's module-lock callback, while a worker imports
+    FA4) raises its SystemExit where Python cannot propagate it: it printed a traceback and the worker went on.
+    Deliver the signal again, so that the handler runs at the next ordinary bytecode and the worker ends."""
+    if isinstance(unraisable.exc_value, SystemExit):  # a moment later: sent at once, it would land in this hook
+        timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _ends_on_sigterm(task: Callable[P, R]) -> Callable[P, R]:
