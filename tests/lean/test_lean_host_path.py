@@ -7,19 +7,14 @@ the very tensor given."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
+from tests.lean.test_replay import recorded
 
-ROOT = Path(__file__).resolve().parents[2]
 SIG = {"layout": "seqused", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
        "window": [0, 0], "softcap": 0.0, "sink": False, "num_splits": 1, "heads_q": 32, "heads_kv": 8}
 PAIRS = [(SIG, {"batch": 4, "seqlen_q": 1, "seqlen_k": 1024, "max_seqlen_q": 1, "max_seqlen_k": 1024}),
@@ -33,11 +28,7 @@ IDS = ["seqused-fwd", "paged16-fwd-lse", "dense-sink-fwd", "dense-fwd"]
 
 @pytest.fixture(scope="module")
 def regions() -> list[dict]:
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "lean" / "record_probe.py"), "h200",
-                           json.dumps(PAIRS)], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return recorded(PAIRS)
 
 
 def _bound(region: dict, case: int, launches: list) -> replay.Bound:

@@ -30,13 +30,18 @@ PAIRS = [(SIG, {"batch": 2, "seqlen_q": 1000, "seqlen_k": 1000}),
                                      "max_seqlen_k": 500})]
 
 
-@pytest.fixture(scope="module")
-def regions() -> list[dict]:
+def recorded(pairs: list) -> list[dict]:
+    """The regions record_probe.py records for (signature, sizes) pairs on the h200, in a process of its own."""
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "lean" / "record_probe.py"), "h200",
-                           json.dumps(PAIRS)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                           json.dumps(pairs)], capture_output=True, text=True, cwd=ROOT, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def regions() -> list[dict]:
+    return recorded(PAIRS)
 
 
 def _sizes(case: int) -> dict:
