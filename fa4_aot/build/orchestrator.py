@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..matrix.variants import Matrix, ModelVariant, Variant
+from ..matrix.call_variants import Variant
+from ..matrix.model_variants import ModelVariant
+from ..matrix.variants import Matrix
 from ..spec.calls import Call
 from ..spec.exact import ExactCall
 from ..spec.signature import Signature

@@ -18,7 +18,9 @@ from .progress import Progress, quiet_option
 if TYPE_CHECKING:
     from ..build import orchestrator as build_mod
     from ..build.executors import Executor
-    from ..matrix.variants import Matrix, ModelVariant, Variant
+    from ..matrix.call_variants import Variant
+    from ..matrix.model_variants import ModelVariant
+    from ..matrix.variants import Matrix
     from ..spec.skus import Sku
 
 
@@ -47,7 +49,7 @@ def hosts(as_json: bool) -> None:
 def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
     """List the GPU SKUs: arch target, SM count, L2 size, CUDA major, and where each figure comes from (the
     comments beside each [skus.NAME] in variants.toml)."""
-    from ..spec.skus import sources
+    from ..spec.sku_table import sources
     from ..spec.tomlsrc import TomlSource
 
     matrix = load_matrix(variants_file)
@@ -68,7 +70,8 @@ def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
 
 
 def _detect(matrix: Matrix, as_json: bool) -> None:
-    from ..spec.skus import detect_device, row_for, select
+    from ..spec.devices import detect_device, row_for
+    from ..spec.matching import select
 
     device = detect_device()
     row = row_for(device)

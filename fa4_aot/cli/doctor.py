@@ -23,7 +23,8 @@ def _check(name: str, status: str, detail: str, next_step: str = "") -> Check:
 def _device() -> tuple[list[Check], str | None]:
     from ..client.installation import has_cuda
     from ..spec import hosts
-    from ..spec.skus import detect_device, select
+    from ..spec.devices import detect_device
+    from ..spec.matching import select
 
     forced = os.environ.get("FA4_AOT_SKU")
     skus = load_matrix(None).skus

@@ -21,8 +21,10 @@ from .. import config, fa4
 from ..errors import Fa4AotError, KernelMissing, TrustError
 from ..remote import wait as build_wait
 from ..spec import hosts, kernel_keys
+from ..spec.devices import detect_device
 from ..spec.kernel_keys import canonical, dumps, kernel_key
-from ..spec.skus import Constants, Sku, detect_device, select
+from ..spec.matching import select
+from ..spec.skus import Constants, Sku
 from ..store import Entry, Miss, Store
 from ..trust.policy import Trust
 
@@ -42,7 +44,7 @@ class Stats:
 
 @dataclass
 class Installation:
-    sku: Sku  # the table row serving this device (skus.select): manifests, messages, FA4's dispatch
+    sku: Sku  # the table row serving this device (matching.select): manifests, messages, FA4's dispatch
     store: Store
     mode: str
     trace: list[str]

@@ -85,7 +85,8 @@ def prefetch(model: str, tp: int | Sequence[int] = modelwork.DEFAULT_TPS, worklo
     from ..matrix import variants
     from ..remote.http import Remote, server_from_env
     from ..spec import hosts
-    from ..spec.skus import detect_device, select
+    from ..spec.devices import detect_device
+    from ..spec.matching import select
 
     matrix = variants.load(config.default_variants_file())
     if sku is not None:

@@ -1,112 +1,23 @@
-"""variants.toml: the SKU table, shape grids, and the variant matrix; expansion into concrete FA4 calls.
+"""variants.toml, the variants file: its SKU table, shape grids and [[variants]] entries, read into one Matrix.
 
-A variant names what a model runs (head dims, dtypes, masks, GQA ratios, layouts, passes, head counts...).
-FA4's kernel choice also depends on batch and sequence lengths (q_stage, pack_gqa, split-KV, 2-CTA,
-persistent scheduling). A variant without `shapes` is shape-complete: it expands into Signatures, and the
-build plans every kernel FA4 can choose for them at any batch and sequence lengths (complete.py). A variant
-with `shapes` is restricted to the points of that named grid: each point becomes one `Call`.
+A [[variants]] entry names what a model runs: either call features (head dims, dtypes, masks, GQA ratios,
+layouts, passes, head counts...; call_variants.py), optionally restricted to a shape grid (shapes.py), or
+catalog models at TP degrees and workloads (model_variants.py).
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..spec.calls import DTYPES, LAYOUTS, MASKS, PASSES, Call
-from ..spec.signature import Signature
-from ..spec.skus import ARCHS, Sku, parse_skus
+from ..spec.sku_table import parse_skus, unknown
+from ..spec.skus import Sku
 from ..spec.tomlsrc import TomlSource
-
-SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads", "page_size")
-VARIANT_FIELDS = {
-    "name": None, "shapes": None, "passes": PASSES, "head_dims": None, "dtypes": DTYPES, "masks": MASKS,
-    "window": None, "gqa": None, "softcap": None, "sink": None, "layouts": LAYOUTS, "num_splits": None,
-    "heads": None, "heads_kv": None, "page_size": None, "archs": None, "description": None,
-}
-DEFAULTS: dict[str, Any] = {
-    "dtypes": ["bf16"], "masks": ["causal"], "window": [1024, 0], "gqa": [1], "softcap": [0.0],
-    "sink": [False], "layouts": ["dense"], "num_splits": [1], "page_size": 128, "archs": [], "description": "",
-}
-
-
-@dataclass(frozen=True)
-class Shapes:
-    name: str
-    batch: tuple[int, ...]
-    seqlen_q: tuple[int, ...]
-    seqlen_k: tuple[int, ...]  # empty: seqlen_k = seqlen_q
-    heads: tuple[int, ...]
-    page_size: int
-
-    def points(self) -> list[tuple[int, int, int, int]]:
-        """(batch, seqlen_q, seqlen_k, heads) of the grid; seqlen_k < seqlen_q is skipped (not a real call)."""
-        pairs = [(q, q) for q in self.seqlen_q] if not self.seqlen_k else [
-            (q, k) for q in self.seqlen_q for k in self.seqlen_k if k >= q
-        ]
-        return [(b, q, k, h) for b in self.batch for q, k in pairs for h in self.heads]
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    shapes: str  # "" for a shape-complete variant
-    passes: tuple[str, ...]
-    head_dims: tuple[tuple[int, int], ...]
-    dtypes: tuple[str, ...]
-    masks: tuple[str, ...]
-    window: tuple[int, int]
-    gqa: tuple[int | str, ...]
-    softcap: tuple[float, ...]
-    sink: tuple[bool, ...]
-    layouts: tuple[str, ...]
-    num_splits: tuple[int, ...]
-    archs: tuple[str, ...]
-    description: str = ""
-    heads: tuple[int, ...] = ()  # query head counts of a shape-complete variant
-    heads_kv: tuple[int, ...] = ()  # or its KV head counts: each ratio r then runs r x heads_kv query heads
-    page_size: int = 128  # page size of a shape-complete variant's paged layout
-
-    def applies_to(self, sku: Sku) -> bool:
-        return not self.archs or sku.arch in self.archs
-
-    @property
-    def complete(self) -> bool:
-        """Shape-complete: every batch and sequence length, not the points of a grid."""
-        return not self.shapes
-
-    def signatures(self, heads: tuple[int, ...] = (), page_size: int = 0) -> list[Signature]:
-        """Every signature of this variant (for a grid variant, pass the grid's heads and page size)."""
-        out: dict[Signature, None] = {}
-        for p, (d, dv), dt, m, r, sc, sk, lay, ns, (hq, hkv) in itertools.product(
-            self.passes, self.head_dims, self.dtypes, self.masks, self.gqa, self.softcap, self.sink,
-            self.layouts, self.num_splits, self._head_counts(heads),
-        ):
-            if lay == "paged" and p in ("bwd", "bwd_det"):
-                continue  # FA4 has no paged backward; training variants list dense/varlen layouts
-            q, kv = (hq, 1 if r == "mqa" else hq // int(r)) if hq else (int(r) * hkv, hkv)
-            out[Signature(
-                layout=lay, pass_=p, dtype=dt, head_dim=d, head_dim_v=dv, mask=m, window=self.window, softcap=sc,
-                sink=sk, num_splits=ns, heads_q=q, heads_kv=kv,
-                page_size=(page_size or self.page_size) if lay == "paged" else 0,
-            )] = None
-        return list(out)
-
-    def _head_counts(self, heads: tuple[int, ...]) -> list[tuple[int, int]]:
-        """(query heads, 0) per query head count, or (0, KV heads) per KV head count of `heads_kv`."""
-        if heads or self.heads:
-            return [(h, 0) for h in heads or self.heads]
-        return [(0, kv) for kv in self.heads_kv]
-
-    def calls(self, shapes: Shapes) -> list[Call]:
-        """Every concrete call of this variant over the shape grid (duplicates removed, order kept)."""
-        out: dict[Call, None] = {}
-        for (b, q, k, h) in shapes.points():
-            for sig in self.signatures((h,), shapes.page_size):
-                out[sig.call(b, q, k)] = None
-        return list(out)
+from .call_variants import Variant, parse_variant
+from .model_variants import ModelVariant, parse_model_variant
+from .shapes import Shapes, parse_shapes
 
 
 @dataclass(frozen=True)
@@ -117,8 +28,6 @@ class Matrix:
     variants: tuple[Variant | ModelVariant, ...]
 
     def sku(self, name: str) -> Sku:
-        from ..spec.skus import unknown
-
         if name not in self.skus:
             raise unknown(name, self.skus)
         return self.skus[name]
@@ -127,9 +36,9 @@ class Matrix:
         if not names:
             return list(self.variants)
         by_name = {v.name: v for v in self.variants}
-        unknown = [n for n in names if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown variant(s) {', '.join(unknown)} in {self.path}; known: {', '.join(by_name)}")
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ConfigError(f"unknown variant(s) {', '.join(missing)} in {self.path}; known: {', '.join(by_name)}")
         return [by_name[n] for n in names]
 
 
@@ -140,8 +49,8 @@ def load(path: Path) -> Matrix:
         if key not in ("skus", "shapes", "variants"):
             raise ConfigError(f"{path}: unknown top-level key {key!r}; allowed: skus, shapes, variants")
     skus = parse_skus(src)
-    shapes = {name: _parse_shapes(src, name, table) for name, table in src.data.get("shapes", {}).items()}
-    variants = [_parse_variant(src, i, t, shapes) for i, t in enumerate(src.data.get("variants", []))]
+    shapes = {name: parse_shapes(src, name, table) for name, table in src.data.get("shapes", {}).items()}
+    variants = [_entry(src, i, t, shapes) for i, t in enumerate(src.data.get("variants", []))]
     names = [v.name for v in variants]
     for i, name in enumerate(names):
         if name in names[:i]:
@@ -149,223 +58,8 @@ def load(path: Path) -> Matrix:
     return Matrix(path=Path(path), skus=skus, shapes=shapes, variants=tuple(variants))
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int_list(src: TomlSource, header: str, field: str, value: Any, index: int = 0,
-              minimum: int = 1) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(_is_int(v) for v in value):
-        raise src.fail(header, field, f"expected a non-empty list of integers, got {value!r}", index)
-    if any(v < minimum for v in value):
-        raise src.fail(header, field, f"values must be >= {minimum}, got {value!r}", index)
-    return tuple(value)
-
-
-def _parse_shapes(src: TomlSource, name: str, table: dict[str, Any]) -> Shapes:
-    header = f"[shapes.{name}]"
-    for key in table:
-        if key not in SHAPE_FIELDS:
-            raise src.fail(header, key, f"unknown field; allowed: {', '.join(SHAPE_FIELDS)}")
-    for key in ("batch", "seqlen_q", "heads"):
-        if key not in table:
-            raise src.fail(header, None, f"missing field {key!r}")
-    page_size = table.get("page_size", 128)
-    if not isinstance(page_size, int) or page_size <= 0:
-        raise src.fail(header, "page_size", f"expected a positive integer, got {page_size!r}")
-    return Shapes(
-        name=name,
-        batch=_int_list(src, header, "batch", table["batch"]),
-        seqlen_q=_int_list(src, header, "seqlen_q", table["seqlen_q"]),
-        seqlen_k=_int_list(src, header, "seqlen_k", table["seqlen_k"]) if "seqlen_k" in table else (),
-        heads=_int_list(src, header, "heads", table["heads"]),
-        page_size=page_size,
-    )
-
-
-def _choices(src: TomlSource, i: int, field: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or any(v not in allowed for v in value):
-        raise src.fail("[[variants]]", field, f"got {value!r}; allowed values: {', '.join(allowed)}", i)
-    return tuple(value)
-
-
-def _parse_variant(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[str, Shapes]) -> Any:
-    def fail(field: str | None, msg: str) -> ConfigError:
-        return src.fail("[[variants]]", field, msg, i)
-
+def _entry(src: TomlSource, i: int, table: dict[str, Any], shapes: dict[str, Shapes]) -> Variant | ModelVariant:
+    """The `i`-th [[variants]] entry: a model entry when it names `models`, else one of call features."""
     if "models" in table:
         return parse_model_variant(src, i, table)
-    for key in table:
-        if key not in VARIANT_FIELDS:
-            raise fail(key, f"unknown field; allowed: {', '.join(VARIANT_FIELDS)}")
-    for key in ("name", "passes", "head_dims"):
-        if key not in table:
-            raise fail(None, f"variant #{i + 1} is missing field {key!r}")
-    t = {**DEFAULTS, **table}
-    if not isinstance(t["name"], str) or not t["name"]:
-        raise fail("name", "expected a non-empty string")
-    grid = _grid(fail, t, table, shapes)
-    return Variant(
-        name=t["name"],
-        shapes=grid.name if grid else "",
-        passes=_choices(src, i, "passes", t["passes"], PASSES),
-        head_dims=_head_dims(fail, t["head_dims"]),
-        dtypes=_choices(src, i, "dtypes", t["dtypes"], DTYPES),
-        masks=_choices(src, i, "masks", t["masks"], MASKS),
-        window=_window(fail, t["window"]),
-        gqa=_gqa(fail, t["gqa"], grid.heads if grid else tuple(t.get("heads") or ()), grid.name if grid else "",
-                 by_kv=not grid and t.get("heads_kv") is not None),
-        softcap=_floats(fail, "softcap", t["softcap"]),
-        sink=_bools(fail, t["sink"]),
-        layouts=_choices(src, i, "layouts", t["layouts"], LAYOUTS),
-        num_splits=_int_list(src, "[[variants]]", "num_splits", t["num_splits"], i, minimum=0),
-        archs=_choices(src, i, "archs", t["archs"], ARCHS) if t["archs"] else (),
-        description=str(t["description"]),
-        heads=() if grid else tuple(t.get("heads") or ()),
-        heads_kv=() if grid else tuple(t.get("heads_kv") or ()),
-        page_size=t["page_size"],
-    )
-
-
-def _grid(fail: Any, t: dict[str, Any], table: dict[str, Any], shapes: dict[str, Shapes]) -> Shapes | None:
-    """The variant's shape grid, or None for a shape-complete variant (which then needs `heads`)."""
-    if "shapes" not in t:
-        given = [f for f in ("heads", "heads_kv") if t.get(f) is not None]
-        if len(given) != 1:
-            raise fail(None, "a shape-complete variant (no 'shapes') needs one of field 'heads', the query head "
-                             "counts such as [32, 64], or 'heads_kv', the KV head counts such as [1, 8] (each GQA "
-                             "ratio then runs ratio x heads_kv query heads); or name a shape grid with shapes = "
-                             "\"...\"" + (": not both" if given else ""))
-        heads = t[given[0]]
-        if not isinstance(heads, list) or not heads or not all(_is_int(h) and h >= 1 for h in heads):
-            raise fail(given[0], f"expected a non-empty list of positive integers, got {heads!r}")
-        page = t["page_size"]
-        if not _is_int(page) or page <= 0:
-            raise fail("page_size", f"expected a positive integer, got {page!r}")
-        return None
-    for field in ("heads", "heads_kv", "page_size"):
-        if field in table:
-            raise fail(field, f"comes from the shape grid {t['shapes']!r} here; drop it, or drop 'shapes' to "
-                              "make the variant shape-complete")
-    if not isinstance(t["shapes"], str) or t["shapes"] not in shapes:
-        raise fail("shapes", f"unknown shape grid {t['shapes']!r}; defined: {', '.join(shapes) or 'none'}")
-    return shapes[t["shapes"]]
-
-
-def _head_dims(fail: Any, value: Any) -> tuple[tuple[int, int], ...]:
-    allowed = "64, 96, 128, 192, 256 or a [qk, v] pair such as [192, 128]"
-    if not isinstance(value, list) or not value:
-        raise fail("head_dims", f"expected a non-empty list of {allowed}")
-    out = []
-    for v in value:
-        if isinstance(v, int) and not isinstance(v, bool):
-            out.append((v, v))
-        elif isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
-            out.append((v[0], v[1]))
-        else:
-            raise fail("head_dims", f"bad entry {v!r}; allowed: {allowed}")
-        if any(x <= 0 or x % 8 for x in out[-1]):
-            raise fail("head_dims", f"bad entry {v!r}: head dims are positive multiples of 8")
-    return tuple(out)
-
-
-def _window(fail: Any, value: Any) -> tuple[int, int]:
-    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) and x >= 0 for x in value)):
-        raise fail("window", f"expected [left, right] with non-negative integers, got {value!r}")
-    return value[0], value[1]
-
-
-def _gqa(fail: Any, value: Any, heads: tuple[int, ...], grid: str, by_kv: bool = False) -> tuple[int | str, ...]:
-    if not isinstance(value, list) or not value:
-        raise fail("gqa", "expected a non-empty list of query heads per KV head (1, 2, 4, 8...) or \"mqa\"")
-    for r in value:
-        if r == "mqa":
-            if by_kv:
-                raise fail("gqa", "\"mqa\" needs the query head counts ('heads'), not 'heads_kv': with one KV "
-                                  "head, the ratio is the query head count (write it as a number)")
-            continue
-        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-            raise fail("gqa", f"bad ratio {r!r}; allowed: positive integers or \"mqa\"")
-        bad = [h for h in heads if h % r]
-        if bad:
-            raise fail("gqa", f"ratio {r} does not divide heads {bad}" + (f" of shape grid {grid!r}" if grid else ""))
-    return tuple(value)
-
-
-def _floats(fail: Any, field: str, value: Any) -> tuple[float, ...]:
-    numbers = isinstance(value, list) and all((_is_int(v) or isinstance(v, float)) and v >= 0 for v in value)
-    if not value or not numbers:
-        raise fail(field, f"expected a non-empty list of non-negative numbers, got {value!r}")
-    return tuple(float(v) for v in value)
-
-
-def _bools(fail: Any, value: Any) -> tuple[bool, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, bool) for v in value):
-        raise fail("sink", f"expected a non-empty list of true/false, got {value!r}")
-    return tuple(value)
-
-
-# -- model entries: a [[variants]] entry naming catalog models, TP degrees and workloads -------------------------
-# (owned by the model catalog work; the rest of this file is the shape-grid schema)
-MODEL_VARIANT_FIELDS = ("name", "models", "tp", "workloads", "archs", "description")
-
-
-@dataclass(frozen=True)
-class ModelVariant:
-    """Every signature the named catalog models (["*"]: the whole catalog) run at these TP degrees and workloads."""
-
-    name: str
-    models: tuple[str, ...]
-    tp: tuple[int, ...]
-    workloads: tuple[str, ...]
-    archs: tuple[str, ...] = ()
-    description: str = ""
-
-    def applies_to(self, sku: Sku) -> bool:
-        return not self.archs or sku.arch in self.archs
-
-    @property
-    def complete(self) -> bool:
-        return True  # model signatures are always built for every batch and sequence length
-
-    def model_list(self) -> list[Any]:
-        from . import models
-
-        catalog = models.catalog()
-        return list(catalog.values()) if self.models == ("*",) else [catalog[n] for n in self.models]
-
-    def signatures(self) -> list[Signature]:
-        """Every distinct signature of the models at the TP degrees and workloads (degrees vLLM refuses skipped)."""
-        from . import models
-
-        out: dict[Signature, None] = {}
-        for model in self.model_list():
-            for tp in self.tp:
-                out.update(dict.fromkeys(models.signatures(model, tp, self.workloads)))
-        return list(out)
-
-
-def parse_model_variant(src: TomlSource, i: int, table: dict[str, Any]) -> ModelVariant:
-    """A model entry; raises ConfigError naming file, line, field and the allowed values."""
-    from . import models
-
-    def fail(field: str | None, msg: str) -> ConfigError:
-        return src.fail("[[variants]]", field, msg, i)
-
-    for key in table:
-        if key not in MODEL_VARIANT_FIELDS:
-            raise fail(key, f"unknown field in a model entry; allowed: {', '.join(MODEL_VARIANT_FIELDS)}")
-    if not isinstance(table.get("name"), str) or not table["name"]:
-        raise fail("name", "expected a non-empty string")
-    known = models.catalog()
-    names = table["models"]
-    if not isinstance(names, list) or not names or any(n not in known and n != "*" for n in names):
-        raise fail("models", f"got {names!r}; allowed: [\"*\"] (the whole catalog) or names from `fa4-aot models`")
-    tp = _int_list(src, "[[variants]]", "tp", table.get("tp", [1]), i)
-    workloads = _choices(src, i, "workloads", table.get("workloads", list(models.WORKLOADS)), models.WORKLOADS)
-    archs = table.get("archs", [])
-    return ModelVariant(
-        name=table["name"], models=("*",) if "*" in names else tuple(names), tp=tp, workloads=workloads,
-        archs=_choices(src, i, "archs", archs, ARCHS) if archs else (),
-        description=str(table.get("description", "")),
-    )
+    return parse_variant(src, i, table, shapes)

@@ -17,9 +17,11 @@ from typing import Any
 
 from .. import config
 from ..errors import Fa4AotError, KernelMissing
-from ..spec import hosts, skus
+from ..spec import hosts, sku_table
+from ..spec.devices import detect_device
+from ..spec.matching import select
 from ..spec.signature import Signature
-from ..spec.skus import Constants, Sku, detect_device, select
+from ..spec.skus import Constants, Sku
 from ..store import Store, recipes
 from ..trust.policy import Trust
 from . import misses, replay
@@ -56,7 +58,7 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
     store = Store(cache_dir or config.default_cache_dir())
     found = _runtimes.get(store.root)
     if found is None:
-        table = skus.table(config.default_variants_file())
+        table = sku_table.table(config.default_variants_file())
         sku, constants, _trace = select(table, detect_device(), forced=os.environ.get("FA4_AOT_SKU"),
                                         cpu=hosts.detect())
         remote = None

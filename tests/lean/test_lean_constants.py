@@ -1,6 +1,6 @@
 """The lean runtime after issue 13: a kernel that consumed SKU constants is filed under its base key (the
 signpost, which holds the first build's object) and its full key; the lean runtime's libraries must come from
-the build with the device's constants (skus.select's), never from the signpost of another SKU's build."""
+the build with the device's constants (matching.select's), never from the signpost of another SKU's build."""
 
 from __future__ import annotations
 

@@ -205,7 +205,7 @@ def test_skus_show_where_each_figure_comes_from(tmp_path: Path) -> None:
     (["# --- SKUs.", "[skus.a]", "arch = 1", "[skus.b] # inline", "x = 1"], {"a": "", "b": ""}),
 ])
 def test_sku_sources_table(lines: list[str], expected: dict[str, str]) -> None:
-    from fa4_aot.spec.skus import sources
+    from fa4_aot.spec.sku_table import sources
 
     assert sources(lines) == expected
 

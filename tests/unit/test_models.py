@@ -245,10 +245,11 @@ SKUS = '[skus.h200]\narch = "sm_90a"\nsm_count = 132\nl2_bytes = 62914560\ncuda_
 
 def test_default_matrix_covers_the_catalog_at_tp_1_2_4_8_for_every_workload() -> None:
     from fa4_aot.matrix import variants
+    from fa4_aot.matrix.model_variants import ModelVariant
     from tests.conftest import ROOT
 
     matrix = variants.load(ROOT / "variants.toml")
-    [entry] = [v for v in matrix.variants if isinstance(v, variants.ModelVariant)]
+    [entry] = [v for v in matrix.variants if isinstance(v, ModelVariant)]
     assert entry.models == ("*",) and entry.tp == (1, 2, 4, 8) and entry.workloads == models.WORKLOADS
     sigs = set(entry.signatures())
     for model in models.catalog().values():
@@ -261,12 +262,13 @@ def test_default_matrix_covers_the_catalog_at_tp_1_2_4_8_for_every_workload() ->
 
 def test_model_entry_names_models_tp_and_workloads(tmp_path: Path) -> None:
     from fa4_aot.matrix import variants
+    from fa4_aot.matrix.model_variants import ModelVariant
 
     path = tmp_path / "v.toml"
     path.write_text(SKUS + '[[variants]]\nname = "m"\nmodels = ["llama-3.1-70b", "bert-base"]\ntp = [8]\n'
                     'workloads = ["train"]\n')
     [entry] = variants.load(path).variants
-    assert isinstance(entry, variants.ModelVariant) and entry.complete
+    assert isinstance(entry, ModelVariant) and entry.complete
     # llama-3.1-70b at tp 8 (dense and varlen backward); bert-base is refused at tp 8 (12 heads)
     assert {(s.layout, s.heads_q, s.heads_kv) for s in entry.signatures()} == {("dense", 8, 1), ("varlen", 8, 1)}
 

@@ -12,7 +12,9 @@ import pytest
 from fa4_aot.errors import ConfigError, HostMismatch, UnknownSku
 from fa4_aot.matrix import variants
 from fa4_aot.spec import hosts
-from fa4_aot.spec.skus import MIB, Constants, DeviceInfo, Sku, l2_budgets, select
+from fa4_aot.spec.devices import DeviceInfo
+from fa4_aot.spec.matching import select
+from fa4_aot.spec.skus import MIB, Constants, Sku, l2_budgets
 from tests.conftest import assert_located
 
 ROOT = Path(__file__).resolve().parents[2]
