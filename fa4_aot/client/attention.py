@@ -29,24 +29,11 @@ class AttentionFn:
             return fa4.attend(self.call, q, k, v, **kwargs)
 
 
-def prepare(
-    q_shape: tuple[int, int, int, int],
-    k_shape: tuple[int, int, int, int] | None = None,
-    *,
-    causal: bool = False,
-    dtype: Any = None,
-    window_size: tuple[int | None, int | None] = (None, None),
-    softcap: float = 0.0,
-    learnable_sink: bool = False,
-    num_splits: int = 1,
-    layout: str = "dense",
-    page_size: int = 0,
-    training: bool = False,
-    deterministic: bool = False,
-    return_lse: bool = False,
-    mode: str | None = None,
-    cache_dir: Path | None = None,
-) -> AttentionFn:
+def prepare(q_shape: tuple[int, int, int, int], k_shape: tuple[int, int, int, int] | None = None, *,
+            causal: bool = False, dtype: Any = None, window_size: tuple[int | None, int | None] = (None, None),
+            softcap: float = 0.0, learnable_sink: bool = False, num_splits: int = 1, layout: str = "dense",
+            page_size: int = 0, training: bool = False, deterministic: bool = False, return_lse: bool = False,
+            mode: str | None = None, cache_dir: Path | None = None) -> AttentionFn:
     """Load every kernel FA4 needs for this signature, then return a callable with FA4's semantics.
 
     q_shape is (batch, seqlen_q, heads, head_dim) and k_shape (batch, seqlen_k, heads_kv, head_dim_v)
@@ -64,6 +51,14 @@ def prepare(
                      training=training, deterministic=deterministic, return_lse=return_lse)
     current = installed()
     inst = install(mode or (current.mode if current else "strict"), cache_dir=cache_dir)
+    return AttentionFn(call, inst, _load(call, inst))
+
+
+def _load(call: Call, inst: Installation) -> list[str]:
+    """The kernel keys of every kernel FA4 plans for `call`, after fetching those the store lacks (FETCH_THREADS at a
+    time) and then loading each through FA4 on a GPU, or checking its object verified and trusted on disk without
+    one; a kernel still absent is recorded as a miss, and in strict mode raises KernelMissing (see
+    Installation.object_for)."""
     needed = fa4.plan(call)
     kernel_keys = [inst.kernel_key(family, key) for (family, _), key in needed.items()]
     absent = [kk for kk in kernel_keys if not inst.store.has_entry(kk)]
@@ -74,4 +69,4 @@ def prepare(
                 fa4.lookup(family, key)  # loads, or raises/records the miss
             else:
                 inst.object_for(family, key)  # verified and trusted on disk, or raises/records the miss
-    return AttentionFn(call, inst, kernel_keys)
+    return kernel_keys

@@ -26,13 +26,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..spec.signature import Signature
 from . import replay, runner
+from .call_args import refuse, signature, varlen_form
 
-_UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors", "aux_scalars",
-                "block_sparse_tensors", "block_sparse_tensors_bwd", "pack_gqa", "seqused_q", "min_seqlen_k",
-                "scheduler_metadata", "seqlen_k_per_split")
-_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
 # Forward-only calls none of whose inputs requires grad (inference, decode): the bound plan by all that planning reads
 # (shapes, dtype, device, flags, max lengths, scale), so that a repeated call goes from its arguments straight to
 # FA4's allocation and launch
@@ -62,18 +58,6 @@ def _torch() -> Any:
 _modules: list[Any] = []
 
 
-def _refuse(extra: dict[str, Any]) -> None:
-    given = [k for k, v in extra.items() if v not in (None, False, 0, ())]
-    unknown = [k for k in given if k not in _UNSUPPORTED and k not in ("disable_scheduler_metadata",
-                                                                          "gather_bwd_recompute_p",
-                                                                          "gather_bwd_token_chunk")]
-    if unknown:
-        raise TypeError(f"unexpected argument(s) {', '.join(unknown)}")
-    if given:
-        raise runner.Unsupported(f"the lean runtime has no recipe for {', '.join(given)}; call FA4 itself after "
-                               "fa4_aot.install() for these")
-
-
 def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: Any, softcap: float,
                learnable_sink: Any, num_splits: int, deterministic: bool, return_lse: bool) -> runner.Attention:
     """The Attention of this call's signature (cached per flags; paged: the page size is k's dimension 1)."""
@@ -101,40 +85,6 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
     return found
 
 
-def signature(layout: str, dtype: str, heads_q: int, head_dim: int, heads_kv: int, head_dim_v: int, *,
-              causal: bool = False, window_size: Any = (None, None), softcap: float = 0.0, sink: bool = False,
-              num_splits: int = 1, training: bool = False, deterministic: bool = False,
-              return_lse: bool = False, page_size: int = 0) -> Signature:
-    """The Signature (as the planner records it) of a call with these arguments. Raises ValueError for
-    arguments FA4 takes but no recipe can describe (a half-open window, a dtype other than bf16/fp16)."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype} is not supported: FA4 kernels here are bf16 or fp16")
-    mask, window = _mask_and_window(bool(causal), tuple(window_size))
-    return Signature(
-        layout=layout,
-        pass_=("bwd_det" if deterministic else "bwd") if training else ("fwd_lse" if return_lse else "fwd"),
-        dtype=_DTYPES[dtype], head_dim=head_dim, head_dim_v=head_dim_v, mask=mask, window=window,
-        softcap=float(softcap or 0.0), sink=sink, num_splits=num_splits, heads_q=heads_q, heads_kv=heads_kv,
-        page_size=page_size if layout == "paged" else 0)
-
-
-def _mask_and_window(causal: bool, window_size: tuple[Any, Any]) -> tuple[str, tuple[int, int]]:
-    """The mask and window FA4 runs for `causal` and `window_size`, read as its interface reads them
-    (_resolve_causal_local_window): two negative sides are no window, causal sets the right side to 0, and
-    (None, 0) is causal; any other window is local, so a causal call with a window is a local one (issue 17:
-    reading it as causal dropped the window). Raises ValueError for a half-open local window."""
-    left, right = window_size
-    if left is not None and right is not None and left < 0 and right < 0:
-        left = right = None
-    if causal:
-        right = 0
-    if left is None and right in (None, 0):
-        return ("full" if right is None else "causal"), (0, 0)
-    if left is None or right is None:
-        raise ValueError(f"window_size={window_size}: give both sides as integers for a local window")
-    return "local", (int(left), int(right))
-
-
 def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, causal: bool = False,
                     window_size: Any = (None, None), learnable_sink: Any = None, softcap: float = 0.0,
                     num_splits: int = 1, deterministic: bool = False, return_lse: bool = False,
@@ -142,7 +92,7 @@ def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, 
     """flash_attn.cute.flash_attn_func on the lean runtime: returns (out, lse); lse is None unless the call
     trains or return_lse."""
     if extra:
-        _refuse(extra)
+        refuse(extra)
     tensors = {"q": q, "k": k, "v": v}
     key = None
     if learnable_sink is None and not (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -155,9 +105,7 @@ def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, 
     attn = _attention("dense", q, k, v, causal, window_size, softcap, learnable_sink, num_splits, deterministic,
                       return_lse)
     sizes = {"batch": q.shape[0], "seqlen_q": q.shape[1], "seqlen_k": k.shape[1]}
-    if learnable_sink is not None:
-        tensors["learnable_sink"] = learnable_sink
-    return _remember(key, attn, sizes, dict(tensors), softmax_scale)
+    return _remember(key, attn, sizes, tensors, learnable_sink, softmax_scale)
 
 
 def _planned(key: tuple[Any, ...], tensors: dict[str, Any]) -> tuple[Any, Any] | None:
@@ -175,9 +123,10 @@ def _planned(key: tuple[Any, ...], tensors: dict[str, Any]) -> tuple[Any, Any] |
 
 
 def _remember(key: tuple[Any, ...] | None, attn: runner.Attention, sizes: dict[str, int], tensors: dict[str, Any],
-              scale: float | None) -> tuple[Any, Any]:
-    """Run the call through the planning path (runner.run); with a `key` (a forward-only call without grad), keep
-    its bound plan for the next call with that key."""
+              learnable_sink: Any, scale: float | None) -> tuple[Any, Any]:
+    """Run the call through the planning path (runner.run, on its own copy of `tensors`, with the sink if any);
+    with a `key` (a forward-only call without grad), keep its bound plan for the next call with that key."""
+    tensors = dict(tensors) if learnable_sink is None else {**tensors, "learnable_sink": learnable_sink}
     result = runner.run(attn, sizes, tensors, scale)
     if key is not None:
         bound = attn.bound(sizes, tensors["q"].device, scale)
@@ -190,19 +139,17 @@ def _remember(key: tuple[Any, ...] | None, attn: runner.Attention, sizes: dict[s
 
 
 def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
-                           max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                           seqused_k: Any = None, page_table: Any = None,
-                           softmax_scale: float | None = None, causal: bool = False,
+                           max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, seqused_k: Any = None,
+                           page_table: Any = None, softmax_scale: float | None = None, causal: bool = False,
                            window_size: Any = (None, None), learnable_sink: Any = None, softcap: float = 0.0,
                            num_splits: int = 1, deterministic: bool = False, return_lse: bool = False,
                            **extra: Any) -> tuple[Any, Any]:
-    """flash_attn.cute.flash_attn_varlen_func on the lean runtime, for three forms of call: varlen
-    (cu_seqlens_q/k and integer max_seqlen_q/k, the sizes FA4's dispatch reads), seqused (q, k, v as
-    (batch, seqlen, heads, dim) with seqused_k) and paged (q as (batch, seqlen_q, heads, dim), k and v as
-    (num_pages, page_size, heads, dim) pools, page_table and seqused_k); max_seqlen_q/k are optional for the
-    last two, as in FA4."""
+    """flash_attn.cute.flash_attn_varlen_func on the lean runtime, for three forms of call: varlen (cu_seqlens_q/k
+    and integer max_seqlen_q/k, the sizes FA4's dispatch reads), seqused (q, k, v as (batch, seqlen, heads, dim)
+    with seqused_k) and paged (q as (batch, seqlen_q, heads, dim), k and v as (num_pages, page_size, heads, dim)
+    pools, page_table and seqused_k); max_seqlen_q/k are optional for the last two, as in FA4."""
     if extra:
-        _refuse(extra)
+        refuse(extra)
     tensors = {"q": q, "k": k, "v": v}
     if cu_seqlens_q is not None:
         tensors["cu_seqlens_q"] = cu_seqlens_q
@@ -218,65 +165,16 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any = None, cu_
                _shape(seqused_k), q.dtype, q.device, max_seqlen_q, max_seqlen_k, causal, window_size, softcap,
                num_splits, deterministic, return_lse, softmax_scale)
         if q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and (
-                page_table is None or page_table.stride(-1) == 1):
-            found = _planned(key, tensors)
-            if found is not None:
-                return found
-    layout = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table)
-    if layout == "varlen":
-        if not isinstance(max_seqlen_q, int) or not isinstance(max_seqlen_k, int):
-            raise runner.Unsupported("the lean varlen path needs integer max_seqlen_q/k (the sizes FA4's dispatch "
-                                   "reads); call FA4 after fa4_aot.install() for tensor or missing max lengths")
-        sizes = {"batch": cu_seqlens_q.shape[0] - 1, "total_q": q.shape[0], "total_k": k.shape[0],
-                 "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k}
-    else:
-        sizes = _decode_sizes(layout, q, k, page_table, max_seqlen_q, max_seqlen_k)
-    if learnable_sink is not None:
-        tensors["learnable_sink"] = learnable_sink
+                page_table is None or page_table.stride(-1) == 1) and (found := _planned(key, tensors)) is not None:
+            return found
+    layout, sizes = varlen_form(tensors, max_seqlen_q, max_seqlen_k)
     attn = _attention(layout, q, k, v, causal, window_size, softcap, learnable_sink, num_splits, deterministic,
                       return_lse)
-    return _remember(key, attn, sizes, dict(tensors), softmax_scale)
+    return _remember(key, attn, sizes, tensors, learnable_sink, softmax_scale)
 
 
 def _shape(t: Any) -> Any:
     return None if t is None else t.shape
-
-
-def _varlen_layout(q: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, seqused_k: Any, page_table: Any) -> str:
-    """Which recorded layout a flash_attn_varlen_func call has; runner.Unsupported for other combinations."""
-    if cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is not None and q.dim() == 4:
-        return "seqused" if page_table is None else "paged"
-    if cu_seqlens_q is not None and cu_seqlens_k is not None and seqused_k is None and page_table is None:
-        return "varlen"
-    given = tuple(name for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
-                                       ("seqused_k", seqused_k), ("page_table", page_table)) if t is not None)
-    forms = {("cu_seqlens_q", "cu_seqlens_k"): "varlen", ("seqused_k",): "seqused",
-             ("seqused_k", "page_table"): "paged"}
-    layout = forms.get(given)
-    if layout is None or (layout != "varlen" and q.dim() != 4):
-        raise runner.Unsupported(
-            f"the lean runtime has recipes for varlen (cu_seqlens_q and cu_seqlens_k), seqused (4-d q, k, v with "
-            f"seqused_k) and paged (4-d q, page_table and seqused_k) calls, not for {' + '.join(given) or 'none'} "
-            f"with a {q.dim()}-d q; call FA4 after fa4_aot.install() for this one")
-    return layout
-
-
-def _decode_sizes(layout: str, q: Any, k: Any, page_table: Any, max_seqlen_q: int | None,
-                  max_seqlen_k: int | None) -> dict[str, int]:
-    """The recipe sizes of a seqused or paged call; a max length left out is FA4's default for it."""
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if value is not None and not isinstance(value, int):
-            raise runner.Unsupported(f"{name} must be an int or None on the lean runtime (FA4 reads it on the "
-                                   "host); call FA4 after fa4_aot.install() for a tensor")
-    batch, seqlen_q = q.shape[0], q.shape[1]
-    if layout == "seqused":
-        return {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": k.shape[1],
-                "max_seqlen_q": seqlen_q if max_seqlen_q is None else max_seqlen_q,
-                "max_seqlen_k": k.shape[1] if max_seqlen_k is None else max_seqlen_k}
-    pages = page_table.shape[1]
-    return {"batch": batch, "seqlen_q": seqlen_q, "num_pages": k.shape[0], "pages_per_seq": pages,
-            "max_seqlen_q": seqlen_q if max_seqlen_q is None else max_seqlen_q,
-            "max_seqlen_k": pages * k.shape[1] if max_seqlen_k is None else max_seqlen_k}
 
 
 class Loaded:

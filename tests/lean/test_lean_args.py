@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import fa4_aot
-from fa4_aot.runtime import api, runner
+from fa4_aot.runtime import api, call_args, runner
 
 
 def _qkv(grad: bool = False):
@@ -62,13 +62,13 @@ def test_seqused_and_paged_sizes_default_as_fa4() -> None:
     q, k, _v = _qkv()
     table = torch.zeros(1, 5, dtype=torch.int32)
     pool = torch.zeros(40, 16, 2, 64)
-    assert api._decode_sizes("seqused", q, k, None, None, None) == {
+    assert call_args.decode_sizes("seqused", q, k, None, None, None) == {
         "batch": 1, "seqlen_q": 128, "seqlen_k": 128, "max_seqlen_q": 128, "max_seqlen_k": 128}
-    assert api._decode_sizes("paged", q, pool, table, None, 70) == {
+    assert call_args.decode_sizes("paged", q, pool, table, None, 70) == {
         "batch": 1, "seqlen_q": 128, "num_pages": 40, "pages_per_seq": 5, "max_seqlen_q": 128, "max_seqlen_k": 70}
-    assert api._decode_sizes("paged", q, pool, table, None, None)["max_seqlen_k"] == 5 * 16
+    assert call_args.decode_sizes("paged", q, pool, table, None, None)["max_seqlen_k"] == 5 * 16
     with pytest.raises(runner.Unsupported, match="max_seqlen_k must be an int"):
-        api._decode_sizes("paged", q, pool, table, None, torch.tensor(3))
+        call_args.decode_sizes("paged", q, pool, table, None, torch.tensor(3))
 
 
 def test_decode_signatures_are_the_planners() -> None:
