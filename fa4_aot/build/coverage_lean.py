@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from ..runtime import replay
 from ..spec import probes, recipe_space
 from ..spec.calls import Call
+from ..spec.recipe_format import HEADS, SIZE_NAMES, sizes_of_call
+from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..store import Store, recipes
@@ -48,15 +48,15 @@ class Regions:
 
     def __init__(self, store: Store, sku: Sku) -> None:
         self.store, self.sku = store, sku
-        self._files: dict[str, list[dict[str, Any]]] = {}
+        self._files: dict[str, list[Region]] = {}
 
-    def regions(self, sig: Signature) -> list[dict[str, Any]]:
+    def regions(self, sig: Signature) -> list[Region]:
         """Every region the lean runtime reads for `sig`, in its order (StoreError for a refused file)."""
         found = []
         for key, forward in recipes.sources(sig, self.sku):
             if key not in self._files:
                 self._files[key] = recipes.load(self.store, key)
-            found += [replay.forward_part(r) if forward else r for r in self._files[key]]
+            found += [r.forward_part() if forward else r for r in self._files[key]]
         return found
 
     def of_call(self, call: Call) -> Lookup:
@@ -64,8 +64,8 @@ class Regions:
         refused = unsupported(sig, self.sku)
         if refused:
             return Lookup((), unsupported=refused)
-        sizes = {**replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
-                 replay.HEADS: call.heads_kv}
+        sizes = {**sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
+                 HEADS: call.heads_kv}
         regions = self.regions(sig)
         region = recipes.find(regions, sizes)
         if region is None:
@@ -82,10 +82,10 @@ class Regions:
                 return Lookup((), unsupported=refused)
             regions = self.regions(each)
             points = recipe_space.draw(recipe_space.space(each, self.sku), np.random.default_rng(SEED), POINTS)
-            points[replay.HEADS][:] = each.heads_kv  # the signature's own head count, as FA4's plan of it
+            points[HEADS][:] = each.heads_kv  # the signature's own head count, as FA4's plan of it
             open_ = np.ones(POINTS, dtype=bool)
             for region in regions:
-                held = recipe_space.covered(region["guards"], points) & open_
+                held = recipe_space.covered(region.guards, points) & open_
                 if held.any():
                     kernels.update(dict.fromkeys(_kernels(region)))
                     open_ &= ~held
@@ -98,7 +98,7 @@ class Regions:
 
 def unsupported(sig: Signature, sku: Sku) -> str:
     """What the lean runtime refuses about `sig` on `sku` whatever the store holds ('' when nothing)."""
-    if sig.layout not in replay.SIZE_NAMES:
+    if sig.layout not in SIZE_NAMES:
         return f"the lean runtime has no recipes for layout {sig.layout!r}"
     if sig.num_splits > 1 and sku.arch == "sm_90a":
         return f"num_splits={sig.num_splits}: FA4 has no split-KV kernels for sm_90 (runtime.runner.Unsupported)"
@@ -118,8 +118,8 @@ def held(store: Store, sku: Sku) -> Callable[[str], bool]:
     return has
 
 
-def _kernels(region: dict[str, Any]) -> tuple[Kernel, ...]:
-    return tuple((k["family"], k["kernel_key"]) for k in region["kernels"])
+def _kernels(region: Region) -> tuple[Kernel, ...]:
+    return tuple((k.family, k.kernel_key) for k in region.kernels)
 
 
 def _fields(sizes: dict[str, int]) -> str:

@@ -22,9 +22,10 @@ import numpy as np
 
 from .. import fa4
 from ..errors import DiskFull
-from ..runtime import replay
-from ..spec import kernel_keys, probes, recipe_format, recipe_space
+from ..spec import kernel_keys, probes, recipe_space
 from ..spec.calls import Call
+from ..spec.recipe_format import HEADS, SIZE_NAMES, sizes_of_call
+from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..store import Store, recipes
@@ -62,15 +63,15 @@ def shared_libs(worker: dict[str, Any], data: bytes) -> dict[str, Any]:
     return {host.arch: {"digest": worker["objects"].put_object(lib), "size": len(lib), "needs": needs}}
 
 
-def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[dict[str, Any]]]) -> None:
+def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[Region]]) -> None:
     """Record the recipe region of `call` into `recorded` unless one recorded here or in the store covers it (the
     file is by GQA ratio: a region recorded for other head counts of the ratio may cover it)."""
-    if call.layout not in replay.SIZE_NAMES:
+    if call.layout not in SIZE_NAMES:
         return
     sig = Signature.of(call)
     known = _known(worker, recipes.recipe_key(sig, worker["sku"]))
-    sizes = {**replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
-             replay.HEADS: call.heads_kv}
+    sizes = {**sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
+             HEADS: call.heads_kv}
     if recipes.find(known, sizes) is None:
         _record(worker, sig, sizes, recorded)
 
@@ -85,7 +86,7 @@ class Explored:
     refused: tuple[str, ...]
 
 
-def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[dict[str, Any]]],
+def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[Region]],
             first: Sequence[dict[str, int]] = ()) -> Explored:
     """Record regions of `sig` until they cover its whole size space (recipe_space.space): points are drawn in
     rounds of ROUND; at each point no region covers, FA4 is recorded there (a region holding exactly where FA4
@@ -94,7 +95,7 @@ def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[dic
     to 160,000 points: 300,000 covered points in a row).
     `first`: sizes to record at before drawing (a call's own). Regions already in the store (or recorded for
     other head counts of the GQA ratio) count, so a rebuild records only what is missing."""
-    if sig.layout not in replay.SIZE_NAMES:
+    if sig.layout not in SIZE_NAMES:
         return Explored(0, 0, ())
     sku = worker["sku"]
     known = _known(worker, recipes.recipe_key(sig, sku))
@@ -102,20 +103,20 @@ def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[dic
     rng = np.random.default_rng(int(hashlib.sha256(kernel_keys.dumps(sig.to_dict()).encode()).hexdigest()[:15], 16))
     before, judged, clean = len(known), 0, 0
     refused: dict[str, list[Any]] = {}  # FA4's refusal -> the guards under which it refuses (not stored)
-    seeds = [{replay.HEADS: sig.heads_kv, **p} for p in first]
+    seeds = [{HEADS: sig.heads_kv, **p} for p in first]
     corners: dict[str, Any] | None = recipe_space.corners(sp)
     while clean < CLEAN_ROUNDS:
         count = ROUND << clean  # a round after a clean one is twice as large
         points = _with_seeds(corners or recipe_space.draw(sp, rng, count, {n: _hints(known) for n in sp.names}),
                              seeds)
-        seeds, corners, judged = [], None, judged + len(points[replay.HEADS])
-        open_ = ~(_covered(known, points) | _covered([{"guards": g} for g in refused.values()], points))
+        seeds, corners, judged = [], None, judged + len(points[HEADS])
+        open_ = ~(_covered([r.guards for r in known], points) | _covered(list(refused.values()), points))
         clean = clean + 1 if not open_.any() else 0
         while open_.any():
             at = recipe_space.point(points, int(np.argmax(open_)))
             open_[int(np.argmax(open_))] = False
             try:
-                guards = _record(worker, sig, at, recorded)["guards"]
+                guards = _record(worker, sig, at, recorded).guards
             except Exception as e:  # FA4 refuses these sizes: so does FA4 at run time; go on with the others
                 guards = getattr(e, "guards", None) or [_only(at)]
                 refused[f"{at}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"] = guards
@@ -141,33 +142,33 @@ def _with_seeds(points: dict[str, Any], seeds: list[dict[str, int]]) -> dict[str
     return {n: np.concatenate([np.array([s[n] for s in seeds], dtype=np.int64), v]) for n, v in points.items()}
 
 
-def _covered(regions: list[dict[str, Any]], points: dict[str, Any]) -> Any:
-    found = np.zeros(len(points[replay.HEADS]), dtype=bool)
-    for region in regions:
-        found |= recipe_space.covered(region["guards"], points)
+def _covered(guard_lists: list[list[Any]], points: dict[str, Any]) -> Any:
+    """Which of `points` some guard list holds at."""
+    found = np.zeros(len(points[HEADS]), dtype=bool)
+    for guards in guard_lists:
+        found |= recipe_space.covered(guards, points)
     return found
 
 
-def _hints(regions: list[dict[str, Any]]) -> set[int]:
-    return recipe_space.constants(g for r in regions for g in r["guards"])
+def _hints(regions: list[Region]) -> set[int]:
+    return recipe_space.constants(g for r in regions for g in r.guards)
 
 
-def _known(worker: dict[str, Any], key: str) -> list[dict[str, Any]]:
+def _known(worker: dict[str, Any], key: str) -> list[Region]:
     """The regions under `key` recorded in this worker or in the store with this toolchain (kept per worker)."""
-    known: dict[str, list[dict[str, Any]]] = worker.setdefault("regions", {})
+    known: dict[str, list[Region]] = worker.setdefault("regions", {})
     if key not in known:
         store = worker["store"]
         stored = recipes.load(store, key) if store is not None else []  # Ray workers have no store
-        known[key] = [r for r in stored if r.get("toolchain") == worker["tools"]]
+        known[key] = [r for r in stored if r.toolchain == worker["tools"]]
     return known[key]
 
 
 def _record(worker: dict[str, Any], sig: Signature, sizes: dict[str, int],
-            recorded: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+            recorded: dict[str, list[Region]]) -> Region:
     key = recipes.recipe_key(sig, worker["sku"])
-    region = fa4.record_recipe(sig, sizes, worker["sku"])
-    recipe_format.check_region(region)  # what clients would refuse is a failure here, never a stored file
-    if not replay.covers(region, {replay.HEADS: sig.heads_kv, **sizes}):
+    region = fa4.record_recipe(sig, sizes, worker["sku"])  # parsed: what clients would refuse fails here
+    if not region.holds({HEADS: sig.heads_kv, **sizes}):
         raise ValueError(f"the region recorded at {sizes} does not hold there (a recorder fault)")
     _known(worker, key).append(region)
     recorded.setdefault(key, []).append(region)
@@ -175,21 +176,21 @@ def _record(worker: dict[str, Any], sig: Signature, sizes: dict[str, int],
 
 
 def record_work(worker: dict[str, Any], work: list[tuple[str, Call | Signature]], kernels: list[tuple[Any, ...]],
-                failures: list[tuple[int, str]], one_line: Any) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+                failures: list[tuple[int, str]], one_line: Any) -> tuple[dict[str, list[Region]], list[str]]:
     """(regions recorded, errors) for the work items FA4 accepted (not in `failures`): each item's signature
     explored over its whole size space (`explore`; a Call's own sizes first), and for a training signature its
     forward without LSE too (the kernels complete.py plans for it), so a forward-only call is served wherever
     training is. `kernels` (worker.plan_calls's) is not read: where regions are recorded no longer depends on
     the calls the planner chose."""
     rejected = {i for i, _error in failures}
-    recorded: dict[str, list[dict[str, Any]]] = {}
+    recorded: dict[str, list[Region]] = {}
     errors: list[str] = []
     done: set[Signature] = set()
     for i, (_label, item) in enumerate(work):
         if i in rejected:
             continue
         sig = Signature.of(item) if isinstance(item, Call) else item
-        first = [replay.sizes_of_call(item.layout, item.batch, item.seqlen_q, item.seqlen_k, item.page_size)] \
+        first = [sizes_of_call(item.layout, item.batch, item.seqlen_q, item.seqlen_k, item.page_size)] \
             if isinstance(item, Call) else []
         for each in (sig, *probes.forward_of(sig)):
             if each in done:
@@ -240,7 +241,7 @@ def unlinked(store: Store, base_keys: list[str], sku: Sku) -> list[str]:
     return [e.kernel_key for e in entries if e is not None and not store.has_library(e, sku.host_target.arch)]
 
 
-def save(store: Store, recorded: dict[str, list[dict[str, Any]]]) -> int:
+def save(store: Store, recorded: dict[str, list[Region]]) -> int:
     """Merge recorded regions into the store's recipe files; the number of regions recorded."""
     for key, regions in recorded.items():
         recipes.merge(store, key, regions)

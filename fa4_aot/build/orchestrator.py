@@ -20,6 +20,7 @@ from ..matrix.model_variants import ModelVariant
 from ..matrix.variants import Matrix
 from ..spec.calls import Call
 from ..spec.exact import ExactCall
+from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..store import Store
@@ -172,7 +173,7 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
     n = max(1, min(ex.plan_chunks(len(work)), len(work)))
     offsets = [list(range(i, len(work), n)) for i in range(n)]
     planned: dict[str, Kernel] = {}
-    recorded: dict[str, list[dict[str, Any]]] = {}
+    recorded: dict[str, list[Region]] = {}
     chunks = [[work[i] for i in chunk] for chunk in offsets]
     # a dry run plans only: recording the lean runtime's recipes replays FA4 per planned call, which costs more
     done = 0

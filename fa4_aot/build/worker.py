@@ -26,6 +26,7 @@ from ..errors import DiskFull
 from ..spec import kernel_keys
 from ..spec.calls import Call
 from ..spec.exact import ExactCall
+from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..store import Entry, Store
@@ -65,7 +66,7 @@ class PlanOut(NamedTuple):
 
     kernels: list[Kernel]
     rejected: list[Rejected]
-    regions: dict[str, list[dict[str, Any]]]  # recorded recipe regions {recipe key: regions}; {} unless asked
+    regions: dict[str, list[Region]]  # recorded recipe regions {recipe key: regions}; {} unless asked
     lean_failures: list[str]  # recipes the lean runtime will lack, and why
 
 

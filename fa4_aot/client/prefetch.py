@@ -30,9 +30,10 @@ from ..config import host_arch
 from ..errors import Fa4AotError
 from ..matrix import models, modelwork
 from ..remote import lean_files
-from ..runtime import misses, replay
+from ..runtime import misses
 from ..runtime.fetch import Fetcher
 from ..spec import kernel_keys
+from ..spec.region import KernelUse, Region
 from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku
 from ..store import Miss, Store
@@ -121,15 +122,15 @@ def run(store: Store, remote: Remote, sku: Sku, model: models.Model, tps: tuple[
         labels.setdefault(item.signature, item.label)
     result.signatures = len(labels)
     listed = remote.recipes(sku.name)
-    wanted: dict[str, tuple[dict[str, Any], Signature]] = {}  # base key -> (the region's kernel, its signature)
+    wanted: dict[str, tuple[KernelUse, Signature]] = {}  # base key -> (the region's kernel, its signature)
     for sig, label in labels.items():
         regions = _regions(store, remote, sku, sig, listed, trust, result)
         if regions is None:
             result.unbuilt.append(label)
             _report(remote, misses.miss_of(_call(sig), sku.name), result)
         for region in regions or []:
-            for k in region["kernels"]:
-                wanted.setdefault(k["kernel_key"], (k, sig))
+            for k in region.kernels:
+                wanted.setdefault(k.kernel_key, (k, sig))
     result.kernels = len(wanted)
     fetcher = Fetcher(remote, trust, store)
     _fetch(store, remote, fetcher, sku, list(wanted), constants or sku.constants(), result)
@@ -137,13 +138,13 @@ def run(store: Store, remote: Remote, sku: Sku, model: models.Model, tps: tuple[
         if store.get_entry(key) is None:
             result.missing.append(key)
             k, sig = wanted[key]
-            _report(remote, Miss(kernel_key=key, family=k["family"], compile_key=k["compile_key"], sku=sku.name,
+            _report(remote, Miss(kernel_key=key, family=k.family, compile_key=k.compile_key, sku=sku.name,
                                  call=_call(sig).to_dict()), result)
     return result
 
 
 def _regions(store: Store, remote: Remote, sku: Sku, sig: Signature, listed: dict[str, str], trust: Trust,
-             result: Prefetched) -> list[dict[str, Any]] | None:
+             result: Prefetched) -> list[Region] | None:
     """The regions of the first file that serves `sig` (its own, else a training file's forward part), fetched
     when the server lists other bytes than the store holds; None when neither holds one."""
     for key, forward in recipe_store.sources(sig, sku):
@@ -157,7 +158,7 @@ def _regions(store: Store, remote: Remote, sku: Sku, sig: Signature, listed: dic
                 continue
         regions = recipe_store.load(store, key, trust.check_recipe)
         if regions:
-            return [replay.forward_part(r) if forward else r for r in regions]
+            return [r.forward_part() if forward else r for r in regions]
     return None
 
 

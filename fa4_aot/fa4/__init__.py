@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ..spec.calls import Call
     from ..spec.exact import ExactCall
     from ..spec.hosts import HostTarget
+    from ..spec.region import Region
     from ..spec.signature import Signature
     from ..spec.skus import Sku
     from .caches import KernelSource
@@ -161,7 +162,7 @@ def attend(call: Call, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
 
 
 def record_recipe(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True,
-                  defaults: tuple[str, ...] = ()) -> dict[str, Any]:
+                  defaults: tuple[str, ...] = ()) -> Region:
     from . import record
 
     return record.record(sig, sizes, sku, symbolic, defaults)

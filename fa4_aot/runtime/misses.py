@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import Fa4AotError
 from ..remote import wait as build_wait
 from ..spec import call_log
 from ..spec.calls import Call
 from ..spec.kernel_keys import dumps
+from ..spec.region import Region
 from ..spec.signature import Signature
 from ..store import Miss, recipes
 
@@ -42,7 +43,7 @@ class Missed(Protocol):
     """What after_miss reads and reloads of a signature's attention (runner.Attention is one)."""
 
     sig: Signature
-    regions: list[dict[str, Any]]
+    regions: list[Region]
 
     @property
     def rt(self) -> Parts: ...
@@ -84,7 +85,7 @@ def note(store: Store, miss: Miss, call: Call) -> bool:
     return True
 
 
-def after_miss(attn: Missed, sizes: dict[str, int]) -> dict[str, Any] | None:
+def after_miss(attn: Missed, sizes: dict[str, int]) -> Region | None:
     """Record the miss of `attn` at `sizes` and report it to the server; with FA4_AOT_BUILD_WAIT, wait for its
     build and return the region it recorded (None when the wait did not help: the reason is in the fetcher's
     `error`). Without a server or a wait: None at once."""

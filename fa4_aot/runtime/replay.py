@@ -1,13 +1,10 @@
 """Launch recipes: FA4's per-call host work, recorded by the planner (fa4/record.py), replayed without FA4.
 
-A recipe document holds, for one signature and one region of sizes:
-  guards   symexpr conditions on the sizes under which FA4 makes exactly these choices
-  inputs   {name: tensor slot}; fwd / bwd: steps; outputs {out, lse, dq, dk, dv, dsink: slot}
-  kernels  [{family, compile_key, kernel_key}] in first-launch order
-A step is a torch op ({"op": "aten.empty.memory_format", "args", "kwargs", "out": [slots]}) or a kernel launch
-({"launch": i, "args"}); arguments are JSON with {"t": slot}, {"e": size expression}, {"dtype": name},
-{"device": true}, {"in": "softmax_scale"}. `bind()` evaluates every size once per concrete sizes; `Bound.run`
-then only allocates and launches, as FA4 would.
+A recipe region (spec/region.py's Region) holds, for one signature and one region of sizes, the guards under which
+FA4 makes exactly its choices, its input and output slots, and forward and backward steps: torch ops (Op) and
+kernel launches (Launch) whose arguments are recorded JSON with {"t": slot}, {"e": size expression},
+{"dtype": name}, {"device": true}, {"in": "softmax_scale"} leaves. `bind()` evaluates every size once per concrete
+sizes; `Bound.run` then only allocates and launches, as FA4 would.
 """
 
 from __future__ import annotations
@@ -28,22 +25,12 @@ from ..spec.recipe_format import (
     size_names,
     sizes_of_call,
 )
+from ..spec.region import Launch, Op, Region, Step
 
 # The recipe format's names are defined in spec/recipe_format.py (the build, the server and the seam read them
-# there); the replay's readers also find them here.
-__all__ = ["forward_part", "covers", "Bound", "bind", "saved_slots", "concretize", "ATEN_OPS", "DTYPES", "FORMATS",
-           "HEADS", "RECIPE_FORMAT", "SIZE_NAMES", "TORCH_NAMES", "size_names", "sizes_of_call"]
-
-
-def forward_part(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """A training region as the forward-only region it contains: its forward steps, inputs and outputs (out, lse);
-    what the backward reads or makes is left out. Only for calls whose forward FA4 runs exactly as training's."""
-    return {**doc, "bwd": [], "inputs": {n: s for n, s in doc["inputs"].items() if n != "dout"},
-            "outputs": {"out": doc["outputs"]["out"], "lse": doc["outputs"]["lse"]}}
-
-
-def covers(doc: Mapping[str, Any], sizes: Mapping[str, int]) -> bool:
-    return symexpr.holds(doc["guards"], sizes)
+# there); the lean runtime's readers also find them here.
+__all__ = ["Bound", "bind", "concretize", "ATEN_OPS", "DTYPES", "FORMATS", "HEADS", "RECIPE_FORMAT", "SIZE_NAMES",
+           "TORCH_NAMES", "size_names", "sizes_of_call"]
 
 
 @dataclass
@@ -52,9 +39,11 @@ class Bound:
 
     fwd: list[Callable[[list[Any]], None]]
     bwd: list[Callable[[list[Any]], None]]
-    doc: Mapping[str, Any]
+    region: Region
     saved: list[int]  # forward slots the backward reads (what autograd saves)
     expected: dict[str, tuple[tuple[int, ...], Any]]  # input name -> (shape, torch dtype) FA4 expects at these sizes
+    out: int  # the slot of the attention output
+    lse: int | None  # the slot of the log-sum-exp (None: FA4 makes none)
     # fwd for inputs none of which requires grad: FA4's detach steps alias their tensor (a detached tensor differs
     # from its input in requires_grad alone, so the kernels receive the same storage, shape, strides and flags)
     plain: list[Callable[[list[Any]], None]] = field(default_factory=list)
@@ -62,15 +51,16 @@ class Bound:
     def forward(self, tensors: Mapping[str, Any]) -> tuple[Any, Any]:
         """(out, lse) of a forward-only call (no backward steps: nothing for autograd to record) on named inputs,
         with no autograd node: the lean runtime's per-call host path for inference and decode."""
-        doc, slots = self.doc, [None] * self.doc["tensors"]
-        inputs, grad = doc["inputs"], False
+        region = self.region
+        slots: list[Any] = [None] * region.tensors
+        inputs, grad = region.inputs, False
         for name, t in tensors.items():
             slots[inputs[name]] = t
             grad = grad or t.requires_grad
         for step in self.fwd if grad or not self.plain else self.plain:
             step(slots)
-        lse = doc["outputs"]["lse"]
-        return slots[doc["outputs"]["out"]], None if lse is None else slots[lse]
+        lse = self.lse
+        return slots[self.out], None if lse is None else slots[lse]
 
     def check(self, tensors: Mapping[str, Any]) -> None:
         """Raise ValueError unless every input has the shape and dtype FA4 asserts, on a CUDA device."""
@@ -95,65 +85,60 @@ class Bound:
             step(slots)
 
 
-def bind(doc: Mapping[str, Any], sizes: Mapping[str, int], functions: list[Any], device: Any,
+def bind(region: Region, sizes: Mapping[str, int], functions: list[Any], device: Any,
          softmax_scale: float) -> Bound:
-    """Closures for `doc`'s steps at `sizes`; `functions[i]` runs kernel i of doc["kernels"]."""
-    import torch
+    """Closures for `region`'s steps at `sizes`; `functions[i]` runs kernel i of region.kernels."""
+    value = _Values(sizes, device, softmax_scale)
 
-    def value(x: Any) -> Any:
+    def compile_step(step: Step) -> Callable[[list[Any]], None]:
+        args = value(step.args)
+        if isinstance(step, Launch):
+            return _launch(functions[step.kernel], args)
+        return _op(_aten(step.op), args, value({"kw": step.kwargs}), step.out, step.returns_tuple)
+
+    expected = {}
+    for name, slot in region.inputs.items():
+        meta = region.meta[slot]
+        expected[name] = (tuple(value(meta.shape)), value({"dtype": meta.dtype}))
+    fwd = [compile_step(s) for s in region.fwd]
+    plain = [step if (detach := _detach_of(s)) is None else _alias(*detach)
+             for s, step in zip(region.fwd, fwd, strict=True)]
+    out = region.outputs["out"]
+    if out is None:
+        raise ValueError("the region names no output slot; rebuild it with this fa4-aot")
+    return Bound(fwd, [compile_step(s) for s in region.bwd], region, region.saved_slots(), expected, out,
+                 region.outputs["lse"], plain)
+
+
+class _Values:
+    """Recorded arguments as values at concrete sizes, on a device, with a softmax scale; {"t": slot} leaves are
+    left as they are (resolved per call: _resolver)."""
+
+    def __init__(self, sizes: Mapping[str, int], device: Any, softmax_scale: float) -> None:
+        self.sizes, self.device, self.softmax_scale = sizes, device, softmax_scale
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
         if isinstance(x, list):
-            return [value(y) for y in x]
+            return [self(y) for y in x]
         if not isinstance(x, dict):
             return x
         if "e" in x:
-            return symexpr.evaluate(x["e"], sizes)
+            return symexpr.evaluate(x["e"], self.sizes)
         if "f" in x:
             return x["f"]
         if "in" in x:
-            return softmax_scale
+            return self.softmax_scale
         if "dtype" in x:
             return getattr(torch, _allowed(x["dtype"], DTYPES, "dtype"))
         if "torch" in x:
             return getattr(torch, _allowed(x["torch"], TORCH_NAMES, "torch name"))
         if "device" in x:
-            return device
+            return self.device
         if "kw" in x:
-            return {k: value(v) for k, v in x["kw"].items()}
+            return {k: self(v) for k, v in x["kw"].items()}
         return x  # {"t": slot}: resolved per call
-
-    def compile_step(step: Mapping[str, Any]) -> Callable[[list[Any]], None]:
-        args = value(step["args"])
-        if "launch" in step:
-            return _launch(functions[step["launch"]], args)
-        return _op(_aten(step["op"]), args, value(step["kwargs"]), step["out"], step["tuple"])
-
-    expected = {}
-    for name, slot in doc["inputs"].items():
-        shape, _stride, dtype = value(doc["meta"][slot])
-        expected[name] = (tuple(shape), dtype)
-    fwd = [compile_step(s) for s in doc["fwd"]]
-    plain = [_alias(s["args"][0]["t"], s["out"][0]) if _is_detach(s) else step for s, step in zip(doc["fwd"], fwd,
-                                                                                                   strict=True)]
-    return Bound(fwd, [compile_step(s) for s in doc["bwd"]], doc, saved_slots(doc), expected, plain)
-
-
-def saved_slots(doc: Mapping[str, Any]) -> list[int]:
-    """The forward's slots that the backward's steps read: inputs, out, lse and whatever else FA4 kept."""
-    if not doc["bwd"]:
-        return []
-    made = {s for step in doc["bwd"] for s in step.get("out", []) if s is not None} | {doc["inputs"]["dout"]}
-    return sorted({s for step in doc["bwd"] for s in _slots([step["args"], step.get("kwargs", {})])} - made)
-
-
-def _slots(args: Any) -> set[int]:
-    if isinstance(args, dict) and set(args) == {"t"}:
-        return {args["t"]}
-    if isinstance(args, list | dict):
-        found: set[int] = set()
-        for a in args.values() if isinstance(args, dict) else args:
-            found |= _slots(a)
-        return found
-    return set()
 
 
 def _allowed(name: Any, allowed: frozenset[str], what: str) -> str:
@@ -178,12 +163,13 @@ _PUBLIC = {"aten.empty.memory_format": "empty", "aten.empty_like.default": "empt
            "aten.detach.default": "detach", "aten.transpose.int": "transpose", "aten.unsqueeze.default": "unsqueeze"}
 
 
-def _is_detach(step: Mapping[str, Any]) -> bool:
-    """Whether `step` is FA4's detach of one tensor slot into another."""
-    args, outs = step.get("args"), step.get("out")
-    return (step.get("op") == "aten.detach.default" and isinstance(args, list) and len(args) == 1
-            and isinstance(args[0], dict) and set(args[0]) == {"t"} and isinstance(outs, list) and len(outs) == 1
-            and isinstance(outs[0], int))
+def _detach_of(step: Step) -> tuple[int, int] | None:
+    """(input slot, output slot) when `step` is FA4's detach of one tensor slot into another, else None."""
+    if not (isinstance(step, Op) and step.op == "aten.detach.default" and len(step.args) == 1
+            and isinstance(step.args[0], dict) and set(step.args[0]) == {"t"} and len(step.out) == 1):
+        return None
+    out = step.out[0]
+    return None if out is None else (int(step.args[0]["t"]), out)
 
 
 def _alias(slot: int, out: int) -> Callable[[list[Any]], None]:

@@ -20,6 +20,7 @@ from ..errors import Fa4AotError, KernelMissing
 from ..spec import hosts, sku_table
 from ..spec.devices import detect_device
 from ..spec.matching import select
+from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku
 from ..store import Store, recipes
@@ -85,15 +86,15 @@ class Attention:
         self.regions = self._load()
         self._bound: dict[tuple[Any, ...], replay.Bound] = {}
 
-    def _load(self) -> list[dict[str, Any]]:
+    def _load(self) -> list[Region]:
         regions = self._read()
         if not regions and self._refetch():
             regions = self._read()
         return regions
 
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self) -> list[Region]:
         check = self.rt.trust.check_recipe if self.rt.trust is not None else None
-        return [replay.forward_part(region) if forward else region for key, forward in self.sources
+        return [region.forward_part() if forward else region for key, forward in self.sources
                 for region in recipes.load(self.rt.store, key, check)]
 
     def _refetch(self) -> bool:
@@ -122,7 +123,7 @@ class Attention:
         """A call's sizes with the signature's KV head count, a size of format-2 regions (replay.HEADS)."""
         return {**sizes, replay.HEADS: self.sig.heads_kv}
 
-    def region(self, sizes: dict[str, int]) -> dict[str, Any]:
+    def region(self, sizes: dict[str, int]) -> Region:
         """The region whose guards hold at `sizes` (with the KV head count: Attention.sizes); KernelMissing
         when none does."""
         found = recipes.find(self.regions, sizes)
@@ -150,18 +151,18 @@ class Attention:
         if found is None:
             sizes = self.sizes(sizes)
             region = self.region(sizes)
-            self.rt.libraries.prefetch([k["kernel_key"] for k in region["kernels"]])
-            functions = [self.rt.libraries.function(k["kernel_key"], k["family"]) for k in region["kernels"]]
-            chosen = region["softmax_scale"] if scale is None else scale
+            self.rt.libraries.prefetch([k.kernel_key for k in region.kernels])
+            functions = [self.rt.libraries.function(k.kernel_key, k.family) for k in region.kernels]
+            chosen = region.softmax_scale if scale is None else scale
             found = self._bound[key] = replay.bind(region, sizes, functions, device, chosen)
         return found
 
     def preload(self, sizes: dict[str, int]) -> None:
         """Load every kernel of the region at `sizes` (KernelMissing when one is absent)."""
         region = self.region(self.sizes(sizes))
-        self.rt.libraries.prefetch([k["kernel_key"] for k in region["kernels"]])
-        for k in region["kernels"]:
-            self.rt.libraries.function(k["kernel_key"], k["family"])
+        self.rt.libraries.prefetch([k.kernel_key for k in region.kernels])
+        for k in region.kernels:
+            self.rt.libraries.function(k.kernel_key, k.family)
 
 
 def _function() -> Any:
@@ -170,12 +171,12 @@ def _function() -> Any:
     class LeanAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, bound: replay.Bound, names: tuple[str, ...], *tensors: Any) -> Any:
-            doc = bound.doc
-            slots: list[Any] = [None] * doc["tensors"]
+            region = bound.region
+            slots: list[Any] = [None] * region.tensors
             for name, t in zip(names, tensors, strict=True):
-                slots[doc["inputs"][name]] = t
+                slots[region.inputs[name]] = t
             bound.run(bound.fwd, slots)
-            out, lse_slot = slots[doc["outputs"]["out"]], doc["outputs"]["lse"]
+            out, lse_slot = slots[bound.out], bound.lse
             lse = None if lse_slot is None else slots[lse_slot]
             if bound.bwd:
                 kept = bound.saved
@@ -187,14 +188,14 @@ def _function() -> Any:
 
         @staticmethod
         def backward(ctx: Any, dout: Any, _dlse: Any) -> Any:
-            bound, doc = ctx.bound, ctx.bound.doc
-            slots: list[Any] = [None] * doc["tensors"]
+            bound, region = ctx.bound, ctx.bound.region
+            slots: list[Any] = [None] * region.tensors
             for i, t in zip(ctx.kept, ctx.saved_tensors, strict=True):
                 slots[i] = t
-            slots[doc["inputs"]["dout"]] = dout.contiguous()
+            slots[region.inputs["dout"]] = dout.contiguous()
             bound.run(bound.bwd, slots)
             grads = {"q": "dq", "k": "dk", "v": "dv", "learnable_sink": "dsink"}
-            return (None, None, *(slots[doc["outputs"][grads[n]]] if n in grads else None for n in ctx.names))
+            return (None, None, *(slots[region.outputs[grads[n]]] if n in grads else None for n in ctx.names))
 
     return LeanAttention
 

@@ -1,5 +1,6 @@
-"""What a recipe region may hold: the one definition the client (store.recipes.load, before a region is used) and
-the server (store.recipes.check_file, at upload) both apply. Pure; no torch.
+"""What a recipe region may hold: the one definition spec/region.py's Region.parse applies, so the client
+(store.recipes.load, before a region is used) and the server (store.recipes.check_file, at upload) both do.
+Pure; no torch.
 
 A recipe file comes from a build host or a server and is replayed by every lean process, so it is data, never
 code (issue 18, D26): a torch op only from ATEN_OPS (what FA4's host path issues), a dtype or torch name only from
@@ -80,17 +81,6 @@ KWARGS = frozenset({"dtype", "device", "pin_memory", "layout", "memory_format", 
 # Far above what FA4 records (at most 50 tensors, 53 steps, 22 guards and 10 kernels a region in the survey above)
 MAX_TENSORS, MAX_STEPS, MAX_GUARDS, MAX_KERNELS, MAX_OUTS, MAX_NESTING = 1024, 4096, 4096, 256, 8, 8
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def check_regions(regions: Any) -> None:
-    """ValueError unless `regions` is a list of regions each of which check_region admits."""
-    if not isinstance(regions, list):
-        raise ValueError("recipe regions are not a list")
-    for i, region in enumerate(regions):
-        try:
-            check_region(region)
-        except ValueError as e:
-            raise ValueError(f"region {i}: {e}") from None
 
 
 def check_region(region: Any) -> None:

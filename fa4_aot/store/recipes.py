@@ -20,7 +20,8 @@ from functools import reduce
 from typing import Any, NamedTuple
 
 from ..errors import StoreError
-from ..spec import kernel_keys, recipe_format, symexpr
+from ..spec import kernel_keys, symexpr
+from ..spec.region import Region, parse_regions
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from . import Store
@@ -110,10 +111,10 @@ def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
         if region_key(region, target) != key:
             raise ValueError(f"a region's signature and the SKU's facts {kernel_keys.dumps(target)} do not hash "
                              f"to recipe key {key}; publish the file under the SKU it was built for")
-    recipe_format.check_regions(regions)
+    parse_regions(regions)
 
 
-def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[dict[str, Any]]:
+def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[Region]:
     """The recorded regions under `key` ([] when none). `check(key, bytes)` may refuse the file by raising
     (the client's trust policy: trust.policy.Trust.check_recipe) before a byte of it is parsed; StoreError for a file
     that is not JSON, holds another key, or holds what recipe_format refuses (signed or not: a recipe runs
@@ -132,40 +133,40 @@ def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = No
         held = doc.get("key") if isinstance(doc, dict) else None
         raise StoreError(f"recipe file {key} in {store.root} holds key {str(held)[:80]!r}; rerun `fa4-aot build`")
     try:
-        recipe_format.check_regions(doc.get("regions"))
+        return parse_regions(doc.get("regions"))
     except ValueError as e:
         raise StoreError(f"recipe file {key} in {store.root} is refused: {e}; rerun `fa4-aot build` (it rewrites "
                          "the file) or pull it again from a server that holds a good one") from None
-    return list(doc["regions"])
 
 
-def merge(store: Store, key: str, regions: list[dict[str, Any]]) -> int:
+def merge(store: Store, key: str, regions: list[Region]) -> int:
     """Add `regions` under `key` (under the key's lock), dropping regions of other toolchains and duplicates.
     Returns how many regions the file holds now."""
     if not regions:
         return len(load(store, key))
     with store.lock(key):
-        tools = regions[-1]["toolchain"]
+        tools = regions[-1].toolchain
         try:
-            kept = [r for r in load(store, key) if r.get("toolchain") == tools]
+            kept = [r for r in load(store, key) if r.toolchain == tools]
         except StoreError:  # an unreadable file is replaced by what this build recorded
             kept = []
-        seen = {kernel_keys.dumps(r["guards"]) for r in kept}
+        seen = {kernel_keys.dumps(r.guards) for r in kept}
         for region in regions:
-            if region["toolchain"] == tools and kernel_keys.dumps(region["guards"]) not in seen:
+            if region.toolchain == tools and kernel_keys.dumps(region.guards) not in seen:
                 kept.append(region)
-                seen.add(kernel_keys.dumps(region["guards"]))
-        store.put_recipes(key, json.dumps({"key": key, "regions": kept}, sort_keys=True).encode())
+                seen.add(kernel_keys.dumps(region.guards))
+        doc = {"key": key, "regions": [r.to_json() for r in kept]}
+        store.put_recipes(key, json.dumps(doc, sort_keys=True).encode())
     return len(kept)
 
 
-def find(regions: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, Any] | None:
+def find(regions: list[Region], sizes: dict[str, int]) -> Region | None:
     """The region whose guards hold at `sizes`, or None. Regions never disagree where they overlap (each is FA4's
     own choice there), so the first that holds is FA4's. The region found moves to the front of `regions`: a
     signature's calls come in runs of one region (decode steps, one training shape), so the next lookup tries it
     first. Guards are evaluated compiled (`_compiled`), about ten times faster than symexpr.evaluate."""
     for i, region in enumerate(regions):
-        if _holds(region["guards"], sizes):
+        if _holds(region.guards, sizes):
             if i:
                 regions.insert(0, regions.pop(i))
             return region

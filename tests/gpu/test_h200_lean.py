@@ -192,7 +192,7 @@ def test_lean_split_kv_bitwise_equal_to_fa4(fa4, name, layout, page_size, flags)
     _assert_same(name, _decode(lean_fn, layout, page_size, flags), first, others)
     regions = [r for a in api._cache.values() if a.sig.num_splits == flags["num_splits"] and a.sig.layout == layout
                for r in a.regions]
-    assert any(k["family"] == "_flash_attn_fwd_combine" for r in regions for k in r["kernels"]), "no split ran"
+    assert any(k.family == "_flash_attn_fwd_combine" for r in regions for k in r.kernels), "no split ran"
 
 
 def test_lean_steady_state_calls_reuse_bound_plans(fa4):

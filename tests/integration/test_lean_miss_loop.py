@@ -43,7 +43,7 @@ def lean_misses(cache: Path) -> list[str]:
         except KernelMissing:
             missed.append(call.describe())
             continue
-        assert all(rt.store.has_entry(k["kernel_key"]) for k in region["kernels"]), call.describe()
+        assert all(rt.store.has_entry(k.kernel_key) for k in region.kernels), call.describe()
     return missed
 
 

@@ -66,12 +66,13 @@ def _compare(fa4, sig, sizes: dict[str, int], sku, regions: list, rng: random.Ra
         concrete = fa4.record_recipe(sig, sizes, sku, symbolic=False, defaults=_defaults(sig, sizes, rng))
     except Exception as e:
         return f"a region holds where FA4 raises {e!r}"
-    mine = {part: replay.concretize(region[part], sizes) for part in ("fwd", "bwd", "outputs", "inputs")}
-    theirs = {part: concrete[part] for part in ("fwd", "bwd", "outputs", "inputs")}
-    report["split"] += any(k["family"] == "_flash_attn_fwd_combine" for k in region["kernels"])
+    ours, fa4s = region.to_json(), concrete.to_json()  # steps as recorded: arguments with size expressions
+    mine = {part: replay.concretize(ours[part], sizes) for part in ("fwd", "bwd", "outputs", "inputs")}
+    theirs = {part: fa4s[part] for part in ("fwd", "bwd", "outputs", "inputs")}
+    report["split"] += any(k.family == "_flash_attn_fwd_combine" for k in region.kernels)
     if kernel_keys.dumps(mine) != kernel_keys.dumps(theirs):
         return "steps differ"
-    if [k["kernel_key"] for k in region["kernels"]] != [k["kernel_key"] for k in concrete["kernels"]]:
+    if [k.kernel_key for k in region.kernels] != [k.kernel_key for k in concrete.kernels]:
         return "kernels differ"
     return ""
 

@@ -20,7 +20,7 @@ def main() -> None:
     from fa4_aot.spec.signature import Signature
 
     pairs = json.loads(sys.argv[2])
-    print(json.dumps([fa4.record_recipe(Signature.from_dict(sig), sizes, sku) for sig, sizes in pairs]))
+    print(json.dumps([fa4.record_recipe(Signature.from_dict(sig), sizes, sku).to_json() for sig, sizes in pairs]))
 
 
 if __name__ == "__main__":

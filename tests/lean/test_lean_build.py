@@ -83,7 +83,7 @@ def test_recipe_region_covers_the_built_call_and_names_its_kernels(built: tuple[
     sizes = replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
     region = recipes.find(regions, {**sizes, replay.HEADS: call.heads_kv})
     assert region is not None and doc["recipes"] >= 1
-    assert {k["kernel_key"] for k in region["kernels"]} <= set(doc["kernel_keys"])
+    assert {k.kernel_key for k in region.kernels} <= set(doc["kernel_keys"])
 
 
 def test_gc_keeps_libraries_and_runtime(built: tuple[Path, dict]) -> None:
@@ -122,9 +122,9 @@ found = {}
 for layout, at in sizes.items():
     attn = rt.attention(api.signature(layout, "torch.bfloat16", 32, 128, 8, 128, causal=True, page_size=16))
     bound = attn.bound(at, torch.device("cpu"), None)
-    kernels = attn.region(attn.sizes(at))["kernels"]
+    kernels = attn.region(attn.sizes(at)).kernels
     found[layout] = {"inputs": sorted(bound.expected), "functions": sorted(
-        type(rt.libraries.function(k["kernel_key"], k["family"])).__name__ for k in kernels)}
+        type(rt.libraries.function(k.kernel_key, k.family)).__name__ for k in kernels)}
 found["imported"] = sorted({m.split(".")[0] for m in sys.modules} & {"cutlass", "flash_attn", "quack"})
 print(json.dumps(found))
 """

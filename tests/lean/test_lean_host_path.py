@@ -13,6 +13,7 @@ import pytest
 
 from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
+from fa4_aot.spec.region import Region, parse_regions
 from tests.lean.test_replay import recorded
 
 SIG = {"layout": "seqused", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
@@ -27,26 +28,26 @@ IDS = ["seqused-fwd", "paged16-fwd-lse", "dense-sink-fwd", "dense-fwd"]
 
 
 @pytest.fixture(scope="module")
-def regions() -> list[dict]:
-    return recorded(PAIRS)
+def regions() -> list[Region]:
+    return parse_regions(recorded(PAIRS))
 
 
-def _bound(region: dict, case: int, launches: list) -> replay.Bound:
+def _bound(region: Region, case: int, launches: list) -> replay.Bound:
     import torch
 
     sizes = {**PAIRS[case][1], replay.HEADS: PAIRS[case][0]["heads_kv"]}
-    fakes = [lambda *a, i=i: launches.append((i, a)) for i in range(len(region["kernels"]))]
+    fakes = [lambda *a, i=i: launches.append((i, a)) for i in range(len(region.kernels))]
     return replay.bind(region, sizes, fakes, torch.device("cpu"), None)
 
 
-def _inputs(region: dict, case: int, grad: bool) -> dict[str, Any]:
+def _inputs(region: Region, case: int, grad: bool) -> dict[str, Any]:
     import torch
 
     sizes = {**PAIRS[case][1], replay.HEADS: PAIRS[case][0]["heads_kv"]}
     found = {}
-    for name, slot in region["inputs"].items():
-        shape, _stride, dtype = replay.concretize(region["meta"][slot], sizes)
-        t = torch.randn(shape).to(getattr(torch, dtype["dtype"]))
+    for name, slot in region.inputs.items():
+        meta = region.meta[slot]
+        t = torch.randn(replay.concretize(meta.shape, sizes)).to(getattr(torch, meta.dtype))
         found[name] = t.requires_grad_(grad) if t.is_floating_point() else t
     return found
 
@@ -120,8 +121,8 @@ def lean_over(regions, tmp_path):
     sku = variants.load(config.default_variants_file()).skus["h200"]
     store = Store(tmp_path)
     for region in regions:
-        recipes.merge(store, recipes.recipe_key(Signature.from_dict(region["signature"]), sku), [region])
-    keys = {k["kernel_key"]: i for i, r in enumerate(regions) for k in r["kernels"]}
+        recipes.merge(store, recipes.recipe_key(Signature.from_dict(region.signature), sku), [region])
+    keys = {k.kernel_key: i for i, r in enumerate(regions) for k in r.kernels}
     launches: list = []
 
     class Stubs:

@@ -14,6 +14,7 @@ import pytest
 
 from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
+from fa4_aot.spec.region import Launch, Region, parse_regions
 
 ROOT = Path(__file__).resolve().parents[2]
 SIG = {"layout": "dense", "pass_": "bwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
@@ -31,7 +32,8 @@ PAIRS = [(SIG, {"batch": 2, "seqlen_q": 1000, "seqlen_k": 1000}),
 
 
 def recorded(pairs: list) -> list[dict]:
-    """The regions record_probe.py records for (signature, sizes) pairs on the h200, in a process of its own."""
+    """The regions record_probe.py records for (signature, sizes) pairs on the h200, in a process of its own, as
+    recipe documents (Region.to_json)."""
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "lean" / "record_probe.py"), "h200",
                            json.dumps(pairs)], capture_output=True, text=True, cwd=ROOT, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -40,8 +42,13 @@ def recorded(pairs: list) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def regions() -> list[dict]:
+def documents() -> list[dict]:
     return recorded(PAIRS)
+
+
+@pytest.fixture(scope="module")
+def regions(documents: list[dict]) -> list[Region]:
+    return parse_regions(documents)
 
 
 def _sizes(case: int) -> dict:
@@ -50,11 +57,11 @@ def _sizes(case: int) -> dict:
     return {**sizes, replay.HEADS: sig["heads_kv"]}
 
 
-def _inputs(region: dict, sizes: dict, torch) -> dict:
+def _inputs(region: Region, sizes: dict, torch) -> dict:
     out = {}
-    for name, slot in region["inputs"].items():
-        shape, _stride, dtype = replay.concretize(region["meta"][slot], sizes)
-        out[name] = torch.zeros(shape, dtype=getattr(torch, dtype["dtype"]))
+    for name, slot in region.inputs.items():
+        meta = region.meta[slot]
+        out[name] = torch.zeros(replay.concretize(meta.shape, sizes), dtype=getattr(torch, meta.dtype))
     return out
 
 
@@ -65,40 +72,41 @@ def test_replay_allocates_what_fa4_allocates(regions, case):
 
     region, sizes = regions[case], _sizes(case)
     calls: list[tuple[int, int]] = []
-    fakes = [lambda *a, i=i: calls.append((i, len(a))) for i in range(len(region["kernels"]))]
+    fakes = [lambda *a, i=i: calls.append((i, len(a))) for i in range(len(region.kernels))]
     bound = replay.bind(region, sizes, fakes, torch.device("cpu"), None)
-    slots: list = [None] * region["tensors"]
+    slots: list = [None] * region.tensors
     for name, t in _inputs(region, sizes, torch).items():
-        slots[region["inputs"][name]] = t
+        slots[region.inputs[name]] = t
     bound.run(bound.fwd, slots)
     bound.run(bound.bwd, slots)
     assert all(slot is not None for slot in slots)
     for slot, t in enumerate(slots):
-        shape, stride, dtype = replay.concretize(region["meta"][slot], sizes)
+        meta = region.meta[slot]
+        shape, stride = replay.concretize(meta.shape, sizes), replay.concretize(meta.stride, sizes)
         assert list(t.shape) == shape and list(t.stride()) == stride, (slot, t.shape, shape, t.stride(), stride)
-        assert str(t.dtype) == f"torch.{dtype['dtype']}", (slot, t.dtype, dtype)
-    launched = [s for s in region["fwd"] + region["bwd"] if "launch" in s]
-    assert calls == [(s["launch"], len(s["args"])) for s in launched]
-    families = ["_flash_attn_fwd", "_bwd_preprocess", "_flash_attn_bwd"] if region["bwd"] else ["_flash_attn_fwd"]
-    assert [k["family"] for k in region["kernels"]][:3] == families
-    assert set(region["outputs"]) == ({"out", "lse", "dq", "dk", "dv"} | ({"dsink"} if region["signature"]["sink"]
-                                      else set()) if region["bwd"] else {"out", "lse"})
+        assert str(t.dtype) == f"torch.{meta.dtype}", (slot, t.dtype, meta.dtype)
+    launched = [s for s in region.fwd + region.bwd if isinstance(s, Launch)]
+    assert calls == [(s.kernel, len(s.args)) for s in launched]
+    families = ["_flash_attn_fwd", "_bwd_preprocess", "_flash_attn_bwd"] if region.bwd else ["_flash_attn_fwd"]
+    assert [k.family for k in region.kernels][:3] == families
+    assert set(region.outputs) == ({"out", "lse", "dq", "dk", "dv"} | ({"dsink"} if region.signature["sink"]
+                                   else set()) if region.bwd else {"out", "lse"})
 
 
 def test_regression_varlen_backward_with_sink_records_dsink(regions):
     """The recorder took dsink from backward()'s result 17 for varlen (None: it is 16), so a varlen training
     signature with a learnable sink recorded no recipe at all."""
     region, sizes = regions[4], _sizes(4)
-    shape, _stride, dtype = replay.concretize(region["meta"][region["outputs"]["dsink"]], sizes)
-    sink_shape, _s, sink_dtype = replay.concretize(region["meta"][region["inputs"]["learnable_sink"]], sizes)
-    assert (shape, dtype) == (sink_shape, sink_dtype) == ([VARLEN["heads_q"]], {"dtype": "bfloat16"})
+    dsink, sink = region.meta[region.outputs["dsink"]], region.meta[region.inputs["learnable_sink"]]
+    found = [(replay.concretize(m.shape, sizes), m.dtype) for m in (dsink, sink)]
+    assert found == [([VARLEN["heads_q"]], "bfloat16")] * 2
 
 
 def test_autograd_function_returns_input_shaped_gradients(regions):
     import torch
 
     region, sizes = regions[0], _sizes(0)
-    fakes = [lambda *a: None for _ in region["kernels"]]
+    fakes = [lambda *a: None for _ in region.kernels]
     bound = replay.bind(region, sizes, fakes, torch.device("cpu"), 0.125)
     inputs = {n: t.requires_grad_() for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
     out, lse = _function().apply(bound, tuple(inputs), *inputs.values())
@@ -113,11 +121,11 @@ def test_softmax_scale_reaches_every_kernel_that_takes_it(regions):
 
     region, sizes = regions[0], _sizes(0)
     seen: list = []
-    fakes = [lambda *a: seen.append([x for x in a if isinstance(x, float)]) for _ in region["kernels"]]
+    fakes = [lambda *a: seen.append([x for x in a if isinstance(x, float)]) for _ in region.kernels]
     bound = replay.bind(region, sizes, fakes, torch.device("cpu"), 0.3)
-    slots: list = [None] * region["tensors"]
+    slots: list = [None] * region.tensors
     for name, t in _inputs(region, sizes, torch).items():
-        slots[region["inputs"][name]] = t
+        slots[region.inputs[name]] = t
     bound.run(bound.fwd, slots)
     bound.run(bound.bwd, slots)
     assert seen[0] == [0.3] and seen[2] == [0.3], seen  # forward and main backward kernels take the scale
@@ -128,7 +136,7 @@ def test_inputs_are_checked_as_fa4_asserts(regions):
     import torch
 
     region, sizes = regions[0], _sizes(0)
-    bound = replay.bind(region, sizes, [lambda *a: None for _ in region["kernels"]], torch.device("cpu"), None)
+    bound = replay.bind(region, sizes, [lambda *a: None for _ in region.kernels], torch.device("cpu"), None)
     inputs = {n: t for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
     with pytest.raises(ValueError, match="CUDA"):
         bound.check(inputs)
@@ -138,9 +146,11 @@ def test_inputs_are_checked_as_fa4_asserts(regions):
         bound.check({**inputs, "q": inputs["q"].half()})
 
 
-def test_recorded_regions_are_admitted_by_the_recipe_format(regions):
+def test_recorded_regions_round_trip_as_documents(documents, regions):
     """Issue 18, D26: every region the recorder writes (dense, varlen, paged, seqused, sinks) passes the format
-    that clients apply on load and the server at upload."""
-    from fa4_aot.spec import recipe_format
-
-    recipe_format.check_regions(regions)
+    that clients apply on load and the server at upload (`documents` were parsed by the recorder and again by the
+    fixture); a parsed region writes back exactly its document (recipe files and their keys do not depend on
+    which side wrote them), and parsing that again gives the same region."""
+    assert [r.to_json() for r in regions] == documents
+    assert parse_regions([r.to_json() for r in regions]) == regions
+    assert json.loads(json.dumps(documents)) == documents

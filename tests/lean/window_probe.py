@@ -115,7 +115,7 @@ def _fa4_launching(sku: Any, launches: list[Any]) -> Iterator[None]:
     from flash_attn.cute import interface
 
     from fa4_aot.fa4 import caches
-    from fa4_aot.fa4.record import _launching
+    from fa4_aot.fa4.symbolic import launching
     from fa4_aot.fa4.versions import toolchain
     from fa4_aot.spec.kernel_keys import kernel_key
 
@@ -123,7 +123,7 @@ def _fa4_launching(sku: Any, launches: list[Any]) -> Iterator[None]:
         def __getitem__(self, key: Any) -> Any:
             return lambda *args: launches.append([kernel_key(self.family, key, sku, toolchain()), _plain(args)])
 
-    with _launching(interface), caches.swapped(lambda family, _old: Noting(family, {})):
+    with launching(interface), caches.swapped(lambda family, _old: Noting(family, {})):
         yield
 
 

@@ -75,13 +75,18 @@ def test_constants_include_where_a_scaled_guard_turns() -> None:
 
 
 def test_compiled_guards_in_region_lookup_agree_with_symexpr() -> None:
+    from fa4_aot.spec.region import Region
     from fa4_aot.store import recipes
+
+    def region(guards: list) -> Region:
+        return Region(format=2, signature={}, guards=guards, inputs={}, tensors=0, meta=(), fwd=(), bwd=(),
+                      outputs={}, kernels=(), softmax_scale=1.0)
 
     sp = recipe_space.space(dataclasses.replace(SIG, num_splits=1), SKU)
     points = recipe_space.draw(sp, np.random.default_rng(4), 2000, {"batch": [3]})
     rng = np.random.default_rng(5)
-    regions = [{"guards": [GUARDS[i] for i in rng.choice(len(GUARDS), size=rng.integers(1, 4), replace=False)]}
-               for _ in range(30)] + [{"guards": [["eq", ["pow", B, 2], ["mul", B, B]], ["gt", ["frac", 1, 2], 0]]}]
+    regions = [region([GUARDS[i] for i in rng.choice(len(GUARDS), size=rng.integers(1, 4), replace=False)])
+               for _ in range(30)] + [region([["eq", ["pow", B, 2], ["mul", B, B]], ["gt", ["frac", 1, 2], 0]])]
     for i in range(2000):
         at = recipe_space.point(points, i)
 
@@ -91,6 +96,6 @@ def test_compiled_guards_in_region_lookup_agree_with_symexpr() -> None:
             except ValueError:
                 return False
 
-        expected = next((r for r in regions if holds(r["guards"])), None)
+        expected = next((r for r in regions if holds(r.guards)), None)
         found = recipes.find(list(regions), at)
-        assert (found is None) == (expected is None) and (found is None or holds(found["guards"])), at
+        assert (found is None) == (expected is None) and (found is None or holds(found.guards)), at
