@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..spec import recipe_format
 from . import replay, runner
 from .call_args import refuse, signature, varlen_form
 
@@ -207,7 +208,7 @@ def load(q_shape: tuple[int, int, int, int], k_shape: tuple[int, int, int, int] 
                     num_splits=num_splits, training=training, deterministic=deterministic, return_lse=return_lse,
                     page_size=page_size)
     attn = runner.runtime(cache_dir).attention(sig)
-    attn.preload(replay.sizes_of_call(layout, q_shape[0], q_shape[1], k_shape[1], page_size))
+    attn.preload(recipe_format.sizes_of_call(layout, q_shape[0], q_shape[1], k_shape[1], page_size))
     flags = {"causal": causal, "window_size": window_size, "softcap": softcap, "num_splits": num_splits,
              "deterministic": deterministic, "return_lse": return_lse}
     return Loaded(layout, flags, attn)

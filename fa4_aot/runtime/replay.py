@@ -14,23 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..spec import symexpr
-from ..spec.recipe_format import (
-    ATEN_OPS,
-    DTYPES,
-    FORMATS,
-    HEADS,
-    RECIPE_FORMAT,
-    SIZE_NAMES,
-    TORCH_NAMES,
-    size_names,
-    sizes_of_call,
-)
+from ..spec.recipe_format import ATEN_OPS, DTYPES, TORCH_NAMES
 from ..spec.region import Launch, Op, Region, Step
-
-# The recipe format's names are defined in spec/recipe_format.py (the build, the server and the seam read them
-# there); the lean runtime's readers also find them here.
-__all__ = ["Bound", "bind", "concretize", "ATEN_OPS", "DTYPES", "FORMATS", "HEADS", "RECIPE_FORMAT", "SIZE_NAMES",
-           "TORCH_NAMES", "size_names", "sizes_of_call"]
 
 
 @dataclass

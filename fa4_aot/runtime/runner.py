@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import config
 from ..errors import Fa4AotError, KernelMissing
-from ..spec import hosts, sku_table
+from ..spec import hosts, recipe_format, sku_table
 from ..spec.devices import detect_device
 from ..spec.matching import select
 from ..spec.region import Region
@@ -120,8 +120,8 @@ class Attention:
         self.regions = self._read()
 
     def sizes(self, sizes: dict[str, int]) -> dict[str, int]:
-        """A call's sizes with the signature's KV head count, a size of format-2 regions (replay.HEADS)."""
-        return {**sizes, replay.HEADS: self.sig.heads_kv}
+        """A call's sizes with the signature's KV head count, a size of format-2 regions (recipe_format.HEADS)."""
+        return {**sizes, recipe_format.HEADS: self.sig.heads_kv}
 
     def region(self, sizes: dict[str, int]) -> Region:
         """The region whose guards hold at `sizes` (with the KV head count: Attention.sizes); KernelMissing

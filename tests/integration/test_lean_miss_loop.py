@@ -17,7 +17,8 @@ import pytest
 
 from fa4_aot.errors import KernelMissing
 from fa4_aot.matrix.variants import load
-from fa4_aot.runtime import replay, runner
+from fa4_aot.runtime import runner
+from fa4_aot.spec import recipe_format
 from fa4_aot.spec.calls import Call
 from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Store
@@ -37,7 +38,7 @@ def lean_misses(cache: Path) -> list[str]:
     missed = []
     for call in CALLS:
         attn = rt.attention(Signature.of(call))
-        sizes = attn.sizes(replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
+        sizes = attn.sizes(recipe_format.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
         try:
             region = attn.region(sizes)
         except KernelMissing:

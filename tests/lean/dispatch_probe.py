@@ -20,7 +20,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     from fa4_aot import config, fa4
     from fa4_aot.matrix import variants
-    from fa4_aot.runtime import replay
+    from fa4_aot.spec import recipe_format
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
@@ -32,7 +32,7 @@ def main() -> None:
     for sig in sigs:
         regions: list = []
         for _ in range(count):
-            sizes = {**_random_sizes(sig.layout, rng, sig.page_size), replay.HEADS: _random_heads(sig, rng)}
+            sizes = {**_random_sizes(sig.layout, rng, sig.page_size), recipe_format.HEADS: _random_heads(sig, rng)}
             report["compared"] += 1
             verdict = _compare(fa4, sig, sizes, sku, regions, rng, report)
             if verdict:

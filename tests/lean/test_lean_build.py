@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.config import host_arch
-from fa4_aot.runtime import replay
+from fa4_aot.spec import recipe_format
 from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Entry, Store, maintenance, recipes
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
@@ -80,8 +80,8 @@ def test_recipe_region_covers_the_built_call_and_names_its_kernels(built: tuple[
     matrix = variants.load(TINY_VARIANTS)
     [call] = matrix.variants[[v.name for v in matrix.variants].index("full-fwd")].calls(matrix.shapes["one"])
     regions = recipes.load(store, recipes.recipe_key(Signature.of(call), matrix.skus["h200"]))
-    sizes = replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
-    region = recipes.find(regions, {**sizes, replay.HEADS: call.heads_kv})
+    sizes = recipe_format.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
+    region = recipes.find(regions, {**sizes, recipe_format.HEADS: call.heads_kv})
     assert region is not None and doc["recipes"] >= 1
     assert {k.kernel_key for k in region.kernels} <= set(doc["kernel_keys"])
 

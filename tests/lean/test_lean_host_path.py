@@ -13,6 +13,7 @@ import pytest
 
 from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
+from fa4_aot.spec import recipe_format
 from fa4_aot.spec.region import Region, parse_regions
 from tests.lean.test_replay import recorded
 
@@ -35,7 +36,7 @@ def regions() -> list[Region]:
 def _bound(region: Region, case: int, launches: list) -> replay.Bound:
     import torch
 
-    sizes = {**PAIRS[case][1], replay.HEADS: PAIRS[case][0]["heads_kv"]}
+    sizes = {**PAIRS[case][1], recipe_format.HEADS: PAIRS[case][0]["heads_kv"]}
     fakes = [lambda *a, i=i: launches.append((i, a)) for i in range(len(region.kernels))]
     return replay.bind(region, sizes, fakes, torch.device("cpu"), None)
 
@@ -43,7 +44,7 @@ def _bound(region: Region, case: int, launches: list) -> replay.Bound:
 def _inputs(region: Region, case: int, grad: bool) -> dict[str, Any]:
     import torch
 
-    sizes = {**PAIRS[case][1], replay.HEADS: PAIRS[case][0]["heads_kv"]}
+    sizes = {**PAIRS[case][1], recipe_format.HEADS: PAIRS[case][0]["heads_kv"]}
     found = {}
     for name, slot in region.inputs.items():
         meta = region.meta[slot]

@@ -14,6 +14,7 @@ import pytest
 
 from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
+from fa4_aot.spec import recipe_format
 from fa4_aot.spec.region import Launch, Region, parse_regions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,9 +53,9 @@ def regions(documents: list[dict]) -> list[Region]:
 
 
 def _sizes(case: int) -> dict:
-    """The sizes of PAIRS[case] with its KV head count, a size of the region (runtime.replay.HEADS)."""
+    """The sizes of PAIRS[case] with its KV head count, a size of the region (runtime.recipe_format.HEADS)."""
     sig, sizes = PAIRS[case]
-    return {**sizes, replay.HEADS: sig["heads_kv"]}
+    return {**sizes, recipe_format.HEADS: sig["heads_kv"]}
 
 
 def _inputs(region: Region, sizes: dict, torch) -> dict:

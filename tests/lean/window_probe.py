@@ -78,10 +78,11 @@ def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any
     """The lean runtime (runner.runtime) over a store that holds, for any signature asked for, the region a build
     records at this call's sizes; kernels are _Stubs."""
     from fa4_aot import fa4
-    from fa4_aot.runtime import replay, runner
+    from fa4_aot.runtime import runner
+    from fa4_aot.spec import recipe_format
     from fa4_aot.store import Store, recipes
 
-    sizes = replay.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
+    sizes = recipe_format.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
 
     class Recording(runner.Runtime):
         def attention(self, sig: Any) -> Any:

@@ -18,8 +18,9 @@ from service_helpers import Server, kernel_doc
 
 from fa4_aot.matrix.variants import load
 from fa4_aot.remote.http import Remote
-from fa4_aot.runtime import replay, runner
+from fa4_aot.runtime import runner
 from fa4_aot.runtime.fetch import Fetcher
+from fa4_aot.spec import recipe_format
 from fa4_aot.spec.calls import Call
 from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Store
@@ -91,7 +92,7 @@ def served(rt: runner.Runtime, call: Call) -> dict[str, Any]:
     """What the lean runtime does for `call` short of launching: its region (a miss, then with FA4_AOT_BUILD_WAIT
     the wait for the build) and every kernel of it fetched into the store. KernelMissing when not served."""
     attn = rt.attention(Signature.of(call))
-    sizes = attn.sizes(replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
+    sizes = attn.sizes(recipe_format.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
     region = attn.region(sizes)
     keys = [k["kernel_key"] for k in region["kernels"]]
     rt.libraries.prefetch(keys)

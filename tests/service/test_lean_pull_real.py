@@ -24,7 +24,8 @@ OPEN = r"""
 import json, sys
 from pathlib import Path
 from fa4_aot.matrix import variants
-from fa4_aot.runtime import replay, runner
+from fa4_aot.runtime import runner
+from fa4_aot.spec import recipe_format
 from fa4_aot.store import Store
 from fa4_aot.trust.policy import Trust
 from fa4_aot.spec.calls import Call
@@ -41,7 +42,7 @@ if server:
     fetcher = Fetcher(remote, Trust.from_env(sku, store, remote), store)
 rt = runner.Runtime(store, sku, None, None, fetcher)
 attn = rt.attention(Signature.of(call))
-sizes = replay.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
+sizes = recipe_format.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k)
 attn.preload(sizes)
 names = [type(rt.libraries.function(e.kernel_key, e.family)).__name__ for e in store.entries()]
 print(json.dumps({"functions": names, "regions": len(attn.regions), "fetched": fetcher.fetched if fetcher else 0,

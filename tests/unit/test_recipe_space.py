@@ -7,8 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fa4_aot.runtime import replay
-from fa4_aot.spec import recipe_space, symexpr
+from fa4_aot.spec import recipe_format, recipe_space, symexpr
 from fa4_aot.spec.signature import Signature
 from fa4_aot.spec.skus import Sku
 
@@ -18,7 +17,7 @@ SIG = Signature(layout="dense", pass_="fwd", dtype="bf16", head_dim=128, head_di
 S = ["sym", "seqlen_q"]
 K = ["sym", "seqlen_k"]
 B = ["sym", "batch"]
-H = ["sym", replay.HEADS]
+H = ["sym", recipe_format.HEADS]
 # guards of the forms FA4's recordings hold (fa4/record.py): size-1 tests, tile edges, the split heuristic
 GUARDS = [
     ["ne", B, 1], ["eq", B, 1], ["gt", ["mul", 4, S], 128], ["le", ["mul", 4, S], 128],
@@ -31,18 +30,19 @@ GUARDS = [
 ]
 
 
-@pytest.mark.parametrize("layout", list(replay.SIZE_NAMES))
+@pytest.mark.parametrize("layout", list(recipe_format.SIZE_NAMES))
 def test_draws_lie_in_the_space_and_name_every_size(layout: str) -> None:
     sig = Signature(**{**SIG.to_dict(), "layout": layout, "page_size": 16 if layout == "paged" else 0,
                        "window": (0, 0)})
     sp = recipe_space.space(sig, SKU)
-    assert set(sp.names) == set(replay.SIZE_NAMES[layout])
+    assert set(sp.names) == set(recipe_format.SIZE_NAMES[layout])
     points = recipe_space.draw(sp, np.random.default_rng(1), 5000)
-    assert set(points) == set(replay.size_names(layout))
-    assert (points[replay.HEADS] == 8).mean() > 0.4 and set(points[replay.HEADS]) == {1, 8}  # split-KV: own and 1
+    assert set(points) == set(recipe_format.size_names(layout))
+    heads = points[recipe_format.HEADS]
+    assert (heads == 8).mean() > 0.4 and set(heads) == {1, 8}  # split-KV: own and 1
     plain = recipe_space.draw(recipe_space.space(dataclasses.replace(sig, num_splits=1), SKU),
                               np.random.default_rng(1), 5000)
-    assert set(plain[replay.HEADS]) == set(recipe_space.HEAD_COUNTS)
+    assert set(plain[recipe_format.HEADS]) == set(recipe_space.HEAD_COUNTS)
     for size in sp.sizes:
         values = points[size.name]
         assert values.min() >= size.low and values.max() <= size.high
