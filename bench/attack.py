@@ -33,7 +33,7 @@ from fa4_aot.remote.http import Remote  # noqa: E402
 from fa4_aot.spec import kernel_keys  # noqa: E402
 from fa4_aot.spec.skus import Sku  # noqa: E402
 from fa4_aot.store import Store  # noqa: E402
-from fa4_aot.trust import signing  # noqa: E402
+from fa4_aot.trust import signing, signing_keys  # noqa: E402
 from fa4_aot.trust.policy import Trust  # noqa: E402
 from tests.trust.raw_server import RawServer, reply  # noqa: E402
 
@@ -146,17 +146,17 @@ def http_attacks(url: str, cache: Path, tokens: dict[str, str]) -> None:
         return signing.sign({"sku": facts, "kernels": kernels, "toolchain": [], "created": f"2026-01-01T00:00:{n:02d}Z",
                              "expires": "2099-01-01T00:00:00Z", **extra}, key)
 
-    flood_key = signing.load_private(signing.generate(keys_dir, "flood")[0])
+    flood_key = signing_keys.load_private(signing_keys.generate(keys_dir, "flood")[0])
     listed = {victim["kernel_key"]: victim["object_digest"]}
     attempt("D14 empty manifest", lambda: _is(code(pub.put("/v1/skus/h200/manifests", json=envelope({}, 0, flood_key))),
                                               422))
     attempt("D14 manifest padded to 1 MB", lambda: _is(code(pub.put("/v1/skus/h200/manifests", json=envelope(
         listed, 1, flood_key, pad="x" * 900_000))), 422, 413))
-    codes = [pub.put("/v1/skus/h200/manifests", json=envelope(listed, 10 + n, signing.load_private(
-        signing.generate(keys_dir, f"k{n}")[0]))).status_code for n in range(10)]
+    codes = [pub.put("/v1/skus/h200/manifests", json=envelope(listed, 10 + n, signing_keys.load_private(
+        signing_keys.generate(keys_dir, f"k{n}")[0]))).status_code for n in range(10)]
     attempt("D14 manifests by 10 fresh keys (publish token)", lambda: (codes.count(429) == 2, str(codes)))
     attempt("admin may add a ninth key", lambda: _is(code(admin.put("/v1/skus/h200/manifests", json=envelope(
-        listed, 40, signing.load_private(signing.generate(keys_dir, "adm")[0])))), 201))
+        listed, 40, signing_keys.load_private(signing_keys.generate(keys_dir, "adm")[0])))), 201))
     for target in ("/v1/objects/..%2F..%2Fetc%2Fpasswd", "/v1/objects/" + "A" * 64, "/v1/kernels/../../x"):
         attempt(f"traversal {target}", lambda t=target: _is(code(client().get(t)), 400, 404))
     link = "5" * 64
@@ -219,7 +219,7 @@ def client_attacks(tmp: Path) -> None:
         attempt("D5 hung server, 5 missing kernels", d5)
     box.clear()
     box.append(RawServer(lambda path, conn: box[0].send(conn, reply(200, b"<html>login</html>", "text/html"))))
-    _, public = signing.generate(tmp / "keys", "client")
+    _, public = signing_keys.generate(tmp / "keys", "client")
     with box[0]:
         def d11() -> tuple[bool, str]:
             trust = Trust(Sku("h200", "sm_90a", 132, 62914560, 13), Store(tmp / "c11"), Remote(box[0].url),
@@ -231,7 +231,7 @@ def client_attacks(tmp: Path) -> None:
 
     def d7() -> tuple[bool, str]:
         try:
-            signing.trusted_keys(str(empty))
+            signing_keys.trusted_keys(str(empty))
         except TrustError as e:
             return True, str(e)
         return False, "trust silently off"

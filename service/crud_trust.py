@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from fa4_aot.errors import StoreError, TrustError
 from fa4_aot.spec.kernel_keys import dumps as canonical_json
-from fa4_aot.trust import signing
+from fa4_aot.trust import signing, signing_keys
 
 from . import models, schemas
 from .crud import record_audit, retrying
@@ -116,7 +116,7 @@ def _checked_shape(envelope: Any, sku: str) -> dict[str, Any]:
         raw = base64.b64decode(envelope["public_key"], validate=True)
     except (binascii.Error, ValueError):
         raw = b""
-    if len(raw) != 32 or envelope["key_id"] != signing.key_id_of(raw):
+    if len(raw) != 32 or envelope["key_id"] != signing_keys.key_id_of(raw):
         raise InvalidBody(f"key_id {envelope['key_id'][:40]!r} does not name public_key: a key id is the first 16 "
                           "hex digits of the sha256 of the 32-byte Ed25519 public key; sign with `fa4-aot sign`")
     return manifest

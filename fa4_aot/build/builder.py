@@ -26,7 +26,7 @@ from ..remote.http import Remote
 from ..remote.push_pull import push
 from ..spec import kernel_keys
 from ..store import Store
-from ..trust import signing
+from ..trust import signing, signing_keys
 from .executors import Executor
 from .orchestrator import Report
 from .rebuild import build_misses
@@ -167,7 +167,7 @@ class Builder:
             raise RemoteError(f"publishing to {self.remote.url} failed: {'; '.join(result.failures[:3])}")
         if self.signing_key is not None:
             sku = self.matrix.sku(report.sku)
-            key = signing.load_private(self.signing_key)
+            key = signing_keys.load_private(self.signing_key)
             envelope = signing.sign(signing.manifest_of(self.store, sku), key, self.signing_key.stem)
             self.remote.push_manifest(sku.name, envelope)
 

@@ -22,9 +22,9 @@ def keys() -> None:
 def keys_generate(folder: Path, name: str) -> None:
     """Make a key pair. Keep NAME.key on the build host; give NAME.pub's line to clients as
     FA4_AOT_TRUSTED_KEYS (the line itself, or the file's path)."""
-    from ..trust import signing
+    from ..trust import signing_keys
 
-    private, public = signing.generate(folder, name)
+    private, public = signing_keys.generate(folder, name)
     click.echo(f"private key: {private} (keep it secret)\npublic key:  {folder / (name + '.pub')} "
                f"(key id {public.key_id})\n{public.line()}")
 
@@ -41,10 +41,10 @@ def sign(store: Store, sku: str, key_path: Path, expires_days: float, variants_f
          as_json: bool) -> None:
     """Sign a manifest of every kernel the store holds for SKU (kernel keys -> object digests, toolchain,
     created, expiry) and keep it in the store; `fa4-aot push` uploads it."""
-    from ..trust import signing
+    from ..trust import signing, signing_keys
 
     target = load_matrix(variants_file).sku(sku)
-    key = signing.load_private(key_path)
+    key = signing_keys.load_private(key_path)
     envelope = signing.sign(signing.manifest_of(store, target, expires_days), key, key_path.stem)
     path = signing.save(store, envelope)
     doc = {"manifest_id": signing.manifest_id(envelope), "key_id": envelope["key_id"], "path": str(path),

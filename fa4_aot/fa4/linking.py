@@ -28,7 +28,7 @@ from pathlib import Path
 from ..config import host_arch
 from ..errors import BuildError
 from ..spec.hosts import HostTarget, elf_arch
-from ..store.fsutil import atomic_write
+from ..store.atomic import atomic_write
 from .versions import cutlass_cuda_flavor
 
 # SONAMEs a linked kernel needs, in the order the client loads them.

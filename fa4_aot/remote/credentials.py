@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from ..errors import Fa4AotError
-from ..store.fsutil import atomic_write
+from ..store.atomic import atomic_write
 
 
 def path() -> Path:

@@ -14,9 +14,11 @@ Parts (one module each, one face: Store):
     index.py    index entries (Entry): the commit marker of a kernel
     side.py     misses, recipe files, signed manifests, change marks
     upkeep.py   what verify, gc and prune ask: scans, hashes, removal, quarantine, temp files
+The file primitives they build on: atomic.py (atomic_write, AtomicFile), beneath.py (opens below the root that
+follow no link), locking.py (FileLock), folders.py (exact modes, the folder trust check), hashing.py, fs_errors.py.
 
 Objects are written before their index entry, so an entry that exists is complete; every read
-re-hashes the object. All writes go through fsutil.AtomicFile (temp file beside the target, then rename).
+re-hashes the object. All writes go through atomic.AtomicFile (temp file beside the target, then rename).
 Store is the only code that builds paths under the root: the service (uploads, serving, startup import),
 signing (manifests) and maintenance (verify, gc, quarantine) all go through its methods.
 
@@ -31,7 +33,7 @@ level by level with O_NOFOLLOW); the root itself may be a symlink, resolved once
 
 from __future__ import annotations
 
-from .fsutil import sha256_file as sha256_file  # re-exported: callers hash object files by path
+from .hashing import sha256_file as sha256_file  # re-exported: callers hash object files by path
 from .index import Entry, Index
 from .objects import Objects, ObjectUpload
 from .root import HEX64, QUARANTINE, Found, check_hex

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import StoreError
 from ..spec import kernel_keys
-from .fsutil import refuse_symlink, shown
+from .fs_errors import refuse_symlink, shown
 from .objects import Objects
 from .root import check_hex
 

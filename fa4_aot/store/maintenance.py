@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import StoreError
 from . import Entry, Found, Store
-from .fsutil import shown
+from .fs_errors import shown
 
 
 @dataclass

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import IntegrityError, StoreError
-from .fsutil import AtomicFile, hash_stream, lstat_beneath, refuse_symlink
+from .atomic import AtomicFile
+from .beneath import lstat_beneath
+from .fs_errors import refuse_symlink
+from .hashing import hash_stream
 from .root import Root, check_hex
 
 
@@ -47,7 +50,7 @@ class Objects(Root):
     def receive(self, digest: str, *, source: str) -> ObjectUpload:
         """A streamed put for callers that produce the bytes themselves (the service's async upload):
         `with store.receive(d, source=...) as up: up.write(chunk)...; up.commit(size)`. The bytes go to a temp
-        file (fsutil.AtomicFile: store modes, no link followed) while being counted and hashed; commit() renames
+        file (atomic.AtomicFile: store modes, no link followed) while being counted and hashed; commit() renames
         it into place only if they hash to `digest` (and are `size` bytes), else raises IntegrityError; leaving
         the block without a commit stores nothing."""
         path = self.object_path(digest)

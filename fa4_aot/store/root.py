@@ -1,5 +1,5 @@
 """The store's root: its layout, the trust check of its folders, and the only ways to write, open, look at, list
-and unlink below it, every one level by level with no link followed (fsutil). The other parts of the Store
+and unlink below it, every one level by level with no link followed (beneath.py). The other parts of the Store
 (objects.py, index.py, side.py, upkeep.py) build on these and never touch the file system otherwise."""
 
 from __future__ import annotations
@@ -13,19 +13,11 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import StoreError
-from .fsutil import (
-    DIR_MODE,
-    FILE_MODE,
-    TMP_SUFFIX,
-    FileLock,
-    atomic_write,
-    check_folder,
-    lstat_beneath,
-    make_dirs,
-    open_beneath,
-    open_dir_beneath,
-    refuse_symlink,
-)
+from .atomic import TMP_SUFFIX, atomic_write
+from .beneath import lstat_beneath, open_beneath, open_dir_beneath
+from .folders import DIR_MODE, FILE_MODE, check_folder, make_dirs
+from .fs_errors import refuse_symlink
+from .locking import FileLock
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 _FANOUT = re.compile(r"[0-9a-f]{2}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
-from .fsutil import lstat_beneath
+from .beneath import lstat_beneath
 from .root import HEX64, Root, _check_sku, _listdir_beneath, check_hex
 
 

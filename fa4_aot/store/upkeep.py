@@ -10,7 +10,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import StoreError
-from .fsutil import TMP_SUFFIX, hash_stream, lstat_beneath, move_beneath, open_dir_beneath, shown
+from .atomic import TMP_SUFFIX
+from .beneath import lstat_beneath, move_beneath, open_dir_beneath
+from .fs_errors import shown
+from .hashing import hash_stream
 from .objects import Objects
 from .root import QUARANTINE, Found
 

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import Fa4AotError, TrustError
 from ..spec.skus import Sku
 from ..store import Entry, Store
-from . import signing
+from . import signing, signing_keys
 from .signing import Revocations
 
 _warned = False
@@ -44,7 +44,7 @@ def revoked_in(path: str | None) -> Revocations:
 
 
 class Trust:
-    def __init__(self, sku: Sku, store: Store, remote: Any, trusted: dict[str, signing.PublicKey],
+    def __init__(self, sku: Sku, store: Store, remote: Any, trusted: dict[str, signing_keys.PublicKey],
                  insecure: bool = False, revoked: Revocations | None = None) -> None:
         self.sku, self.store, self.remote = sku, store, remote
         self.trusted, self.insecure = trusted, insecure
@@ -57,7 +57,7 @@ class Trust:
     @classmethod
     def from_env(cls, sku: Sku, store: Store, remote: Any) -> Trust:
         """Read FA4_AOT_TRUSTED_KEYS, FA4_AOT_INSECURE and FA4_AOT_REVOKED now (config at call time)."""
-        return cls(sku, store, remote, signing.trusted_keys(os.environ.get("FA4_AOT_TRUSTED_KEYS")),
+        return cls(sku, store, remote, signing_keys.trusted_keys(os.environ.get("FA4_AOT_TRUSTED_KEYS")),
                    insecure=os.environ.get("FA4_AOT_INSECURE") == "1",
                    revoked=revoked_in(os.environ.get("FA4_AOT_REVOKED")))
 

@@ -12,7 +12,8 @@ and, for the lean runtime, "libraries": {kernel_key: {host arch: {"digest": libr
 runtime library object or ""}}}} and "recipes": {recipe key: sha256 of the recipe file's bytes}. Manifests
 signed before the lean runtime lack the last two: they still serve install(), and the lean runtime refuses
 under them (re-sign).
-A manifest's id is the sha256 of its canonical JSON; revocations name key ids or manifest ids.
+A manifest's id is the sha256 of its canonical JSON; revocations name key ids or manifest ids. The keys
+themselves (generating, loading, key ids, FA4_AOT_TRUSTED_KEYS) are signing_keys.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import base64
 import datetime as dt
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,108 +31,13 @@ from ..errors import StoreError, TrustError
 from ..spec.kernel_keys import dumps, serves
 from ..spec.skus import Sku
 from ..store import Store, check_hex
-from ..store.fsutil import atomic_write, make_dirs
+from .signing_keys import PublicKey, public_of
 
 if TYPE_CHECKING:  # cryptography is imported where keys are used: importing it costs a client's cold start
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 FORMAT = "fa4-aot-manifest/1"
 _UTC_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
-PUBLIC_PREFIX = "fa4-aot-ed25519"
-
-
-@dataclass(frozen=True)
-class PublicKey:
-    key_id: str
-    raw: bytes
-    name: str = ""
-
-    def line(self) -> str:
-        return f"{PUBLIC_PREFIX} {base64.b64encode(self.raw).decode()} {self.name}".rstrip()
-
-
-def key_id_of(raw: bytes) -> str:
-    return hashlib.sha256(raw).hexdigest()[:16]
-
-
-def generate(folder: Path, name: str) -> tuple[Path, PublicKey]:
-    """A new key pair: `<folder>/<name>.key` (PKCS#8 PEM, mode 0600) and `<name>.pub` (one line). Refuses to
-    overwrite an existing private key."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    private_path = folder / f"{name}.key"
-    if private_path.exists():
-        raise TrustError(f"{private_path} exists; pick another --name or move it away first")
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
-    make_dirs(folder, 0o700)  # owner-only whatever the umask: it holds the private key
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    public = _public_of(key, name)
-    atomic_write(folder / f"{name}.pub", (public.line() + "\n").encode())
-    return private_path, public
-
-
-def _public_of(key: Ed25519PrivateKey, name: str) -> PublicKey:
-    from cryptography.hazmat.primitives import serialization
-
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return PublicKey(key_id_of(raw), raw, name)
-
-
-def load_private(path: Path) -> Ed25519PrivateKey:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    try:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as e:
-        raise TrustError(f"cannot read signing key {path}: {e}; make one with `fa4-aot keys generate`") from e
-    if not isinstance(key, Ed25519PrivateKey):
-        raise TrustError(f"{path} is not an Ed25519 key; make one with `fa4-aot keys generate`")
-    return key
-
-
-def parse_public(line: str) -> PublicKey:
-    """One `fa4-aot-ed25519 <base64> [name]` line. Raises TrustError for anything else."""
-    parts = line.split(maxsplit=2)
-    try:
-        if len(parts) < 2 or parts[0] != PUBLIC_PREFIX:
-            raise ValueError(f"expected '{PUBLIC_PREFIX} <base64> [name]'")
-        raw = base64.b64decode(parts[1], validate=True)
-        if len(raw) != 32:
-            raise ValueError("an Ed25519 public key is 32 bytes")
-    except ValueError as e:
-        raise TrustError(f"invalid public key {line[:80]!r}: {e}") from e
-    return PublicKey(key_id_of(raw), raw, parts[2] if len(parts) > 2 else "")
-
-
-def trusted_keys(spec: str | None) -> dict[str, PublicKey]:
-    """Keys from FA4_AOT_TRUSTED_KEYS: a file of key lines, or the lines themselves (separated by newlines or
-    ';'). Blank lines and '#' comments are skipped. Unset or empty: no keys (trust is off). Set to anything
-    that yields no key (an empty or comment-only file, blanks) or names a file that cannot be read: TrustError,
-    never trust silently off."""
-    if not spec:
-        return {}
-    source = "FA4_AOT_TRUSTED_KEYS"
-    if spec.lstrip().startswith(PUBLIC_PREFIX) or not spec.strip():
-        text = spec
-    else:
-        source = f"FA4_AOT_TRUSTED_KEYS file {spec}"
-        try:
-            text = Path(spec).read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise TrustError(f"cannot read {source}: {e}; point it at the build's .pub file (`fa4-aot keys "
-                             "generate`) or give the key line itself") from None
-    lines = [x.strip() for chunk in text.splitlines() for x in chunk.split(";")]
-    keys = [parse_public(x) for x in lines if x and not x.startswith("#")]
-    if not keys:
-        raise TrustError(f"{source} is set but holds no key, which would turn signature checks off: put the "
-                         f"build's public key line ('{PUBLIC_PREFIX} <base64> [name]') there, or unset it")
-    return {k.key_id: k for k in keys}
 
 
 def manifest_of(store: Store, sku: Sku, expires_days: float = 365.0, now: dt.datetime | None = None
@@ -165,7 +70,7 @@ def library_listing(lib: dict[str, Any]) -> dict[str, Any]:
 
 
 def sign(manifest: dict[str, Any], key: Ed25519PrivateKey, name: str = "") -> dict[str, Any]:
-    public = _public_of(key, name)
+    public = public_of(key, name)
     return {
         "format": FORMAT, "manifest": manifest, "key_id": public.key_id,
         "public_key": base64.b64encode(public.raw).decode(),

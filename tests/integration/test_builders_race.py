@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.store import Store, maintenance
-from fa4_aot.store.fsutil import TMP_SUFFIX
+from fa4_aot.store.atomic import TMP_SUFFIX
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 
 pytestmark = pytest.mark.slow

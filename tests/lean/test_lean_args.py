@@ -112,7 +112,7 @@ def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> 
     from fa4_aot.errors import TrustError
     from fa4_aot.matrix import variants
     from fa4_aot.store import Store, recipes
-    from fa4_aot.trust import signing
+    from fa4_aot.trust import signing, signing_keys
     from fa4_aot.trust.policy import Trust
 
     sku = variants.load(default_variants_file()).skus["h200"]
@@ -123,15 +123,15 @@ def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> 
               "fwd": [], "bwd": [], "outputs": {}, "kernels": [], "softmax_scale": 0.125}
     data = json.dumps({"key": key, "regions": [region]}).encode()
     store.put_recipes(key, data)
-    private, public = signing.generate(tmp_path / "keys", "k")
+    private, public = signing_keys.generate(tmp_path / "keys", "k")
     old = {"sku": {"name": sku.name, **sku.target_facts()}, "kernels": {}, "toolchain": [],
            "created": "2026-01-01T00:00:00Z", "expires": "2099-01-01T00:00:00Z"}
-    signing.save(store, signing.sign(old, signing.load_private(private)))
+    signing.save(store, signing.sign(old, signing_keys.load_private(private)))
     trusted = {public.key_id: public}
     with pytest.raises(TrustError, match="re-sign"):
         runner.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig)
     listed = {**old, "created": "2026-02-01T00:00:00Z", "recipes": {key: hashlib.sha256(data).hexdigest()}}
-    signing.save(store, signing.sign(listed, signing.load_private(private)))
+    signing.save(store, signing.sign(listed, signing_keys.load_private(private)))
     assert len(runner.Runtime(store, sku, None, Trust(sku, store, None, trusted)).attention(sig).regions) == 1
     store.put_recipes(key, data + b" ")  # other bytes under the same key: not what was signed
     with pytest.raises(TrustError, match="is listed with sha256"):

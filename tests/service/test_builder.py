@@ -26,7 +26,7 @@ from fa4_aot.remote import wait as build_wait
 from fa4_aot.remote.http import Remote
 from fa4_aot.runtime import misses as lean_miss
 from fa4_aot.store import Store
-from fa4_aot.trust import signing
+from fa4_aot.trust import signing_keys
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,7 @@ def test_32_clients_missing_one_call_cause_one_compile(server: Server, builders:
     for t in threads:
         t.start()
     wait_until(lambda: job_of(server, call).get("reports") == 32, 60, "32 reports of one job")
-    private, public = signing.generate(tmp_path / "keys", "builder")
+    private, public = signing_keys.generate(tmp_path / "keys", "builder")
     builders(signing_key=private)
     for t in threads:
         t.join(330)
@@ -104,7 +104,7 @@ def test_32_clients_missing_one_call_cause_one_compile(server: Server, builders:
     monkeypatch.setenv("FA4_AOT_BUILD_WAIT", "30")
     # a late client that trusts only the builder's key is served (its manifest lists the kernel, the library and
     # the recipe file), and nothing more is built
-    served(lean_client(server, tmp_path / "late", trusted=signing.trusted_keys(public.line())), call)
+    served(lean_client(server, tmp_path / "late", trusted=signing_keys.trusted_keys(public.line())), call)
     assert job_of(server, call)["built"] == job["built"] and len(jobs(server)) == len({j["id"] for j in jobs(server)})
 
 

@@ -21,14 +21,14 @@ from fa4_aot.remote.http import Remote
 from fa4_aot.runtime.fetch import Fetcher
 from fa4_aot.runtime.libraries import Libraries
 from fa4_aot.store import Store
-from fa4_aot.trust import signing
+from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.policy import Trust
 from service import db, models
 
 
 def _signed(store: Store, key_dir: Path) -> tuple[dict, Trust]:
-    private, public = signing.generate(key_dir, "build")
-    envelope = signing.sign(signing.manifest_of(store, SKU), signing.load_private(private))
+    private, public = signing_keys.generate(key_dir, "build")
+    envelope = signing.sign(signing.manifest_of(store, SKU), signing_keys.load_private(private))
     signing.save(store, envelope)
     return envelope, Trust(SKU, Store(key_dir / "unused"), None, {public.key_id: public})
 
@@ -79,10 +79,10 @@ def test_client_with_trusted_keys_refuses_a_swapped_library_or_recipe(launch: La
 def test_manifests_signed_before_the_lean_runtime_serve_install_but_the_lean_path_asks_to_resign(
         tmp_path: Path) -> None:
     store, [entry], recipes = lean_store(tmp_path / "build", kernels=1)
-    private, public = signing.generate(tmp_path / "keys", "old")
+    private, public = signing_keys.generate(tmp_path / "keys", "old")
     manifest = signing.manifest_of(store, SKU)
     del manifest["libraries"], manifest["recipes"]  # what `fa4-aot sign` wrote before the lean runtime
-    signing.save(store, signing.sign(manifest, signing.load_private(private)))
+    signing.save(store, signing.sign(manifest, signing_keys.load_private(private)))
     trust = Trust(SKU, store, None, {public.key_id: public})
     trust.check(entry)  # the FA4 path (install()) keeps working
     with pytest.raises(TrustError, match="re-sign with `fa4-aot sign --sku h200`"):

@@ -255,12 +255,12 @@ def test_d13_deep_or_chunked_oversized_json_is_refused_cleanly(server: Server) -
 
 @pytest.mark.bad_input("HTTP")
 def test_d14_manifest_flood_is_bounded(server: Server, tmp_path: Path) -> None:
-    from fa4_aot.trust import signing
+    from fa4_aot.trust import signing, signing_keys
 
     with server.client("publish") as c:
         doc = _publish(c, os.urandom(100), sku="d14")
     facts = {k: doc[k] for k in ("arch", "sm_count", "l2_bytes", "cuda_major", "host")}
-    key = signing.load_private(signing.generate(tmp_path, "flood")[0])
+    key = signing_keys.load_private(signing_keys.generate(tmp_path, "flood")[0])
 
     def envelope(kernels: dict[str, object], n: int, **extra: object) -> dict[str, object]:
         manifest = {"sku": {"name": "d14", **facts}, "kernels": kernels, "toolchain": {},
@@ -272,7 +272,7 @@ def test_d14_manifest_flood_is_bounded(server: Server, tmp_path: Path) -> None:
         empty = c.put("/v1/skus/d14/manifests", json=envelope({}, 0))
         padded = c.put("/v1/skus/d14/manifests", json=envelope(listed, 1, padding="x" * 500_000))
         stored = [c.put("/v1/skus/d14/manifests", json=envelope(listed, n)).status_code for n in range(2, 22)]
-        other_keys = [signing.load_private(signing.generate(tmp_path, f"k{n}")[0]) for n in range(9)]
+        other_keys = [signing_keys.load_private(signing_keys.generate(tmp_path, f"k{n}")[0]) for n in range(9)]
         by_key = [c.put("/v1/skus/d14/manifests", json=signing.sign(
             envelope(listed, 30 + n)["manifest"], k)).status_code  # type: ignore[arg-type]
             for n, k in enumerate(other_keys)]

@@ -10,7 +10,7 @@ from pathlib import Path
 from service_helpers import Launch, kernel_doc
 
 from fa4_aot.store import Entry, Store
-from fa4_aot.store.fsutil import atomic_write
+from fa4_aot.store.atomic import atomic_write
 
 
 def _write_store(cache: Path) -> tuple[list[Entry], list[str]]:

@@ -12,7 +12,7 @@ from service_helpers import H200, Launch, kernel_doc
 
 from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
-from fa4_aot.trust import signing
+from fa4_aot.trust import signing, signing_keys
 
 SKU = Sku("h200", H200["arch"], H200["sm_count"], H200["l2_bytes"], H200["cuda_major"], host=H200["host"])
 
@@ -40,8 +40,8 @@ def test_kernels_and_manifests_written_after_start_are_served(launch: Launch, tm
     first = _add_kernel(store)
     server = launch(cache_dir=cache, store_poll="0.3")
     later = _add_kernel(store)  # a build into the served store
-    key_path, public = signing.generate(tmp_path / "keys", "build")
-    envelope = signing.sign(signing.manifest_of(store, SKU), signing.load_private(key_path))
+    key_path, public = signing_keys.generate(tmp_path / "keys", "build")
+    envelope = signing.sign(signing.manifest_of(store, SKU), signing_keys.load_private(key_path))
     signing.save(store, envelope)  # what `fa4-aot sign` does
 
     with server.client() as c:

@@ -14,7 +14,7 @@ import pytest
 from service_helpers import H200, Launch, Server, kernel_doc, row_counts, store_files
 
 from fa4_aot.spec.skus import Sku
-from fa4_aot.trust import signing
+from fa4_aot.trust import signing, signing_keys
 from service import crud, db
 from service.errors import InvalidInput, TokenNotFound
 
@@ -37,13 +37,13 @@ def _envelope(key_path: Path, sku: str, kernels: dict[str, str], created: str = 
               **sku_overrides: Any) -> dict[str, Any]:
     manifest = {"sku": {"name": sku, **FACTS, **sku_overrides}, "kernels": kernels,
                 "toolchain": [{"flash-attn-4": "4.0.0b36"}], "created": created, "expires": "2099-01-01T00:00:00Z"}
-    return signing.sign(manifest, signing.load_private(key_path))
+    return signing.sign(manifest, signing_keys.load_private(key_path))
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("keys")
-    return signing.generate(folder, "one")[0], signing.generate(folder, "two")[0]
+    return signing_keys.generate(folder, "one")[0], signing_keys.generate(folder, "two")[0]
 
 
 def _token(server: Server, name: str, scope: str = "publish", skus: list[str] | None = None) -> str:
@@ -69,7 +69,7 @@ def test_put_then_get_manifests_newest_first(server: Server, keys: tuple[Path, P
         "created": "2026-01-01T00:00:00Z", "expires": "2099-01-01T00:00:00Z"}
     assert listed.status_code == 200 and listed.json() == {"manifests": [new, old]}
     # What the server hands out verifies on a client that trusts the key.
-    trusted = {k.key_id: k for k in [signing.parse_public(keys[0].with_suffix(".pub").read_text())]}
+    trusted = {k.key_id: k for k in [signing_keys.parse_public(keys[0].with_suffix(".pub").read_text())]}
     sku = Sku(name="trust-put", **FACTS)
     for envelope in listed.json()["manifests"]:
         assert signing.verify(envelope, trusted, sku, signing.Revocations())["kernels"] == kernels

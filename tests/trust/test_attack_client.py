@@ -19,7 +19,7 @@ from fa4_aot.remote import push_pull
 from fa4_aot.remote.http import Remote
 from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
-from fa4_aot.trust import signing
+from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.policy import Trust
 from tests.service.service_helpers import Server, kernel_doc, prepare_database
 from tests.trust.raw_server import RawServer, reply
@@ -80,21 +80,21 @@ def test_d7_trusted_keys_that_yield_no_key_are_an_error(tmp_path: Path, content:
     keys_file = tmp_path / "trusted.pub"
     keys_file.write_text(content)
     with pytest.raises(TrustError, match="holds no key"):
-        signing.trusted_keys(str(keys_file))
+        signing_keys.trusted_keys(str(keys_file))
     if content and not content.strip():  # blanks given inline
         with pytest.raises(TrustError, match="holds no key"):
-            signing.trusted_keys(content)
+            signing_keys.trusted_keys(content)
     monkeypatch.setenv("FA4_AOT_TRUSTED_KEYS", str(keys_file))
     with pytest.raises(TrustError):
         Trust.from_env(H200, Store(tmp_path / "cache"), None)
     with pytest.raises(TrustError, match="cannot read"):
-        signing.trusted_keys(str(tmp_path / "missing.pub"))
+        signing_keys.trusted_keys(str(tmp_path / "missing.pub"))
 
 
 @pytest.mark.bad_input("manifests")
 def test_d8_newest_manifest_of_a_key_decides(tmp_path: Path) -> None:
-    private, public = signing.generate(tmp_path / "keys", "build")
-    key = signing.load_private(private)
+    private, public = signing_keys.generate(tmp_path / "keys", "build")
+    key = signing_keys.load_private(private)
     store = Store(tmp_path / "cache")
     old_data, new_data = os.urandom(100), os.urandom(100)
     old_entry = entry_for(old_data)
@@ -125,7 +125,7 @@ def test_d11_broken_answers_fail_cleanly(tmp_path: Path) -> None:
     holder: list[RawServer] = []
     server = RawServer(lambda path, conn: holder[0].send(conn, reply(200, html, "text/html")))
     holder.append(server)
-    _, public = signing.generate(tmp_path / "keys", "build")
+    _, public = signing_keys.generate(tmp_path / "keys", "build")
     store = Store(tmp_path / "cache")
     store.put_manifest("h200", "a" * 64, b"{not json")
     local = Entry(**{**entry_for(b"local").__dict__, "object_digest": store.put_object(b"local")})
@@ -162,7 +162,7 @@ def test_d16_pull_obeys_trust(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
                 doc = kernel_doc(data)
                 assert c.put(f"/v1/objects/{doc['object_digest']}", content=data).status_code == 201
                 assert c.post("/v1/kernels", json=doc).status_code == 201
-        _, unrelated = signing.generate(tmp_path / "keys", "unrelated")
+        _, unrelated = signing_keys.generate(tmp_path / "keys", "unrelated")
         monkeypatch.setenv("FA4_AOT_TRUSTED_KEYS", unrelated.line())
         store = Store(tmp_path / "mirror")
         result = push_pull.pull(store, Remote(server.url), "h200")

@@ -334,7 +334,7 @@ def test_d2_gc_never_deletes_an_object_a_writer_reuses(tmp_path: Path) -> None:
         gc.start()
         gc.join(timeout=1.0)  # gc has read its live set by now (and, unfixed, deleted the object)
         assert store.object_state(digest, len(data)) == "ok", "gc deleted an object a writer holds"
-        from fa4_aot.store.fsutil import atomic_write  # the entry, written as Store.put_entry does inside its hold
+        from fa4_aot.store.atomic import atomic_write  # the entry, written as Store.put_entry does inside its hold
 
         atomic_write(store.entry_path(entry.kernel_key), entry.to_json().encode(), root=store.root)
     gc.join(timeout=60)

@@ -14,7 +14,7 @@ from fa4_aot.errors import TrustError
 from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust import policy as trust
-from fa4_aot.trust import signing
+from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.signing import Revocations
 from tests.conftest import proven
 
@@ -40,8 +40,8 @@ def _entry(store: Store, data: bytes, sku: Sku = SKU) -> Entry:
 def setup(tmp_path: Path) -> dict[str, Any]:
     store = Store(tmp_path / "store")
     entries = [_entry(store, b"kernel-%d" % i) for i in range(3)]
-    private, public = signing.generate(tmp_path / "keys", "ci")
-    key = signing.load_private(private)
+    private, public = signing_keys.generate(tmp_path / "keys", "ci")
+    key = signing_keys.load_private(private)
     envelope = signing.sign(signing.manifest_of(store, SKU, now=NOW), key, "ci")
     return {"store": store, "entries": entries, "public": public, "key": key, "envelope": envelope,
             "trusted": {public.key_id: public}, "tmp": tmp_path}
@@ -109,14 +109,14 @@ def test_trusted_keys_from_env_forms(setup: dict, spec_kind: str) -> None:
         path = setup["tmp"] / "trusted.pub"
         path.write_text(f"# our build host\n{line}\n")
         spec = str(path)
-    assert set(signing.trusted_keys(spec)) == {setup["public"].key_id}
+    assert set(signing_keys.trusted_keys(spec)) == {setup["public"].key_id}
 
 
 @pytest.mark.bad_input("manifests")
 @pytest.mark.parametrize("line", ["ssh-ed25519 AAAA", "fa4-aot-ed25519 not-base64!", "fa4-aot-ed25519 AAAA"])
 def test_bad_public_key_lines(line: str) -> None:
     with pytest.raises(TrustError, match="invalid public key"):
-        signing.parse_public(line)
+        signing_keys.parse_public(line)
 
 
 @pytest.mark.parametrize("text,ok", [("key abc\nmanifest def # why\n\n", True), ("kee abc", False),
@@ -132,7 +132,7 @@ def test_revocation_file(text: str, ok: bool) -> None:
 def test_generate_refuses_to_overwrite_and_keeps_the_key_private(setup: dict) -> None:
     assert (setup["tmp"] / "keys" / "ci.key").stat().st_mode & 0o777 == 0o600
     with pytest.raises(TrustError, match="exists"):
-        signing.generate(setup["tmp"] / "keys", "ci")
+        signing_keys.generate(setup["tmp"] / "keys", "ci")
 
 
 def test_trust_policy_checks_local_entries_against_saved_manifests(setup: dict) -> None:

@@ -20,7 +20,8 @@ import pytest
 from fa4_aot.errors import DiskFull, IntegrityError, StoreError
 from fa4_aot.store import Entry, Miss, Store, maintenance, sha256_file
 from fa4_aot.store import objects as store_objects
-from fa4_aot.store.fsutil import FileLock, atomic_write
+from fa4_aot.store.atomic import atomic_write
+from fa4_aot.store.locking import FileLock
 from tests.conftest import proven
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -315,7 +316,7 @@ while True:
 """
 STALLED_WRITER = """
 import sys, time, pathlib
-from fa4_aot.store.fsutil import atomic_write
+from fa4_aot.store.atomic import atomic_write
 def chunks():
     yield b"x" * 65536
     print("mid-write", flush=True)
@@ -359,7 +360,7 @@ def test_sigkilled_writers_leave_only_temp_files_and_whole_objects(tmp_path: Pat
 
 
 LOCKER = """
-import sys, pathlib, fa4_aot.store.fsutil as f, fa4_aot.errors as e
+import sys, pathlib, fa4_aot.store.locking as f, fa4_aot.errors as e
 try:
     with f.FileLock(pathlib.Path(sys.argv[1]), timeout=float(sys.argv[2])):
         print("acquired")

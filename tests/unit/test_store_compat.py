@@ -13,7 +13,7 @@ from fa4_aot.build import orchestrator
 from fa4_aot.spec import kernel_keys
 from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Store, maintenance, migrate
-from fa4_aot.trust import signing
+from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.signing import Revocations
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -53,7 +53,7 @@ def test_old_entries_recompute_their_kernel_keys(store: Store) -> None:
 
 
 def test_old_signed_manifest_still_verifies(store: Store) -> None:
-    public = signing.parse_public((DATA / "store_v1.pub").read_text().strip())
+    public = signing_keys.parse_public((DATA / "store_v1.pub").read_text().strip())
     (envelope,) = signing.local(store, "h200")
     manifest = signing.verify(envelope, {public.key_id: public}, H200, Revocations())
     assert manifest["kernels"] == {e.kernel_key: e.object_digest for e in store.entries()}

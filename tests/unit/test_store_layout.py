@@ -1,4 +1,4 @@
-"""Only store/ (and store/fsutil.py, its file-system primitives) build paths under a store root: every other module
+"""Only store/ (and store/beneath.py, its opens that follow no link) build paths under a store root: every other module
 goes through the Store API, so the store's promises (atomic writes, owner-only modes, no link followed below the
 root) cannot be broken by a neighbour. An AST scan of fa4_aot/ and service/ enforces it."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED = {f"fa4_aot/store/{part}.py" for part in ("root", "objects", "index", "side", "upkeep", "fsutil")}
+ALLOWED = {f"fa4_aot/store/{part}.py" for part in ("root", "objects", "index", "side", "upkeep", "beneath")}
 PATH_GETTERS = {"object_path", "entry_path", "verified_object_path"}
 FILE_METHODS = {"open", "stat", "lstat", "is_file", "exists", "glob", "rglob", "iterdir", "unlink", "read_bytes",
                 "read_text", "write_bytes", "write_text", "mkdir", "parent", "joinpath"}
