@@ -9,7 +9,8 @@ decides is only where to record next: at points of the space that no region cove
 Points are drawn, many at once, from the probe values that reach every kernel (probes.py: both sides of every tile
 edge, batch regimes, split batches, the seqlen_k sweep), from values next to the constants of the recorded guards,
 and log-uniformly over each size's whole range; `covered` evaluates every region's guards on all of them at once
-(numpy), so a draw of 20,000 points is judged against a hundred regions in well under a second.
+(numpy), each guard only where the ones before it hold; `Judge` evaluates each distinct guard of a round's regions
+once (they share most of them), so a draw of 160,000 points is judged against a hundred regions in about a second.
 """
 
 from __future__ import annotations
@@ -193,20 +194,82 @@ def constants(guards: Iterable[Any]) -> set[int]:
 # -- which points the regions cover ----------------------------------------------------------------------------
 def covered(guards: list[Any], points: Mapping[str, Any]) -> Any:
     """A bool array: where every guard holds (a guard that cannot be evaluated at a point, e.g. a division by
-    zero, does not hold there)."""
+    zero, does not hold there).
+
+    Each guard is evaluated only at the points where the guards before it hold: a region's first guards
+    usually leave few of a draw's points, so the rest cost little (evaluation is elementwise, so the answer is
+    the same as evaluating every guard everywhere)."""
     count = len(next(iter(points.values())))
-    result = np.ones(count, dtype=bool)
+    alive = np.arange(count)  # the points where every guard so far holds
+    left: Mapping[str, Any] = points
     with np.errstate(all="ignore"):
         for g in guards:
-            value, valid = _evaluate(g, points)
-            result &= np.broadcast_to(np.asarray(value, dtype=bool) & valid, (count,))
-            if not result.any():
+            value, valid = _evaluate(g, left)
+            holds = np.broadcast_to(np.asarray(value, dtype=bool) & valid, (len(alive),))
+            if holds.all():
+                continue
+            alive = alive[holds]
+            if not len(alive):
                 break
+            left = {name: np.asarray(values)[alive] for name, values in points.items()}
+    result = np.zeros(count, dtype=bool)
+    result[alive] = True
     return result
 
 
-def _evaluate(expr: Any, points: Mapping[str, Any]) -> tuple[Any, Any]:
-    """(value, valid) of a symexpr expression over arrays of sizes; invalid where a division by zero happened."""
+class Judge:
+    """`covered` over one draw of points, for many regions: each distinct guard is evaluated once, then
+    remembered. The regions of a signature are FA4's decision paths and share most of their guards (a hundred
+    regions of fifteen guards hold about a hundred distinct ones), so judging every region of a round costs about
+    as much as judging a few. The points must not change while the judge is in use."""
+
+    def __init__(self, points: Mapping[str, Any]) -> None:
+        self.points = points
+        self.count = len(next(iter(points.values())))
+        self._holds: dict[str, Any] = {}  # repr of a guard -> where it holds
+        # repr of an operation inside a guard -> its (value, valid): guards share them (a tile count, a split
+        # heuristic's terms); up to PARTS_BYTES of them
+        self._parts = _Parts({}, PARTS_BYTES)
+
+    def covered(self, guards: list[Any]) -> Any:
+        """What `covered(guards, self.points)` returns (a new array)."""
+        result = np.ones(self.count, dtype=bool)
+        for g in guards:
+            result &= self._guard(g)
+            if not result.any():
+                break
+        return result
+
+    def any_covers(self, guard_lists: Iterable[list[Any]]) -> Any:
+        """A bool array: where at least one of the guard lists (one per region) holds."""
+        found = np.zeros(self.count, dtype=bool)
+        for guards in guard_lists:
+            found |= self.covered(guards)
+        return found
+
+    def _guard(self, guard: Any) -> Any:
+        key = repr(guard)
+        if key not in self._holds:
+            with np.errstate(all="ignore"):
+                value, valid = _evaluate(guard, self.points, self._parts)
+                self._holds[key] = np.broadcast_to(np.asarray(value, dtype=bool) & valid, (self.count,))
+        return self._holds[key]
+
+
+PARTS_BYTES = 64 << 20  # a judge's remembered operation results (int64 values and bool validity per point)
+
+
+@dataclass
+class _Parts:
+    """Remembered (value, valid) of operations over one draw's points, by repr, while `room` bytes are left."""
+
+    found: dict[str, tuple[Any, Any]]
+    room: int
+
+
+def _evaluate(expr: Any, points: Mapping[str, Any], memo: _Parts | None = None) -> tuple[Any, Any]:
+    """(value, valid) of a symexpr expression over arrays of sizes; invalid where a division by zero happened.
+    `memo`: operations already evaluated over the same points, read and filled (Judge's)."""
     if isinstance(expr, bool | int):
         return expr, True
     op = expr[0]
@@ -214,7 +277,19 @@ def _evaluate(expr: Any, points: Mapping[str, Any]) -> tuple[Any, Any]:
         return points[expr[1]], True
     if op == "frac":
         return expr[1] / expr[2], True
-    parts = [_evaluate(a, points) for a in expr[1:]]
+    if memo is None:
+        return _operation(op, [_evaluate(a, points) for a in expr[1:]])
+    key = repr(expr)  # guards are JSON values: repr tells 1, 1.0 and True apart, as evaluation does
+    if key in memo.found:
+        return memo.found[key]
+    found = _operation(op, [_evaluate(a, points, memo) for a in expr[1:]])
+    if memo.room > 0:
+        memo.found[key] = found
+        memo.room -= sum(getattr(x, "nbytes", 0) for x in found)
+    return found
+
+
+def _operation(op: str, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
     args = [p[0] for p in parts]
     valid = reduce(operator.and_, (p[1] for p in parts), True)
     if op in ("floordiv", "mod"):
