@@ -1,25 +1,21 @@
-"""`fa4-aot skus` and `fa4-aot build`: what can be built, and building it (no GPU needed)."""
+"""`fa4-aot hosts`, `fa4-aot skus` and `fa4-aot build`: what can be built, and building it (no GPU needed). The
+commands read their options here; building.py runs a build over its SKUs, reporting.py says what it did."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..store import Store
-from . import stopping
+from . import reporting
+from .building import Run, executor_for
 from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
-from .progress import Progress, quiet_option
+from .progress import quiet_option
 
 if TYPE_CHECKING:
-    from ..build import orchestrator as build_mod
-    from ..build.executors import Executor
-    from ..matrix.call_variants import Variant
-    from ..matrix.model_variants import ModelVariant
     from ..matrix.variants import Matrix
     from ..spec.skus import Sku
 
@@ -134,34 +130,13 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
     if from_misses:
         _build_misses(store, matrix, server, token, jobs, as_json)
         return
-    if not sku:
-        raise click.UsageError("--sku is required (or --from-misses)")
-    if push_url and executor != "ray":
-        raise click.UsageError("--push needs --executor ray; with the local executor, run `fa4-aot push` after it")
-    targets = list(matrix.skus.values()) if sku == "all" else [matrix.sku(s.strip()) for s in sku.split(",")]
-    chosen = matrix.select(list(only))
-    work = _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
-    ex = _executor(executor, jobs, ray_address, ray_node_ip, push_url, token)
+    targets = _targets(matrix, sku, executor, push_url)
+    chosen, work = matrix.select(list(only)), _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
+    ex = executor_for(executor, jobs, ray_address, ray_node_ip, push_url, token)
     if not (as_json or quiet):
-        where = f"Ray ({ray_address or 'local'})" if executor == "ray" else f"{jobs} job(s)"
-        click.echo(f"building {', '.join(f'{t.name} ({t.arch}, {t.sm_count} SMs)' for t in targets)} into "
-                   f"{push_url or store.root} on {where}", err=True)
-    reports: list[build_mod.Report] = []
-    # stdout carries only the result: what an executor prints (Ray reports dead workers there) goes to stderr
-    with contextlib.redirect_stdout(sys.stderr), stopping.on_signals() as stop:
-        try:
-            for t in targets:  # an interrupted SKU ends the build: the others are not started
-                with Progress("build", quiet=quiet, as_json=as_json) as bar:
-                    reports.append(_build_one(matrix, t, store, work, chosen, ex, dry_run, bar, push_url, token))
-                if reports[-1].interrupted:
-                    break
-        finally:
-            ex.close()
-    docs, lines = [], []
-    for report in reports:
-        doc, more = _report_doc(report, store, targets, jobs, dry_run)
-        docs.append(doc)
-        lines += more
+        click.echo(reporting.banner(targets, push_url or store.root, executor, ray_address, jobs), err=True)
+    reports, stop = Run(matrix, store, work, chosen, ex, dry_run, push_url, token).each(targets, quiet, as_json)
+    docs, lines = reporting.documents(reports, store, targets, jobs, dry_run)
     emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(lines))
     if any(r.interrupted for r in reports):
         sys.exit(stop.exit_code)
@@ -169,66 +144,13 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         sys.exit(1)
 
 
-def _executor(kind: str, jobs: int, address: str | None, node_ip: str | None, push_url: str | None,
-              token: str | None) -> Executor:
-    if kind == "ray":
-        from ..build.farm import RayExecutor
-
-        return RayExecutor(address, num_cpus=jobs, push=push_url, token=token, node_ip=node_ip)
-    from ..build.executors import LocalExecutor
-
-    return LocalExecutor(jobs)
-
-
-def _build_one(matrix: Matrix, target: Sku, store: Store, work: build_mod.Work | None,
-               chosen: list[Variant | ModelVariant], ex: Executor, dry_run: bool, bar: Progress,
-               push_url: str | None, token: str | None) -> build_mod.Report:
-    """Build for `target` the explicit (label, call or signature) `work` of --model/--calls, or else the
-    chosen variants."""
-    from ..build import orchestrator as build_mod
-
-    present = None
-    if push_url:  # the server, not this store, is where built kernels go: ask it what it has
-        present = _on_server(remote_for(push_url, token, param="push_url").kernel_keys(target.name))
-    if work is None:
-        work = build_mod.work_of(matrix, target, chosen)
-    with Progress("plan", quiet=bar.mode == "quiet", as_json=bar.mode == "json") as plan_bar:
-        return build_mod.build_calls(target, store, work, progress=_progress(bar), dry_run=dry_run,
-                                     executor=ex, present=present, planning=_planning(plan_bar))
-
-
-def _on_server(held: set[str]) -> Callable[[str], str | None]:
-    """`present` for a build that pushes: a kernel counts as held when the server lists its base key (its
-    signpost, or the kernel itself when it consumed no constant). The server's manifest gives keys, not the
-    constants a signpost names, so a kernel held only for other constant values is not rebuilt here: build it
-    without --push, or with --push after the SKU's manifest lists it."""
-
-    def present(base_key: str) -> str | None:
-        return base_key if base_key in held else None
-
-    return present
-
-
-def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs: int,
-                dry_run: bool) -> tuple[dict[str, Any], list[str]]:
-    """One SKU's JSON document and text lines: failures, the dry run's table and estimate, the summary."""
-    lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
-    lines += [f"LEAN RUNTIME: {message}" for message in report.lean_failures]
-    doc = report.to_dict()
-    if dry_run:
-        target = next(t for t in targets if t.name == report.sku)
-        extra, doc["estimate"] = _dry_run_lines(report, store, target, jobs)
-        lines += extra
-    lines.append(f"{report.sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
-                 f"{report.count('built')} built, {report.count('present')} already present, "
-                 + (f"{report.count('planned')} to build, " if dry_run else "")
-                 + f"{report.failed} failed ({report.seconds:.0f}s); planned with {report.sku}'s dispatch "
-                 f"({report.dispatch_sm_count} SMs)"
-                 + ("" if dry_run else f"; {report.recipes} lean recipe region(s) recorded"))
-    if report.interrupted:
-        lines[-1] = (f"INTERRUPTED {lines[-1]}; {report.not_built} not built (the kernels in flight were dropped, "
-                     "no partial entry is left): run the same command again to build the rest")
-    return doc, lines
+def _targets(matrix: Matrix, sku: str | None, executor: str, push_url: str | None) -> list[Sku]:
+    """The SKUs --sku names (all: every row of the table), once --sku and --push are known to make sense."""
+    if not sku:
+        raise click.UsageError("--sku is required (or --from-misses)")
+    if push_url and executor != "ray":
+        raise click.UsageError("--push needs --executor ray; with the local executor, run `fa4-aot push` after it")
+    return list(matrix.skus.values()) if sku == "all" else [matrix.sku(s.strip()) for s in sku.split(",")]
 
 
 def _explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
@@ -251,48 +173,10 @@ def _explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
     return modelwork.work(model, tps, parse_workloads(workload_arg))
 
 
-def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
-                   jobs: int) -> tuple[list[str], dict[str, Any]]:
-    """Kernels per variant (all it needs, and those the store lacks) and the estimated build time."""
-    from ..build.estimate import estimate
-
-    stored = {r.kernel_key for r in report.results if r.status == "present"}
-    lines = [f"{'variant':<28}{'kernels':>8}{'to build':>10}"]
-    for name, needed in sorted(report.by_variant.items()):
-        lines.append(f"{name:<28}{len(needed):>8}{len(needed - stored):>10}")
-    guess = estimate(report.count("planned"), store, target, jobs)
-    lines.append(f"estimated build time: {guess.seconds / 60:.1f} min for {guess.kernels} kernel(s) at "
-                 f"{guess.seconds_per_kernel:.1f} s each over {jobs} job(s) ({guess.source})")
-    return lines, guess.to_dict()
-
-
-def _planning(bar: Progress) -> Callable[[int, int], None]:
-    """Planning's progress, shown as compiling's is: work items (calls or signatures) planned so far. The
-    display closes when planning ends, before compiling's begins."""
-
-    def planned(done: int, total: int) -> None:
-        bar.update(done, total, "ok", f"planned {done} of {total} calls and signatures")
-        if done == total:
-            bar.close()
-
-    return planned
-
-
-def _progress(bar: Progress) -> Callable[[int, int, build_mod.Result], None]:
-    """Each finished kernel: a bar step, a line, or a JSON event (see progress.py)."""
-
-    def progress(done: int, total: int, result: build_mod.Result) -> None:
-        mark = {"built": "ok", "present": "--", "failed": "FAIL"}[result.status]
-        line = f"{mark} {result.family} {result.seconds:.1f} CPU-s  {result.call}" + \
-            (f"\n    {result.error}" if result.error else "")
-        bar.update(done, total, result.status, line, kernel_key=result.kernel_key, family=result.family,
-                   seconds=round(result.seconds, 3), call=result.call, error=result.error, sku=result.sku)
-
-    return progress
-
-
 def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str | None, jobs: int,
                   as_json: bool) -> None:
+    """--from-misses: build the kernels the server's clients missed (--server; pushed there) or those this store
+    recorded, and say per SKU what was built; exit 1 if any failed."""
     from dataclasses import asdict
 
     from ..build.rebuild import build_misses, rebuild_misses

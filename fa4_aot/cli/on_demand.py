@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from ..store import Store
-from .build_cmds import _executor
+from .building import executor_for
 from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
 from .stopping import on_signals
 
@@ -57,7 +57,7 @@ def builder(store: Store, server: str, token: str | None, jobs: int, executor: s
                         stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per claim would bury the jobs' lines
     matrix = load_matrix(variants_file)
-    ex = _executor(executor, jobs, ray_address, ray_node_ip, None, token)
+    ex = executor_for(executor, jobs, ray_address, ray_node_ip, None, token)
     first = remote_for(server, token)
     wait_for_server(first, 60.0)
     # remotes are made again in other threads (lease renewals), where there is no click context to ask
