@@ -123,7 +123,8 @@ def remote_for(server: str, token: str | None, param: str = "server") -> Remote:
     network) or without a scheme; a connection error advises on the option or the variable that gave the URL."""
     import os
 
-    from ..remote.http import ENV_ADVICE, Remote
+    from ..remote.http import Remote
+    from ..remote.transport import ENV_ADVICE
 
     if os.environ.get("FA4_AOT_OFFLINE") == "1":
         raise Fa4AotError(f"FA4_AOT_OFFLINE=1 forbids the network, and this command talks to {server}: unset "

@@ -1,0 +1,190 @@
+"""The server's routes as typed calls: one request each (transport.py: deadline, retries, the server treated as
+down), its JSON answer checked for shape (answers.py) before a field of it is used. Moving objects (downloads
+verified while they stream, bundles, uploads) is http.py's."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import httpx
+
+from ..errors import RemoteAuthError, RemoteError, StoreError
+from ..spec import kernel_keys
+from ..store import Entry, check_hex
+from ..store.recipes import MAX_BYTES as MAX_RECIPE
+from .answers import entry_of, listing_of, miss_of
+from .transport import Transport, decoded, shaped
+
+MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
+# Answers larger than transport.MAX_JSON: the revocation list (about 50,000 ids; trusted clients read it at every
+# start), and every page of the miss list together (the server keeps at most 10,000 misses a SKU). Recipe files:
+# MAX_RECIPE, the most the server accepts.
+MAX_REVOCATIONS = 4 << 20
+MAX_MISSES = 256 << 20
+
+
+class Endpoints(Transport):
+    """The typed calls of one server (see Transport for deadlines and retries)."""
+
+    # -- reads --------------------------------------------------------------------------------
+    def whoami(self) -> dict[str, Any] | None:
+        """What the server says this client's token is ({name, scope, skus}); None when the server predates
+        GET /v1/token. Raises RemoteAuthError for a missing, unknown or revoked token."""
+        response = self._request("GET", "/v1/token", ok=(200, 404))
+        return None if response.status_code == 404 else shaped(decoded(response, self.url), dict, self.url)
+
+    def skus(self) -> list[dict[str, Any]]:
+        return shaped(self._json("GET", "/v1/skus"), list, self.url)
+
+    def manifest(self, sku: str) -> dict[str, Any]:
+        """The server's listing of `sku`: its facts and `kernels`, each with its kernel key and size."""
+        return listing_of(self._json("GET", f"/v1/skus/{sku}/manifest"), f"{self.url}/v1/skus/{sku}/manifest")
+
+    def kernel_keys(self, sku: str) -> set[str]:
+        """Every kernel key the server holds for `sku` (none when it does not know the SKU yet)."""
+        response = self._request("GET", f"/v1/skus/{sku}/manifest", ok=(200, 404))
+        if response.status_code == 404:
+            return set()
+        listing = listing_of(decoded(response, self.url), f"{self.url}/v1/skus/{sku}/manifest")
+        return {k["kernel_key"] for k in listing["kernels"]}
+
+    def kernel(self, kernel_key: str) -> Entry | None:
+        """The server's entry for `kernel_key`, or None when it has none."""
+        path = f"/v1/kernels/{check_hex(kernel_key, 'kernel key')}"
+        response = self._request("GET", path, ok=(200, 404))
+        if response.status_code == 404:
+            return None
+        entry = entry_of(decoded(response, self.url), f"{self.url}{path}")
+        problem = kernel_keys.key_problem(entry, kernel_key)
+        if problem:  # no field of it is used: it would name what this process loads
+            raise RemoteError(f"{self.url}{path} answered an entry that cannot be used: {problem}")
+        return entry
+
+    def has_object(self, digest: str) -> bool:
+        return self._request("HEAD", f"/v1/objects/{check_hex(digest)}", ok=(200, 404)).status_code == 200
+
+    def misses(self, page: int = 1000) -> list[dict[str, Any]]:
+        """Every miss the server recorded, read a page at a time, at most MAX_MISSES bytes in all; RemoteError
+        for more (a server whose pages never end) or for an item that is not a miss."""
+        found: list[dict[str, Any]] = []
+        read = 0
+        while True:
+            response = self._request("GET", f"/v1/misses?offset={len(found)}&limit={page}")
+            read += len(response.content)
+            if read > MAX_MISSES:
+                raise RemoteError(f"{self.url}/v1/misses sent more than {MAX_MISSES >> 20} MiB of misses and its "
+                                  f"pages still come full ({len(found)} misses so far): is it an fa4-aot server? "
+                                  "An admin can delete stale misses (DELETE /v1/misses/<key>)")
+            batch = shaped(decoded(response, self.url), list, self.url)
+            found += [miss_of(item, f"{self.url}/v1/misses") for item in batch]
+            if len(batch) < page:
+                return found
+
+    def signed_manifests(self, sku: str) -> list[dict[str, Any]]:
+        """The signed manifest envelopes the server holds for `sku` (unverified: see trust/policy.py)."""
+        response = self._request("GET", f"/v1/skus/{sku}/manifests", ok=(200, 404))
+        if response.status_code == 404:
+            return []
+        doc = decoded(response, self.url)
+        return shaped(doc.get("manifests") if isinstance(doc, dict) else None, list, self.url)
+
+    def revocations(self) -> Any:
+        from ..trust.signing import Revocations
+
+        doc = shaped(self._json("GET", "/v1/revocations", cap=MAX_REVOCATIONS), dict, self.url)
+        try:
+            return Revocations(set(doc["keys"]), set(doc["manifests"]))
+        except (KeyError, TypeError):
+            raise RemoteError(f"{self.url}/v1/revocations is not a revocation list") from None
+
+    def token_scope(self) -> str:
+        """The token's scope as the server sees it: "admin", "publish", "read", "none" (no token sent) or
+        "refused: <server's reason>". Asks GET /v1/audit?limit=1 (admin only): a 403 names the token's scope."""
+        try:
+            self._request("GET", "/v1/audit", params={"limit": 1})
+            return "admin"
+        except RemoteAuthError as e:
+            if "(401:" in str(e):
+                return "none"
+            found = re.search(r"has scope '(\w+)'", str(e))
+            return found.group(1) if found else f"refused: {str(e).split('(403: ', 1)[-1].split(')')[0]}"
+
+    # -- writes -------------------------------------------------------------------------------
+    def push_manifest(self, sku: str, envelope: dict[str, Any]) -> None:
+        self._request("PUT", f"/v1/skus/{sku}/manifests", ok=(200, 201), json=envelope)
+
+    def revoke(self, kind: str, ident: str, reason: str) -> None:
+        self._request("POST", "/v1/revocations", ok=(200, 201), json={"kind": kind, "id": ident, "reason": reason})
+
+    def report_miss(self, doc: dict[str, Any]) -> None:
+        """Tell the server about a kernel this client lacked. Best effort: runs on a daemon thread, gives up
+        after MISS_REPORT_TIMEOUT seconds, and never raises."""
+
+        if self.down:
+            return
+
+        def send() -> None:
+            try:
+                httpx.post(f"{self.url}/v1/misses", json=doc, headers=self._client.headers,
+                           timeout=MISS_REPORT_TIMEOUT)
+            except httpx.HTTPError:
+                pass
+
+        threading.Thread(target=send, name="fa4-aot-miss-report", daemon=True).start()
+
+    # -- lean-runtime recipe files --------------------------------------------------------------
+    def recipes(self, sku: str) -> dict[str, str]:
+        """{recipe key: sha256 of the file} the server holds for `sku` (none for a SKU it does not know)."""
+        response = self._request("GET", f"/v1/skus/{sku}/recipes", ok=(200, 404, 409))
+        if response.status_code != 200:
+            return {}
+        doc = shaped(decoded(response, self.url), dict, self.url)
+        try:
+            return {check_hex(r["key"], "recipe key"): check_hex(r["digest"]) for r in doc["recipes"]}
+        except (KeyError, TypeError, StoreError):
+            raise RemoteError(f"{self.url}/v1/skus/{sku}/recipes is not a recipe listing") from None
+
+    def recipe(self, sku: str, key: str) -> bytes | None:
+        """The bytes of recipe file `key` of `sku`, or None when the server has none (unverified: the caller
+        checks them against a listing or a signed manifest)."""
+        path = f"/v1/skus/{sku}/recipes/{check_hex(key, 'recipe key')}"
+        response = self._request("GET", path, ok=(200, 404, 409), cap=MAX_RECIPE)
+        return response.content if response.status_code == 200 else None
+
+    def push_recipe(self, sku: str, key: str, data: bytes) -> None:
+        self._request("PUT", f"/v1/skus/{sku}/recipes/{check_hex(key, 'recipe key')}", ok=(200, 201),
+                      content=data, headers={"Content-Type": "application/json"})
+
+    # -- on-demand builds (service/routes/builds.py; fa4_aot/build/builder.py runs them, wait.py waits) -----
+    def request_build(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Report miss `doc` (a Miss document) and wait for the answer: {"build": the job that builds it, or
+        None, "detail": why none was queued}. RemoteError for a refused report (unknown SKU, oversized call)."""
+        answer = decoded(self._request("POST", "/v1/misses", ok=(200, 202), json=doc), self.url)
+        return shaped(answer, dict, self.url)
+
+    def build(self, job_id: int) -> dict[str, Any]:
+        """Build job `job_id` (GET /v1/builds/{id})."""
+        return shaped(self._json("GET", f"/v1/builds/{int(job_id)}"), dict, self.url)
+
+    def builds(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Build jobs newest first (of one status when given)."""
+        query = f"?limit={int(limit)}" + (f"&status={status}" if status else "")
+        return shaped(self._json("GET", f"/v1/builds{query}"), list, self.url)
+
+    def claim_build(self, builder: str, lease: float) -> dict[str, Any] | None:
+        """The next job for `builder` (leased for `lease` seconds), or None when none waits. Publish token."""
+        response = self._request("POST", "/v1/build-claims", ok=(200, 204),
+                                 json={"builder": builder, "lease_seconds": lease})
+        return None if response.status_code == 204 else shaped(decoded(response, self.url), dict, self.url)
+
+    def renew_build(self, job_id: int, builder: str, lease: float) -> bool:
+        """Extend `builder`'s lease of job `job_id`; False when the job is no longer its own (409)."""
+        response = self._request("POST", f"/v1/builds/{int(job_id)}/lease", ok=(200, 409),
+                                 json={"builder": builder, "lease_seconds": lease})
+        return response.status_code == 200
+
+    def finish_build(self, job_id: int, result: dict[str, Any]) -> None:
+        """Record how `result["builder"]`'s job ended (status, detail, compile_seconds, built)."""
+        self._request("POST", f"/v1/builds/{int(job_id)}/finish", json=result)
