@@ -28,6 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.netutil import free_port, wait_up  # noqa: E402
 from fa4_aot.errors import Fa4AotError, IntegrityError, RemoteError, TrustError  # noqa: E402
 from fa4_aot.remote.http import Remote  # noqa: E402
 from fa4_aot.spec import kernel_keys  # noqa: E402
@@ -37,8 +38,10 @@ from fa4_aot.trust import signing, signing_keys  # noqa: E402
 from fa4_aot.trust.policy import Trust  # noqa: E402
 from tests.trust.raw_server import RawServer, reply  # noqa: E402
 
-H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13}
-B200 = {"sku": "b200", "arch": "sm_100a", "sm_count": 148, "l2_bytes": 132120576, "cuda_major": 13}
+# the facts of variants.toml's rows, host included: a kernel key names the host target (spec/kernel_keys.py)
+H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13, "host": "x86-64-v3"}
+B200 = {"sku": "b200", "arch": "sm_100a", "sm_count": 148, "l2_bytes": 132120576, "cuda_major": 13,
+        "host": "x86-64-v3"}
 CALL = {"layout": "dense", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
         "window": [-1, -1], "softcap": 0.0, "sink": False, "num_splits": 1, "batch": 1, "seqlen_q": 128,
         "seqlen_k": 128, "heads_q": 8, "heads_kv": 8, "page_size": 0}
@@ -69,25 +72,17 @@ def doc_for(data: bytes, **overrides: Any) -> dict[str, Any]:
     return {"kernel_key": kernel_keys.entry_key(SimpleNamespace(**doc)), **doc}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def serve(cache: Path, db: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "fa4_aot", "--cache-dir", str(cache), "serve", "--port",
                              str(port), "--db", db], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("fa4-aot serve did not come up")
+    try:
+        wait_up(f"{url}/healthz", proc)
+    except SystemExit as e:  # main() reports a harness failure as a RuntimeError, with the server stopped
+        proc.kill()
+        raise RuntimeError(f"fa4-aot serve did not come up: {e}") from None
+    return proc, url
 
 
 def http_attacks(url: str, cache: Path, tokens: dict[str, str]) -> None:
@@ -140,7 +135,7 @@ def http_attacks(url: str, cache: Path, tokens: dict[str, str]) -> None:
     attempt("D9 ... and no row was written", lambda: _is(code(pub.get(f"/v1/kernels/{gone_doc['kernel_key']}")),
                                                          404))
     keys_dir = Path(tempfile.mkdtemp())
-    facts = {"name": "h200", **{k: H200[k] for k in ("arch", "sm_count", "l2_bytes", "cuda_major")}}
+    facts = {"name": "h200", **{k: H200[k] for k in ("arch", "sm_count", "l2_bytes", "cuda_major", "host")}}
 
     def envelope(kernels: dict[str, str], n: int, key: Any, **extra: Any) -> dict[str, Any]:
         return signing.sign({"sku": facts, "kernels": kernels, "toolchain": [], "created": f"2026-01-01T00:00:{n:02d}Z",

@@ -30,7 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "service")]
 
-from proctree import tree_cpu  # noqa: E402  (bench/, the script's own folder)
+from bench.netutil import free_port, wait_up  # noqa: E402
+from bench.proctree import tree_cpu  # noqa: E402
 
 NGINX = """
 daemon off; worker_processes %(workers)d; pid %(tmp)s/nginx.pid; error_log %(tmp)s/error.log; user root;
@@ -159,7 +160,7 @@ def collect(clients: list[subprocess.Popen[str]], deadline: float) -> list[dict[
 
 
 def start_servers(tmp: Path, store_root: Path, workers: int) -> tuple[list[subprocess.Popen[Any]], Any, str, str]:
-    from service_helpers import Postgres, free_port
+    from service_helpers import Postgres
 
     pg = Postgres()
     pg.start()
@@ -173,21 +174,8 @@ def start_servers(tmp: Path, store_root: Path, workers: int) -> tuple[list[subpr
                              stderr=open(tmp / "nginx.log", "wb"))  # noqa: SIM115
     urls = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{nginx_port}"
     for url in urls:
-        wait_up(url)
+        wait_up(f"{url}/healthz")
     return [ours, nginx], pg, *urls
-
-
-def wait_up(url: str) -> None:
-    import httpx
-
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    sys.exit(f"{url} did not come up")
 
 
 def start_clients(n: int) -> list[subprocess.Popen[str]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,10 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.netutil import free_port, wait_up  # noqa: E402
+
 SEED = {"layout": "dense", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
         "window": [0, 0], "softcap": 0.0, "sink": False, "num_splits": 1, "batch": 1, "seqlen_q": 512,
         "seqlen_k": 512, "heads_q": 8, "heads_kv": 2, "page_size": 0}
@@ -58,12 +61,6 @@ print(json.dumps({"import_s": t1 - t0, "miss_to_output_s": t2 - t1, "rel_err": e
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def cli(*args: str, cache: Path, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "fa4_aot", "--cache-dir", str(cache), *args], capture_output=True,
                           text=True, cwd=ROOT, check=True, **kw)
@@ -73,18 +70,6 @@ def start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subp
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-m", "fa4_aot", *args], cwd=ROOT, stdout=f,
                                 stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
-
-def up(url: str, timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"{url} did not come up in {timeout} s")
 
 
 def client(url: str, softcap: float, folder: Path) -> dict[str, Any]:
@@ -120,7 +105,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     procs = [start(["--cache-dir", str(served), "serve", "--port", url.rsplit(":", 1)[1]], tmp / "server.log")]
     try:
-        up(url)
+        wait_up(f"{url}/healthz")
         procs.append(start(["--cache-dir", str(building), "builder", "--server", url, "--token", token, "-j",
                             str(a.jobs), "--poll", "0.1"], tmp / "builder.log"))
         result = phases(url, a.clients, tmp)

@@ -20,10 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fa4_aot import config
-from fa4_aot.store import Store
+from bench.netutil import free_port, wait_up  # noqa: E402
+from fa4_aot import config  # noqa: E402
+from fa4_aot.store import Store  # noqa: E402
 
 LUA = """
 local paths = {}
@@ -48,18 +49,6 @@ http {
   }
 }
 """
-
-
-def wait_up(url: str, proc: subprocess.Popen) -> None:
-    for _ in range(300):
-        if proc.poll() is not None:
-            sys.exit(f"{url} exited: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    sys.exit(f"{url} did not come up")
 
 
 def wrk(url: str, script: Path, connections: int, seconds: int) -> dict[str, float]:
@@ -99,7 +88,7 @@ def main() -> None:
     (tmp / "paths").write_text("".join(f"/v1/objects/{d}\n" for d in digests))
     script = tmp / "random.lua"
     script.write_text(LUA % (tmp / "paths"))
-    ours_port, nginx_port = 8771, 8772
+    ours_port, nginx_port = free_port(), free_port()
     (tmp / "nginx.conf").write_text(
         NGINX % {"tmp": tmp, "port": nginx_port, "root": store.root.resolve(), "workers": args.workers}
     )

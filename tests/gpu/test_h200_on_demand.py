@@ -67,7 +67,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     procs = [on_demand.start(["--cache-dir", str(served), "serve", "--port", url.rsplit(":", 1)[1]],
                              tmp / "server.log")]
     try:
-        on_demand.up(url)
+        on_demand.wait_up(f"{url}/healthz")
         procs.append(on_demand.start(["--cache-dir", str(tmp / "builder"), "builder", "--server", url, "--token",
                                       token, "-j", "4", "--poll", "0.1"], tmp / "builder.log"))
         yield url, tmp
