@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,33 +43,45 @@ class Held:
         return digest
 
 
-def runtime_needs(worker: dict[str, Any]) -> dict[str, str]:
+@dataclass
+class Worker:
+    """A build worker's lean state for one SKU and store, kept for the process (worker.py's `lean_worker`)."""
+
+    sku: Sku
+    store: Store | None  # None in a Ray worker: regions are recorded without a store's, objects are Held
+    objects: Store | Held  # where linked libraries and the runtime libraries go
+    tools: dict[str, str]  # this process's toolchain: regions of others in the store are not counted
+    regions: dict[str, list[Region]] = field(default_factory=dict)  # per recipe key: known (stored or recorded)
+    runtime_digests: dict[str, str] | None = None  # SONAME -> digest of the runtime libraries, once put
+
+
+def runtime_needs(worker: Worker) -> dict[str, str]:
     """{SONAME: digest} of the runtime libraries a linked kernel needs, for the SKU's host architecture, each
-    put once into worker["objects"] ("" for libtvm_ffi.so, which comes from the apache-tvm-ffi wheel, a base
+    put once into worker.objects ("" for libtvm_ffi.so, which comes from the apache-tvm-ffi wheel, a base
     dependency of fa4-aot)."""
-    if "runtime_digests" not in worker:
-        worker["runtime_digests"] = {
-            name: "" if path is None else worker["objects"].put_object(path.read_bytes())
-            for name, path in fa4.runtime_libraries(worker["sku"].host_target).items()}
-    return dict(worker["runtime_digests"])
+    if worker.runtime_digests is None:
+        worker.runtime_digests = {
+            name: "" if path is None else worker.objects.put_object(path.read_bytes())
+            for name, path in fa4.runtime_libraries(worker.sku.host_target).items()}
+    return dict(worker.runtime_digests)
 
 
-def shared_libs(worker: dict[str, Any], data: bytes) -> dict[str, Any]:
+def shared_libs(worker: Worker, data: bytes) -> dict[str, Any]:
     """Entry.shared_libs for one exported object: {host arch: {digest, size, needs}}, linked for the SKU's host
     target (whatever the build host's own architecture)."""
-    host = worker["sku"].host_target
+    host = worker.sku.host_target
     lib = fa4.link(data, host)
     needs = runtime_needs(worker)
-    return {host.arch: {"digest": worker["objects"].put_object(lib), "size": len(lib), "needs": needs}}
+    return {host.arch: {"digest": worker.objects.put_object(lib), "size": len(lib), "needs": needs}}
 
 
-def record_recipe(worker: dict[str, Any], call: Call, recorded: dict[str, list[Region]]) -> None:
+def record_recipe(worker: Worker, call: Call, recorded: dict[str, list[Region]]) -> None:
     """Record the recipe region of `call` into `recorded` unless one recorded here or in the store covers it (the
     file is by GQA ratio: a region recorded for other head counts of the ratio may cover it)."""
     if call.layout not in SIZE_NAMES:
         return
     sig = Signature.of(call)
-    known = _known(worker, recipes.recipe_key(sig, worker["sku"]))
+    known = _known(worker, recipes.recipe_key(sig, worker.sku))
     sizes = {**sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
              HEADS: call.heads_kv}
     if recipes.find(known, sizes) is None:
@@ -86,7 +98,7 @@ class Explored:
     refused: tuple[str, ...]
 
 
-def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[Region]],
+def explore(worker: Worker, sig: Signature, recorded: dict[str, list[Region]],
             first: Sequence[dict[str, int]] = ()) -> Explored:
     """Record regions of `sig` until they cover its whole size space (recipe_space.space): points are drawn in
     rounds of ROUND; at each point no region covers, FA4 is recorded there (a region holding exactly where FA4
@@ -97,7 +109,7 @@ def explore(worker: dict[str, Any], sig: Signature, recorded: dict[str, list[Reg
     other head counts of the GQA ratio) count, so a rebuild records only what is missing."""
     if sig.layout not in SIZE_NAMES:
         return Explored(0, 0, ())
-    sku = worker["sku"]
+    sku = worker.sku
     known = _known(worker, recipes.recipe_key(sig, sku))
     sp = recipe_space.space(sig, sku)
     rng = np.random.default_rng(int(hashlib.sha256(kernel_keys.dumps(sig.to_dict()).encode()).hexdigest()[:15], 16))
@@ -154,20 +166,20 @@ def _hints(regions: list[Region]) -> set[int]:
     return recipe_space.constants(g for r in regions for g in r.guards)
 
 
-def _known(worker: dict[str, Any], key: str) -> list[Region]:
+def _known(worker: Worker, key: str) -> list[Region]:
     """The regions under `key` recorded in this worker or in the store with this toolchain (kept per worker)."""
-    known: dict[str, list[Region]] = worker.setdefault("regions", {})
+    known = worker.regions
     if key not in known:
-        store = worker["store"]
+        store = worker.store
         stored = recipes.load(store, key) if store is not None else []  # Ray workers have no store
-        known[key] = [r for r in stored if r.toolchain == worker["tools"]]
+        known[key] = [r for r in stored if r.toolchain == worker.tools]
     return known[key]
 
 
-def _record(worker: dict[str, Any], sig: Signature, sizes: dict[str, int],
+def _record(worker: Worker, sig: Signature, sizes: dict[str, int],
             recorded: dict[str, list[Region]]) -> Region:
-    key = recipes.recipe_key(sig, worker["sku"])
-    region = fa4.record_recipe(sig, sizes, worker["sku"])  # parsed: what clients would refuse fails here
+    key = recipes.recipe_key(sig, worker.sku)
+    region = fa4.record_recipe(sig, sizes, worker.sku)  # parsed: what clients would refuse fails here
     if not region.holds({HEADS: sig.heads_kv, **sizes}):
         raise ValueError(f"the region recorded at {sizes} does not hold there (a recorder fault)")
     _known(worker, key).append(region)
@@ -175,7 +187,7 @@ def _record(worker: dict[str, Any], sig: Signature, sizes: dict[str, int],
     return region
 
 
-def record_work(worker: dict[str, Any], work: list[tuple[str, Call | Signature]], kernels: list[tuple[Any, ...]],
+def record_work(worker: Worker, work: list[tuple[str, Call | Signature]], kernels: list[tuple[Any, ...]],
                 failures: list[tuple[int, str]], one_line: Any) -> tuple[dict[str, list[Region]], list[str]]:
     """(regions recorded, errors) for the work items FA4 accepted (not in `failures`): each item's signature
     explored over its whole size space (`explore`; a Call's own sizes first), and for a training signature its
@@ -207,11 +219,13 @@ def record_work(worker: dict[str, Any], work: list[tuple[str, Call | Signature]]
     return recorded, errors
 
 
-def relink(worker: dict[str, Any], keys: list[str], one_line: Any) -> list[str]:
+def relink(worker: Worker, keys: list[str], one_line: Any) -> list[str]:
     """Add this host's library to entries that lack it (built before linking, or whose library or runtime
     bytes went missing: `unlinked`): no recompiling. Returns errors."""
-    store: Store = worker["store"]
-    worker.pop("runtime_digests", None)  # put the runtime libraries into the store again: one may be gone
+    store = worker.store
+    if store is None:
+        raise ValueError("relinking needs a worker with a store")
+    worker.runtime_digests = None  # put the runtime libraries into the store again: one may be gone
     errors = []
     for kk in keys:
         try:

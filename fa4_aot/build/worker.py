@@ -73,7 +73,7 @@ class PlanOut(NamedTuple):
 Sink = Callable[[list[Entry], bytes], None]
 
 _configured: list[Sku] = []
-_lean: dict[str, Any] = {}  # lean's per-process state: sku, store, tools, and what it has seen
+_lean: list[lean.Worker] = []  # lean's per-process state for the last SKU and store (lean_worker)
 
 
 def configure(sku: Sku) -> None:
@@ -145,22 +145,25 @@ def relink(sku: Sku, store: Store, keys: list[str]) -> list[str]:
     return lean.relink(_lean_state(sku, store), keys, one_line)
 
 
-def _lean_state(sku: Sku, store: Store | None) -> dict[str, Any]:
-    """lean's state for `store`; None (Ray workers): recipes are recorded without checking a store and
-    linked libraries are held in memory (lean.Held) until `lean_objects` hands them over."""
-    if _lean.get("store_root") != (store.root if store else None) or not _lean:
-        _lean.clear()
-        _lean.update(sku=sku, store=store, store_root=store.root if store else None, tools=fa4.toolchain(),
-                     objects=store if store is not None else lean.Held())
-    return _lean
+def _lean_state(sku: Sku, store: Store | None) -> lean.Worker:
+    """lean's state for `sku` and `store`, kept while they stay this process's; store None (Ray workers):
+    recipes are recorded without checking a store and linked libraries are held in memory (lean.Held) until
+    `lean_objects` hands them over."""
+    root = store.root if store is not None else None
+    if not _lean or _lean[0].sku != sku or (_lean[0].store.root if _lean[0].store is not None else None) != root:
+        _lean[:] = [lean.Worker(sku, store, store if store is not None else lean.Held(), fa4.toolchain())]
+    return _lean[0]
 
 
 def lean_objects(sku: Sku, digests: list[str]) -> dict[str, bytes]:
     """In a worker without a store: {digest: bytes} of the held objects among `digests` (linked libraries and
     the runtime libraries they need). Libraries then leave this worker's memory; the runtime libraries stay, as
     every later library needs them too."""
-    held: lean.Held = _lean_state(sku, None)["objects"]
-    runtime = set(lean.runtime_needs(_lean).values())
+    state = _lean_state(sku, None)
+    held = state.objects
+    if not isinstance(held, lean.Held):
+        raise TypeError("lean_objects is for workers without a store")
+    runtime = set(lean.runtime_needs(state).values())
     found = {d: held.data[d] for d in digests if d in held.data}
     for d in found:
         if d not in runtime:
