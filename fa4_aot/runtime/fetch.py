@@ -1,6 +1,6 @@
 """The lean runtime's server fallback: a kernel or recipe file missing locally is fetched, never compiled.
 
-With FA4_AOT_SERVER set (remote/http.py: its deadlines, retries, and the server treated as down after it fails),
+With FA4_AOT_SERVER set (remote/transport.py: its deadlines, retries, and the server treated as down after it fails),
 a region's missing kernels come in one bundle with this host arch's libraries (per kernel from servers without
 bundles), and a missing or outdated recipe file per file. What comes in passes the client's trust policy
 first (trust/policy.py: with trusted keys, listed by a valid signed manifest; without, only with FA4_AOT_INSECURE=1).
