@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,22 @@ def build_json(store: Path, sku: str, *only: str, variants: Path = TINY_VARIANTS
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
     return json.loads(result.stdout)
 
+
+
+@pytest.fixture(scope="session")
+def tiny_h200_full_fwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding `build --sku h200 --variants tiny_variants.toml --only full-fwd` (one kernel and its
+    recipe regions), built once per session: several tests only need such a store to read, serve or add to. Never
+    write to it: take a copy with `copy_store`."""
+    store = tmp_path_factory.mktemp("tiny-h200-full-fwd") / "store"
+    build_json(store, "h200", "full-fwd")
+    return store
+
+
+def copy_store(store: Path, to: Path) -> Path:
+    """A copy of `store` at `to` (which must not exist) to write to; `to`."""
+    shutil.copytree(store, to, symlinks=True)
+    return to
 
 
 def proven(entry: Any) -> Any:
