@@ -27,6 +27,7 @@ import math
 import random
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -147,6 +148,7 @@ def _run_class(recording: _Recording, sku: Any, cls: dict[str, Any], rng: random
     from fa4_aot.errors import KernelMissing
 
     recording.built_as = cls.get("built_as")
+    started = time.monotonic()
     found = {"index": cls["index"], "compared": 0, "outside": 0, "rejected": 0, "shorter": 0, "mismatches": [],
              "outside_calls": []}
     for _ in range(cls["calls"]):
@@ -172,6 +174,7 @@ def _run_class(recording: _Recording, sku: Any, cls: dict[str, Any], rng: random
         else:
             found["compared"] += 1
             found["shorter"] += _window_bites(call)
+    found["seconds"] = round(time.monotonic() - started, 1)  # its builds' exploring most of it
     return found
 
 

@@ -107,7 +107,8 @@ def test_lean_launches_equal_fa4_on_random_calls() -> None:
     print(f"seed {SEED}: {len(drawn)} classes x {CALLS} calls; {total['compared']} compared with FA4 "
           f"({total['shorter']} with a window shorter than the sequence), {total['outside']} outside every recorded "
           f"region (KernelMissing, then recorded and compared), {total['rejected']} rejected by FA4 and the lean "
-          f"runtime alike; {time.monotonic() - started:.0f} s")
+          f"runtime alike; {time.monotonic() - started:.0f} s; slowest classes (s): "
+          f"{sorted(((r['seconds'], r['index']) for r in reports), reverse=True)[:6]}")
     found = sorted((m for r in reports for m in r["mismatches"]), key=lambda m: _KINDS.index(_kind(m["why"])))
     counts = {k: n for k in _KINDS if (n := sum(_kind(m["why"]) == k for m in found))}
     assert found == [], f"seed {SEED}: {len(found)} call(s) where the lean runtime differs from FA4 ({counts}):\n" + \
