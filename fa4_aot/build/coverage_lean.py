@@ -83,9 +83,9 @@ class Regions:
             regions = self.regions(each)
             points = recipe_space.draw(recipe_space.space(each, self.sku), np.random.default_rng(SEED), POINTS)
             points[HEADS][:] = each.heads_kv  # the signature's own head count, as FA4's plan of it
-            open_ = np.ones(POINTS, dtype=bool)
+            open_, judge = np.ones(POINTS, dtype=bool), recipe_space.Judge(points)
             for region in regions:
-                held = recipe_space.covered(region.guards, points) & open_
+                held = judge.covered(region.guards) & open_
                 if held.any():
                     kernels.update(dict.fromkeys(_kernels(region)))
                     open_ &= ~held

@@ -122,7 +122,8 @@ def explore(worker: Worker, sig: Signature, recorded: dict[str, list[Region]],
         points = _with_seeds(corners or recipe_space.draw(sp, rng, count, {n: _hints(known) for n in sp.names}),
                              seeds)
         seeds, corners, judged = [], None, judged + len(points[HEADS])
-        open_ = ~(_covered([r.guards for r in known], points) | _covered(list(refused.values()), points))
+        judge = recipe_space.Judge(points)  # the regions share most guards: each distinct one is evaluated once
+        open_ = ~judge.any_covers([*(r.guards for r in known), *refused.values()])
         clean = clean + 1 if not open_.any() else 0
         while open_.any():
             at = recipe_space.point(points, int(np.argmax(open_)))
@@ -134,7 +135,7 @@ def explore(worker: Worker, sig: Signature, recorded: dict[str, list[Region]],
                 refused[f"{at}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"] = guards
                 if len(refused) >= MAX_REFUSED:
                     return Explored(len(known) - before, judged, tuple(refused))
-            open_ &= ~recipe_space.covered(guards, points)
+            open_ &= ~judge.covered(guards)
     return Explored(len(known) - before, judged, tuple(refused))
 
 
@@ -152,14 +153,6 @@ def _with_seeds(points: dict[str, Any], seeds: list[dict[str, int]]) -> dict[str
     if not seeds:
         return points
     return {n: np.concatenate([np.array([s[n] for s in seeds], dtype=np.int64), v]) for n, v in points.items()}
-
-
-def _covered(guard_lists: list[list[Any]], points: dict[str, Any]) -> Any:
-    """Which of `points` some guard list holds at."""
-    found = np.zeros(len(points[HEADS]), dtype=bool)
-    for guards in guard_lists:
-        found |= recipe_space.covered(guards, points)
-    return found
 
 
 def _hints(regions: list[Region]) -> set[int]:
