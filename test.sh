@@ -2,8 +2,8 @@
 # Install what the tests need, then run them: the README's test command, and what CI runs (.ci/run installs
 # PostgreSQL and qemu-user first, then calls this). No GPU needed: GPU tests skip.
 #
-#   ./test.sh                                  # the whole suite (17+ min on 2 cores)
-#   ./test.sh tests/unit/test_store.py -x      # arguments go to pytest
+#   ./test.sh                                  # the whole suite (about 40 min on 2 cores)
+#   ./test.sh tests/store/test_store.py -x     # arguments go to pytest
 #
 # .venv: torch 2.13.0's CPU build and fa4-aot with its dev, server and farm extras. .venv-cu12: the CUDA 12
 # compiler's environment (docker/flavour-venv.sh), which the farm tests build the cu12 SKUs in. Torch alone comes

@@ -36,7 +36,7 @@ from fa4_aot.spec.skus import Sku  # noqa: E402
 from fa4_aot.store import Store  # noqa: E402
 from fa4_aot.trust import signing, signing_keys  # noqa: E402
 from fa4_aot.trust.policy import Trust  # noqa: E402
-from tests.trust.raw_server import RawServer, reply  # noqa: E402
+from tests.helpers.raw_server import RawServer, reply  # noqa: E402
 
 # the facts of variants.toml's rows, host included: a kernel key names the host target (spec/kernel_keys.py)
 H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13, "host": "x86-64-v3"}

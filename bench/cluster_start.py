@@ -160,7 +160,7 @@ def collect(clients: list[subprocess.Popen[str]], deadline: float) -> list[dict[
 
 
 def start_servers(tmp: Path, store_root: Path, workers: int) -> tuple[list[subprocess.Popen[Any]], Any, str, str]:
-    from service_helpers import Postgres
+    from tests.helpers.servers import Postgres
 
     pg = Postgres()
     pg.start()

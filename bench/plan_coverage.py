@@ -2,7 +2,7 @@
 
     python bench/plan_coverage.py [--shapes N] [--seed S] [--out FILE]
 
-Plans each signature class of tests/unit/test_complete.py (fa4.plan_signature, uncached: one
+Plans each signature class of tests/fa4/test_complete.py (fa4.plan_signature, uncached: one
 fresh process per SKU) and checks N random shapes per class against the plan, as the test does (N = 0: plan
 only). Both SKUs run at once, one process each. Also records the process CPU seconds, since wall time on a
 shared 2-core machine depends on what else runs (the load average is recorded too). Needs no GPU.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.unit.test_complete import B200, CLASSES, H200, _init, check  # noqa: E402
+from tests.fa4.test_complete import B200, CLASSES, H200, _init, check  # noqa: E402
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ _flash_attn_bwd:
 So a few seqlen_q values around each tile edge, one batch per side of each batch threshold, batch
 multiples that reach every split bucket, seqlen_k around each tile edge (backward) and a geometric seqlen_k
 sweep (split pieces are at least a factor of 2 wide in num_n_blocks; the sweep steps by at most 1.5) reach
-every kernel. tests/unit/test_complete.py
+every kernel. tests/fa4/test_complete.py
 checks that claim against FA4's real dispatch on random shapes.
 """
 

@@ -40,7 +40,7 @@ def legacy_key(sig: Signature, sku: Sku) -> str:
 
 
 # A forward returning LSE (no grad) launches exactly what a training call's forward launches (FA4 allocates LSE
-# for either; tests/lean/test_lean_parity.py compares them), so a training file serves it, backward dropped.
+# for either; tests/runtime/test_lean_parity.py compares them), so a training file serves it, backward dropped.
 # A forward without LSE does not: FA4 compiles another kernel for it (its compile key holds `lse is None`).
 _SERVED_BY = {"fwd_lse": ("bwd", "bwd_det")}
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
-from service_helpers import Launch, Server, kernel_doc, row_counts
+
+from tests.helpers.servers import Launch, Server, kernel_doc, row_counts
 
 
 def _writes(data: bytes) -> list[tuple[str, str, dict[str, Any]]]:

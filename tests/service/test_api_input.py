@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from service_helpers import Server, raw_request, row_counts, store_files
+
+from tests.helpers.servers import Server, raw_request, row_counts, store_files
 
 BAD_HEX = [
     "abc", "A" * 64, "g" * 64, "a" * 63, "a" * 65, "..", "%2e%2e", "..%2F..%2Fetc%2Fpasswd", "../../etc/passwd",

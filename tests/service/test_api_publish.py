@@ -8,9 +8,8 @@ import json
 import os
 from collections.abc import Iterator
 
-from service_helpers import Launch, Server, kernel_doc, row_counts, store_files
-
 from fa4_aot.store import Entry, Store
+from tests.helpers.servers import Launch, Server, kernel_doc, row_counts, store_files
 
 
 def test_put_object_created_then_existing(server: Server) -> None:

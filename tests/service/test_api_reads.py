@@ -9,7 +9,8 @@ import os
 from typing import Any
 
 import pytest
-from service_helpers import H200, Server, kernel_doc
+
+from tests.helpers.servers import H200, Server, kernel_doc
 
 
 def publish(server: Server, data: bytes, **overrides: Any) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from dataclasses import asdict
 from typing import Any
 
 import httpx
-from builder_helpers import hold_sku, tiny
-from service_helpers import Server
 
 from fa4_aot.runtime import misses
+from tests.helpers.builders import hold_sku, tiny
+from tests.helpers.servers import Server
 
 
 def miss(batch: int) -> dict[str, Any]:
@@ -95,9 +95,9 @@ def test_jobs_survive_a_server_restart(launch: Any) -> None:
 def test_a_wait_that_times_out_raises_kernel_missing_naming_the_job(server: Server, tmp_path: Any,
                                                                      monkeypatch: Any) -> None:
     import pytest
-    from builder_helpers import lean_client, served
 
     from fa4_aot.errors import KernelMissing
+    from tests.helpers.builders import lean_client, served
 
     hold_sku(server)
     monkeypatch.setenv("FA4_AOT_BUILD_WAIT", "1.5")  # no builder runs: the job stays queued

@@ -9,9 +9,8 @@ import os
 import socket
 import time
 
-from service_helpers import Launch, Server, kernel_doc, row_counts
-
 from fa4_aot.store import Store
+from tests.helpers.servers import Launch, Server, kernel_doc, row_counts
 
 
 def _start_upload(server: Server, digest: str, data: bytes, sent: int) -> socket.socket:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service_helpers import Server
+from tests.helpers.servers import Server
 
 
 def test_openapi_fuzz(server: Server, tmp_path: Path) -> None:

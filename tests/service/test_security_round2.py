@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_helpers import Launch, Server, kernel_doc, raw_request, row_counts
 
 from fa4_aot.store import Store
 from service import crud, db
+from tests.helpers.servers import Launch, Server, kernel_doc, raw_request, row_counts
 
 B200 = {"sku": "b200", "arch": "sm_100a", "sm_count": 148, "l2_bytes": 132120576, "cuda_major": 13}
 

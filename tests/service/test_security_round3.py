@@ -15,13 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
-from service_helpers import H200, Launch, Server, kernel_doc
 from sqlalchemy import func, select, text
-from test_lean_entries import region
 
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Entry, Store, recipes
 from service import crud, db, models
+from tests.helpers.servers import H200, Launch, Server, kernel_doc
+from tests.remote.test_lean_entries import region
 
 
 def _token(server: Server, name: str, scope: str = "publish", skus: list[str] | None = None) -> str:

@@ -13,13 +13,13 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from service_helpers import Server, kernel_doc
 from sqlalchemy import select
 
 from fa4_aot.errors import DatabaseError
 from service import crud, db, models
 from service.config import Settings
 from service.errors import InvalidInput, TokenNotFound
+from tests.helpers.servers import Server, kernel_doc
 
 
 def test_migrations_match_models_and_downgrade(new_db_url: Callable[[Path], str], tmp_path: Path) -> None:

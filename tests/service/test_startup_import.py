@@ -7,10 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from service_helpers import Launch, kernel_doc
-
 from fa4_aot.store import Entry, Store
 from fa4_aot.store.atomic import atomic_write
+from tests.helpers.servers import Launch, kernel_doc
 
 
 def _write_store(cache: Path) -> tuple[list[Entry], list[str]]:

@@ -8,11 +8,10 @@ import os
 import time
 from pathlib import Path
 
-from service_helpers import H200, Launch, kernel_doc
-
 from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust import signing, signing_keys
+from tests.helpers.servers import H200, Launch, kernel_doc
 
 SKU = Sku("h200", H200["arch"], H200["sm_count"], H200["l2_bytes"], H200["cuda_major"], host=H200["host"])
 

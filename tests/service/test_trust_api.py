@@ -11,12 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
-from service_helpers import H200, Launch, Server, kernel_doc, row_counts, store_files
 
 from fa4_aot.spec.skus import Sku
 from fa4_aot.trust import signing, signing_keys
 from service import crud, db
 from service.errors import InvalidInput, TokenNotFound
+from tests.helpers.servers import H200, Launch, Server, kernel_doc, row_counts, store_files
 
 FACTS: dict[str, Any] = {k: v for k, v in H200.items() if k != "sku"}
 
