@@ -21,6 +21,7 @@ from fa4_aot.runtime import runner
 from fa4_aot.runtime.fetch import Fetcher
 from fa4_aot.spec import recipe_format
 from fa4_aot.spec.calls import Call
+from fa4_aot.spec.region import Region
 from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Store
 from fa4_aot.trust.policy import Trust
@@ -88,13 +89,13 @@ def lean_client(server: Server, cache: Path, trusted: dict[str, Any] | None = No
     return runner.Runtime(store, SKU, trust=trust, fetcher=Fetcher(remote, trust, store))
 
 
-def served(rt: runner.Runtime, call: Call) -> dict[str, Any]:
+def served(rt: runner.Runtime, call: Call) -> Region:
     """What the lean runtime does for `call` short of launching: its region (a miss, then with FA4_AOT_BUILD_WAIT
     the wait for the build) and every kernel of it fetched into the store. KernelMissing when not served."""
     attn = rt.attention(Signature.of(call))
     sizes = attn.sizes(recipe_format.sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k))
     region = attn.region(sizes)
-    keys = [k["kernel_key"] for k in region["kernels"]]
+    keys = [k.kernel_key for k in region.kernels]
     rt.libraries.prefetch(keys)
     assert all(rt.store.has_entry(k) for k in keys), "the region's kernels were not fetched"
     return region
