@@ -2,5 +2,5 @@
 
 The database holds metadata and digests; object bytes live only in the content-addressed store on disk
 (fa4_aot.store.Store). Entry points for the CLI: config.Settings, main.create_app, main.serve, db.migrate,
-db.session_for, crud.create_token, crud.rotate_token, crud.revoke_token.
+db.session_for, crud_tokens.create_token, crud_tokens.rotate_token, crud_tokens.revoke_token.
 """

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fa4_aot.store import Store
 
-from . import crud, models, schemas
+from . import crud, crud_tokens, models, schemas
 from .config import Settings
 
 bearer = HTTPBearer(auto_error=False, description="A token from `fa4-aot token create --scope read|publish|admin`.")
@@ -50,7 +50,7 @@ def check_token(session: Session, credentials: HTTPAuthorizationCredentials | No
     if credentials is None:
         raise HTTPException(401, "missing bearer token: send `Authorization: Bearer <token>` with a token from "
                                  "`fa4-aot token create`", headers={"WWW-Authenticate": "Bearer"})
-    token = crud.find_token(session, plaintext=credentials.credentials)
+    token = crud_tokens.find_token(session, plaintext=credentials.credentials)
     if token is None or token.revoked:
         raise HTTPException(403, "unknown or revoked token; create a new one with `fa4-aot token create`")
     if token.scope not in allowed:
@@ -89,9 +89,10 @@ AdminDep = Annotated[models.Token, Depends(require_admin)]
 def check_sku_allowed(token: models.Token, sku: str) -> None:
     """403 when `token` is limited to a set of SKUs that does not hold `sku` (objects are not limited: they
     are content-addressed, and no client fetches one that no kernel row names)."""
-    allowed = crud.token_skus(token)
+    allowed = crud_tokens.token_skus(token)
     if allowed is not None and sku not in allowed:
-        raise HTTPException(403, f"token {crud.token_label(token)!r} may publish only SKUs {', '.join(allowed)}, "
+        label = crud_tokens.token_label(token)
+        raise HTTPException(403, f"token {label!r} may publish only SKUs {', '.join(allowed)}, "
                                  f"not {sku!r}: use a token for {sku} (`fa4-aot token create --scope publish "
                                  f"--sku {sku}`)")
 
@@ -100,10 +101,11 @@ def check_facts_allowed(session: Session, token: models.Token, facts: schemas.Sk
     """403 when `token` is limited to a set of SKUs and a SKU outside it has these facts: SKUs with equal facts
     share kernel and recipe keys, so a write under one is a write under all (a recipe file is replaced, not
     refused). This also keeps a limited token from registering its SKU name with another SKU's facts."""
-    allowed = crud.token_skus(token)
+    allowed = crud_tokens.token_skus(token)
     others = [] if allowed is None else [n for n in crud.skus_with_facts(session, facts=facts) if n not in allowed]
     if others:
-        raise HTTPException(403, f"token {crud.token_label(token)!r} may publish only SKUs {', '.join(allowed or [])}, "
+        label = crud_tokens.token_label(token)
+        raise HTTPException(403, f"token {label!r} may publish only SKUs {', '.join(allowed or [])}, "
                                  f"but SKUs {', '.join(others)} have the same facts as {facts.name!r} and share its "
                                  "kernel and recipe keys: publish with a token for all of them, or register "
                                  f"{facts.name!r} with its own facts")

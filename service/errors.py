@@ -56,7 +56,7 @@ class InvalidInput(Fa4AotError, ValueError):
 
 
 class TokenNotFound(Fa4AotError, LookupError):
-    """No active token has the given name (raised by crud.revoke_token and crud.rotate_token)."""
+    """No active token has the given name (raised by crud_tokens.revoke_token and crud_tokens.rotate_token)."""
 
 
 class Busy(ServiceError):

@@ -131,12 +131,12 @@ def _where(db_url: str | None) -> str:
 @_db
 def token_create(scope: str, name: str, skus: tuple[str, ...], db_url: str | None) -> None:
     """Print a new token once; the database keeps only its hash."""
-    from service import crud
+    from service import crud, crud_tokens
 
     with _session(db_url, create=True) as session:
         for sku in skus:  # a token limited to a mistyped SKU could publish nothing
             check_sku(sku, {s.name for s in crud.list_skus(session)})
-        click.echo(crud.create_token(session, name=name, scope=scope, skus=list(skus) or None))
+        click.echo(crud_tokens.create_token(session, name=name, scope=scope, skus=list(skus) or None))
     click.echo(f"{scope} token {name or '(unnamed)'} stored in {_where(db_url)}: servers using this database "
                "(`fa4-aot serve` with the same --cache-dir or --db) accept it", err=True)
 
@@ -146,10 +146,10 @@ def token_create(scope: str, name: str, skus: tuple[str, ...], db_url: str | Non
 @_db
 def token_rotate(name: str, db_url: str | None) -> None:
     """Print a new token for NAME (same scope and SKUs) and revoke the old one."""
-    from service import crud
+    from service import crud_tokens
 
     with _session(db_url, create=True) as session:
-        click.echo(crud.rotate_token(session, name=name))
+        click.echo(crud_tokens.rotate_token(session, name=name))
     click.echo(f"rotated {name!r} in {_where(db_url)}", err=True)
 
 
@@ -158,10 +158,11 @@ def token_rotate(name: str, db_url: str | None) -> None:
 @_db
 def token_revoke(name: str, db_url: str | None) -> None:
     """Revoke every active token called NAME."""
-    from service import crud
+    from service import crud_tokens
 
     with _session(db_url, create=True) as session:
-        click.echo(f"revoked {crud.revoke_token(session, name=name)} token(s) named {name!r} in {_where(db_url)}")
+        count = crud_tokens.revoke_token(session, name=name)
+        click.echo(f"revoked {count} token(s) named {name!r} in {_where(db_url)}")
 
 
 @token.command("list")
@@ -169,10 +170,10 @@ def token_revoke(name: str, db_url: str | None) -> None:
 @json_option()
 def token_list(db_url: str | None, as_json: bool) -> None:
     """Every token's name, scope, SKUs and state (never the token itself)."""
-    from service import crud
+    from service import crud_tokens
 
     with _session(db_url) as session:
-        rows = crud.list_tokens(session)
+        rows = crud_tokens.list_tokens(session)
     lines = [f"{r['name']:<24} {r['scope']:<8} {','.join(r['skus'] or ['*']):<20} "
              f"{'revoked' if r['revoked'] else 'active':<8} {r['created']}" for r in rows]
     emit(as_json, rows, "\n".join([*lines, f"{len(rows)} token(s) in {_where(db_url)}"]))

@@ -13,7 +13,7 @@ from fa4_aot.errors import StoreError
 from fa4_aot.spec import kernel_keys
 from fa4_aot.store import Entry, Store
 
-from .. import crud
+from .. import crud, crud_tokens
 from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import Conflict, NotFound
 from ..openapi import PUBLISH, READ
@@ -74,7 +74,7 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
                    f"{recomputed}); publish the entry `fa4-aot build` wrote, unchanged"}])
     for digest in {kernel.object_digest, *(d for lib in kernel.shared_libs.values()
                                           for d in (lib.digest, *lib.needs.values()) if d)}:
-        _adopt_unrecorded_object(session, store, digest, actor=crud.token_label(token))
+        _adopt_unrecorded_object(session, store, digest, actor=crud_tokens.token_label(token))
 
     def write(entry: Entry, is_new: bool) -> None:
         if store.object_size(entry.object_digest) != entry.size:
@@ -85,7 +85,7 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
             store.put_entry(_keep_local_libraries(store, entry))
 
     with store.lock(kernel.kernel_key):
-        entry, is_new = crud.publish_kernel(session, kernel=kernel, actor=crud.token_label(token), write=write)
+        entry, is_new = crud.publish_kernel(session, kernel=kernel, actor=crud_tokens.token_label(token), write=write)
     response.status_code = status.HTTP_201_CREATED if is_new else status.HTTP_200_OK
     return KernelOut(**entry.published())
 

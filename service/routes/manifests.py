@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from .. import crud, crud_trust
+from .. import crud, crud_tokens, crud_trust
 from ..deps import PublisherDep, SessionDep, check_sku_allowed, require_read
 from ..errors import InvalidBody, NotFound, ServiceError
 from ..openapi import PUBLISH, READ
@@ -52,7 +52,7 @@ async def put_manifest(sku: SkuPath, request: Request, response: Response, sessi
     check_sku_allowed(token, sku)
     envelope = _json(await _body(request))
     stored, created = await run_in_threadpool(crud_trust.store_manifest, session, sku=sku, envelope=envelope,
-                                              actor=crud.token_label(token), admin=token.scope == "admin")
+                                              actor=crud_tokens.token_label(token), admin=token.scope == "admin")
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return stored
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
-from .. import crud, crud_builds, crud_misses
+from .. import crud_builds, crud_misses, crud_tokens
 from ..build_schemas import MissAnswer
 from ..deps import AdminDep, CredentialsDep, SessionDep, require_read
 from ..openapi import ADMIN, READ
@@ -31,7 +31,7 @@ def report_miss(miss: MissIn, request: Request, session: SessionDep, credentials
     at most 10,000 distinct misses a SKU (429). Without a valid token, one client address may add at most
     FA4_AOT_ANONYMOUS_MISSES_PER_MINUTE new misses a minute (429), so an anonymous flood cannot fill a SKU's
     misses; reports of known misses are always counted."""
-    token = crud.find_token(session, plaintext=credentials.credentials) if credentials else None
+    token = crud_tokens.find_token(session, plaintext=credentials.credentials) if credentials else None
     anonymous = token is None or token.revoked
     client = request.client.host if request.client else ""
     may_add = functools.partial(request.app.state.miss_rate.allow, client) if anonymous else None
@@ -58,6 +58,6 @@ def list_misses(session: SessionDep, offset: Annotated[int, Query(ge=0, lt=1 << 
 def delete_miss(kernel_key: KeyPath, session: SessionDep, token: AdminDep) -> Response:
     """Forget one miss (admin token): a bogus report, or one built since; and its finished build jobs, so that
     the next report of it queues a new one (a retry of a failed build)."""
-    crud_misses.delete_miss(session, kernel_key=kernel_key, actor=crud.token_label(token))
+    crud_misses.delete_miss(session, kernel_key=kernel_key, actor=crud_tokens.token_label(token))
     crud_builds.forget(session, kernel_key=kernel_key)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -11,7 +11,7 @@ from starlette.requests import ClientDisconnect
 
 from fa4_aot.store import Store
 
-from .. import crud
+from .. import crud, crud_tokens
 from ..deps import PublisherDep, SessionDep, SettingsDep, StoreDep, require_read
 from ..errors import NotFound, ServiceError, TooLarge
 from ..openapi import PUBLISH, READ
@@ -99,7 +99,7 @@ async def put_object(
     """Upload the raw bytes of object `digest`. The server hashes what it receives and stores nothing unless
     it matches (422); 413 past FA4_AOT_MAX_BODY_BYTES; 201 when new, 200 when it already existed. Any publish
     token may upload, including one limited to some SKUs: an object is unusable until a kernel names it."""
-    actor = crud.token_label(token)
+    actor = crud_tokens.token_label(token)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise TooLarge(f"Content-Length {declared} exceeds the server's limit of {settings.max_body_bytes} bytes; "

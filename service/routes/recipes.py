@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fa4_aot.store import recipes as recipe_store
 
-from .. import crud, crud_recipes, models, schemas
+from .. import crud, crud_recipes, crud_tokens, models, schemas
 from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import InvalidBody, NotFound, TooLarge
 from ..openapi import PUBLISH, READ
@@ -71,7 +71,7 @@ def _publish(sku: str, key: str, data: bytes, session: SessionDep, store: StoreD
              token: models.Token) -> RecipeOut:
     target = crud_recipes.target_of(session, sku=sku)
     check_facts_allowed(session, token, schemas.SkuFacts.model_validate(crud.get_sku(session, name=sku)))
-    actor = crud.token_label(token)
+    actor = crud_tokens.token_label(token)
     try:
         recipe_store.check_file(data, key, json.loads(target))
     except ValueError as e:

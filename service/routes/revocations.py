@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response, status
 
-from .. import crud, crud_trust
+from .. import crud_tokens, crud_trust
 from ..deps import AdminDep, SessionDep, require_read
 from ..openapi import ADMIN, READ
 from ..schemas import RevocationIn, RevocationOut, Revocations
@@ -22,7 +22,7 @@ def add_revocation(revocation: RevocationIn, session: SessionDep, response: Resp
     """Revoke a signing key (`{"kind": "key", "id": <16 hex>}`) or one manifest (`{"kind": "manifest",
     "id": <64 hex>}`), with an optional reason of at most 500 characters: 201 when new, 200 when it was
     already revoked. Clients refuse what is revoked from their next start. Needs an admin token."""
-    out, created = crud_trust.add_revocation(session, revocation=revocation, actor=crud.token_label(token))
+    out, created = crud_trust.add_revocation(session, revocation=revocation, actor=crud_tokens.token_label(token))
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return out
 

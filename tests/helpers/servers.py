@@ -23,7 +23,7 @@ import httpx
 from sqlalchemy import func, select
 
 from fa4_aot.spec import kernel_keys
-from service import crud, db, models
+from service import crud, crud_tokens, db, models
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13, "host": "x86-64-v3"}
@@ -103,10 +103,10 @@ def prepare_database(db_url: str) -> dict[str, str]:
     """Migrate the database and create one token per scope, plus a revoked one; returns their plaintexts."""
     db.migrate(db_url)
     with db.session_for(db_url) as session:
-        tokens = {scope: crud.create_token(session, name=f"test-{scope}", scope=scope)
+        tokens = {scope: crud_tokens.create_token(session, name=f"test-{scope}", scope=scope)
                   for scope in ("read", "publish", "admin")}
-        tokens["revoked"] = crud.create_token(session, name="test-revoked", scope="admin")
-        crud.revoke_token(session, name="test-revoked")
+        tokens["revoked"] = crud_tokens.create_token(session, name="test-revoked", scope="admin")
+        crud_tokens.revoke_token(session, name="test-revoked")
     return tokens
 
 

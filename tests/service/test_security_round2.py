@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from fa4_aot.store import Store
-from service import crud, db
+from service import crud_tokens, db
 from tests.helpers.servers import Launch, Server, kernel_doc, raw_request, row_counts
 
 B200 = {"sku": "b200", "arch": "sm_100a", "sm_count": 148, "l2_bytes": 132120576, "cuda_major": 13}
@@ -22,7 +22,7 @@ B200 = {"sku": "b200", "arch": "sm_100a", "sm_count": 148, "l2_bytes": 132120576
 
 def _token(server: Server, name: str, scope: str = "publish", skus: list[str] | None = None) -> str:
     with db.session_for(server.db_url) as session:
-        return crud.create_token(session, name=name, scope=scope, skus=skus)
+        return crud_tokens.create_token(session, name=name, scope=scope, skus=skus)
 
 
 def _publish(c: httpx.Client, data: bytes, **overrides: object) -> dict[str, object]:

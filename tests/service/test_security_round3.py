@@ -19,14 +19,14 @@ from sqlalchemy import func, select, text
 
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Entry, Store, recipes
-from service import crud, db, models
+from service import crud_tokens, db, models
 from tests.helpers.servers import H200, Launch, Server, kernel_doc
 from tests.remote.test_lean_entries import region
 
 
 def _token(server: Server, name: str, scope: str = "publish", skus: list[str] | None = None) -> str:
     with db.session_for(server.db_url) as session:
-        return crud.create_token(session, name=name, scope=scope, skus=skus)
+        return crud_tokens.create_token(session, name=name, scope=scope, skus=skus)
 
 
 def _as(server: Server, token: str) -> httpx.Client:
@@ -171,13 +171,13 @@ def test_d27_concurrent_token_create_makes_one_token_of_a_name(launch: Launch) -
 
         def create(_i: int, name: str = name) -> str:
             with db.session_for(server.db_url) as session:
-                return crud.create_token(session, name=name, scope="read")
+                return crud_tokens.create_token(session, name=name, scope="read")
 
         results = _race(6, create)
         made = [r for r in results if isinstance(r, str)]
         assert len(made) == 1 and all("already named" in str(r) for r in results if not isinstance(r, str)), results
         with db.session_for(server.db_url) as session:
-            assert crud.rotate_token(session, name=name)  # one active token: not ambiguous
+            assert crud_tokens.rotate_token(session, name=name)  # one active token: not ambiguous
 
 
 def test_d27_miss_cap_holds_under_concurrency(launch: Launch) -> None:

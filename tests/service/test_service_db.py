@@ -16,7 +16,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import select
 
 from fa4_aot.errors import DatabaseError
-from service import crud, db, models
+from service import crud_tokens, db, models
 from service.config import Settings
 from service.errors import InvalidInput, TokenNotFound
 from tests.helpers.servers import Server, kernel_doc
@@ -43,18 +43,18 @@ def test_tokens_are_hashed_and_revocable(new_db_url: Callable[[Path], str], tmp_
     url = new_db_url(tmp_path)
     db.migrate(url)
     with db.session_for(url) as session:
-        plaintext = crud.create_token(session, name="ci", scope="publish")
+        plaintext = crud_tokens.create_token(session, name="ci", scope="publish")
         stored = session.scalars(select(models.Token)).one()
         assert plaintext.startswith("fa4_") and len(plaintext) > 40
         assert stored.token_hash == hashlib.sha256(plaintext.encode()).hexdigest()
         assert plaintext not in (stored.token_hash, stored.name)
-        assert crud.revoke_token(session, name="ci") == 1
-        assert crud.find_token(session, plaintext=plaintext).revoked  # type: ignore[union-attr]
+        assert crud_tokens.revoke_token(session, name="ci") == 1
+        assert crud_tokens.find_token(session, plaintext=plaintext).revoked  # type: ignore[union-attr]
         with pytest.raises(TokenNotFound, match="fa4-aot token"):
-            crud.revoke_token(session, name="ci")
+            crud_tokens.revoke_token(session, name="ci")
         with pytest.raises(InvalidInput, match="read, publish, admin"):
-            crud.create_token(session, name="x", scope="root")
-        assert crud.create_token(session, name="", scope="read").startswith("fa4_")  # the CLI's default name
+            crud_tokens.create_token(session, name="x", scope="root")
+        assert crud_tokens.create_token(session, name="", scope="read").startswith("fa4_")  # the CLI's default name
 
 
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from fa4_aot.spec.skus import Sku
 from fa4_aot.trust import signing, signing_keys
-from service import crud, db
+from service import crud_tokens, db
 from service.errors import InvalidInput, TokenNotFound
 from tests.helpers.servers import H200, Launch, Server, kernel_doc, row_counts, store_files
 
@@ -48,7 +48,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def _token(server: Server, name: str, scope: str = "publish", skus: list[str] | None = None) -> str:
     with db.session_for(server.db_url) as session:
-        return crud.create_token(session, name=name, scope=scope, skus=skus)
+        return crud_tokens.create_token(session, name=name, scope=scope, skus=skus)
 
 
 def _bearer(token: str) -> dict[str, str]:
@@ -154,7 +154,7 @@ def test_sku_limited_token(server: Server, keys: tuple[Path, Path]) -> None:
 def test_create_token_validates_sku_lists(server: Server, scope: str, skus: list[str], fragment: str) -> None:
     before = row_counts(server.db_url)
     with db.session_for(server.db_url) as session, pytest.raises(InvalidInput, match=fragment):
-        crud.create_token(session, name=f"bad-{scope}", scope=scope, skus=skus)
+        crud_tokens.create_token(session, name=f"bad-{scope}", scope=scope, skus=skus)
     assert row_counts(server.db_url) == before
 
 
@@ -162,21 +162,22 @@ def test_active_token_names_are_unique(server: Server) -> None:
     _token(server, "unique-name")
     with db.session_for(server.db_url) as session:
         with pytest.raises(InvalidInput, match="token rotate --name unique-name"):
-            crud.create_token(session, name="unique-name", scope="read")
-        crud.revoke_token(session, name="unique-name")
-        assert crud.create_token(session, name="unique-name", scope="read")  # free again once revoked
-        assert crud.create_token(session, name="", scope="read") != crud.create_token(session, name="", scope="read")
+            crud_tokens.create_token(session, name="unique-name", scope="read")
+        crud_tokens.revoke_token(session, name="unique-name")
+        assert crud_tokens.create_token(session, name="unique-name", scope="read")  # free again once revoked
+        first = crud_tokens.create_token(session, name="", scope="read")
+        assert first != crud_tokens.create_token(session, name="", scope="read")
         with pytest.raises(InvalidInput, match="active tokens are named ''"):
-            crud.rotate_token(session, name="")  # several unnamed tokens: rotating one is ambiguous
+            crud_tokens.rotate_token(session, name="")  # several unnamed tokens: rotating one is ambiguous
         with pytest.raises(TokenNotFound, match="no active token named 'nobody'"):
-            crud.rotate_token(session, name="nobody")
+            crud_tokens.rotate_token(session, name="nobody")
 
 
 def test_rotate_token(launch: Launch) -> None:
     server = launch()
     old = _token(server, "rotating", skus=["trust-rot"])
     with db.session_for(server.db_url) as session:
-        new = crud.rotate_token(session, name="rotating")
+        new = crud_tokens.rotate_token(session, name="rotating")
     data = os.urandom(100)
     doc = kernel_doc(data, sku="trust-rot")
     with httpx.Client(base_url=server.url, timeout=30) as c:
