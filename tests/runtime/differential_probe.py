@@ -76,10 +76,11 @@ class _Recording:
     """The lean runtime over a temp store that a build fills, for each signature the entry point asks for."""
 
     def __init__(self, rt: Any, sku: Any) -> None:
+        from fa4_aot.build.lean import Worker
         from fa4_aot.fa4.versions import toolchain
 
         self.rt, self.sku = rt, sku
-        self.worker = {"sku": sku, "store": rt.store, "tools": toolchain()}
+        self.worker = Worker(sku, rt.store, rt.store, toolchain())
         self.asked: list[Any] = []  # [Attention, sizes] of the last region lookup
         self.built_as: str | None = None  # the pass a build records for a forward signature (its training one)
 
