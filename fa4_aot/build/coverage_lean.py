@@ -20,7 +20,7 @@ import numpy as np
 
 from ..spec import probes, recipe_space
 from ..spec.calls import Call
-from ..spec.recipe_format import HEADS, SIZE_NAMES, sizes_of_call
+from ..spec.recipe_format import HEADS, SIZE_NAMES, call_sizes
 from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
@@ -53,10 +53,10 @@ class Regions:
     def regions(self, sig: Signature) -> list[Region]:
         """Every region the lean runtime reads for `sig`, in its order (StoreError for a refused file)."""
         found = []
-        for key, forward in recipes.sources(sig, self.sku):
-            if key not in self._files:
-                self._files[key] = recipes.load(self.store, key)
-            found += [r.forward_part() if forward else r for r in self._files[key]]
+        for source in recipes.sources(sig, self.sku):
+            if source.key not in self._files:
+                self._files[source.key] = recipes.load(self.store, source.key)
+            found += source.serve(self._files[source.key])
         return found
 
     def of_call(self, call: Call) -> Lookup:
@@ -64,8 +64,7 @@ class Regions:
         refused = unsupported(sig, self.sku)
         if refused:
             return Lookup((), unsupported=refused)
-        sizes = {**sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
-                 HEADS: call.heads_kv}
+        sizes = call_sizes(call)
         regions = self.regions(sig)
         region = recipes.find(regions, sizes)
         if region is None:

@@ -24,7 +24,7 @@ from .. import fa4
 from ..errors import DiskFull
 from ..spec import kernel_keys, probes, recipe_space
 from ..spec.calls import Call
-from ..spec.recipe_format import HEADS, SIZE_NAMES, sizes_of_call
+from ..spec.recipe_format import HEADS, SIZE_NAMES, call_sizes, sizes_of_call
 from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
@@ -45,7 +45,7 @@ class Held:
 
 @dataclass
 class Worker:
-    """A build worker's lean state for one SKU and store, kept for the process (worker.py's `lean_worker`)."""
+    """A build worker's lean state for one SKU and store, kept for the process (worker.py's `_lean_state`)."""
 
     sku: Sku
     store: Store | None  # None in a Ray worker: regions are recorded without a store's, objects are Held
@@ -82,8 +82,7 @@ def record_recipe(worker: Worker, call: Call, recorded: dict[str, list[Region]])
         return
     sig = Signature.of(call)
     known = _known(worker, recipes.recipe_key(sig, worker.sku))
-    sizes = {**sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
-             HEADS: call.heads_kv}
+    sizes = call_sizes(call)
     if recipes.find(known, sizes) is None:
         _record(worker, sig, sizes, recorded)
 

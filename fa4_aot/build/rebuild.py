@@ -15,7 +15,7 @@ from ..runtime import misses as lean_miss
 from ..spec import kernel_keys
 from ..spec.calls import Call
 from ..spec.exact import ExactCall
-from ..spec.recipe_format import HEADS, sizes_of_call
+from ..spec.recipe_format import call_sizes
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..store import Store, recipes
@@ -116,9 +116,7 @@ def served(store: Store, sku: Sku, call: Call) -> bool:
     """Whether `store` holds a recipe region (of any file the lean runtime reads for the call's signature) that
     serves `call` and every kernel it launches: what a lean miss's build must leave behind. Reads only the store."""
     sig = Signature.of(call)
-    sizes = {**sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
-             HEADS: call.heads_kv}
-    regions = [r.forward_part() if forward else r for key, forward in recipes.sources(sig, sku)
-               for r in recipes.load(store, key, None)]
+    sizes = call_sizes(call)
+    regions = [r for source in recipes.sources(sig, sku) for r in source.serve(recipes.load(store, source.key))]
     found = recipes.find(regions, sizes)
     return found is not None and all(store.has_entry(k.kernel_key) for k in found.kernels)

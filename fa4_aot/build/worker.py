@@ -73,7 +73,7 @@ class PlanOut(NamedTuple):
 Sink = Callable[[list[Entry], bytes], None]
 
 _configured: list[Sku] = []
-_lean: list[lean.Worker] = []  # lean's per-process state for the last SKU and store (lean_worker)
+_lean: list[lean.Worker] = []  # lean's per-process state for the last SKU and store (_lean_state)
 
 
 def configure(sku: Sku) -> None:
@@ -149,8 +149,10 @@ def _lean_state(sku: Sku, store: Store | None) -> lean.Worker:
     """lean's state for `sku` and `store`, kept while they stay this process's; store None (Ray workers):
     recipes are recorded without checking a store and linked libraries are held in memory (lean.Held) until
     `lean_objects` hands them over."""
-    root = store.root if store is not None else None
-    if not _lean or _lean[0].sku != sku or (_lean[0].store.root if _lean[0].store is not None else None) != root:
+    def root(s: Store | None) -> Path | None:
+        return s.root if s is not None else None
+
+    if not _lean or _lean[0].sku != sku or root(_lean[0].store) != root(store):
         _lean[:] = [lean.Worker(sku, store, store if store is not None else lean.Held(), fa4.toolchain())]
     return _lean[0]
 

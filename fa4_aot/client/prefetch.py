@@ -147,7 +147,8 @@ def _regions(store: Store, remote: Remote, sku: Sku, sig: Signature, listed: dic
              result: Prefetched) -> list[Region] | None:
     """The regions of the first file that serves `sig` (its own, else a training file's forward part), fetched
     when the server lists other bytes than the store holds; None when neither holds one."""
-    for key, forward in recipe_store.sources(sig, sku):
+    for source in recipe_store.sources(sig, sku):
+        key = source.key
         local = store.recipes(key)
         if key in listed and (local is None or hashlib.sha256(local).hexdigest() != listed[key]):
             try:
@@ -158,7 +159,7 @@ def _regions(store: Store, remote: Remote, sku: Sku, sig: Signature, listed: dic
                 continue
         regions = recipe_store.load(store, key, trust.check_recipe)
         if regions:
-            return [r.forward_part() if forward else r for r in regions]
+            return source.serve(regions)
     return None
 
 

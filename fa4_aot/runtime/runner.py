@@ -94,8 +94,10 @@ class Attention:
 
     def _read(self) -> list[Region]:
         check = self.rt.trust.check_recipe if self.rt.trust is not None else None
-        return [region.forward_part() if forward else region for key, forward in self.sources
-                for region in recipes.load(self.rt.store, key, check)]
+        found: list[Region] = []
+        for source in self.sources:
+            found += source.serve(recipes.load(self.rt.store, source.key, check))
+        return found
 
     def _refetch(self) -> bool:
         """Fetch the server's recipe file (once per signature and process): it may hold regions recorded since.

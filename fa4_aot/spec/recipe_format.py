@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from . import symexpr
+from .calls import Call
 
 RECIPE_FORMAT = 2
 # Format 1 (builds before issue 17) held head counts as constants and its file's key named them. Format 2 holds
@@ -69,6 +70,12 @@ def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int, page_si
                 "max_seqlen_q": seqlen_q, "max_seqlen_k": pages * page_size}
     return {"batch": batch, "total_q": batch * seqlen_q, "total_k": batch * seqlen_k,
             "max_seqlen_q": seqlen_q, "max_seqlen_k": seqlen_k}
+
+
+def call_sizes(call: Call) -> dict[str, int]:
+    """The sizes of `call` that a format-2 region's guards read: sizes_of_call's with the KV head count."""
+    return {**sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
+            HEADS: call.heads_kv}
 
 
 REQUIRED = frozenset({"format", "signature", "guards", "inputs", "tensors", "meta", "fwd", "bwd", "outputs",

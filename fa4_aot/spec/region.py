@@ -109,10 +109,6 @@ class Region:
                                                     ("toolchain", self.toolchain)) if value is not None})
         return doc
 
-    @property
-    def layout(self) -> str:
-        return str(self.signature["layout"])
-
     def holds(self, sizes: Mapping[str, int]) -> bool:
         """Whether FA4 makes this region's choices at `sizes` (every guard holds)."""
         return symexpr.holds(self.guards, sizes)
@@ -133,7 +129,7 @@ class Region:
         made.add(self.inputs["dout"])
         read: set[int] = set()
         for step in self.bwd:
-            read |= slots_in([step.args, step.kwargs] if isinstance(step, Op) else step.args)
+            read |= _slots_in([step.args, step.kwargs] if isinstance(step, Op) else step.args)
         return sorted(read - made)
 
 
@@ -150,14 +146,14 @@ def parse_regions(regions: Any) -> list[Region]:
     return found
 
 
-def slots_in(args: Arg) -> set[int]:
+def _slots_in(args: Arg) -> set[int]:
     """The tensor slots an argument tree names ({"t": slot} leaves)."""
     if isinstance(args, dict) and set(args) == {"t"}:
         return {args["t"]}
     if isinstance(args, list | dict):
         found: set[int] = set()
         for a in args.values() if isinstance(args, dict) else args:
-            found |= slots_in(a)
+            found |= _slots_in(a)
         return found
     return set()
 

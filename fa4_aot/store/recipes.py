@@ -51,6 +51,10 @@ class Source(NamedTuple):
     key: str
     forward_only: bool
 
+    def serve(self, regions: list[Region]) -> list[Region]:
+        """The file's `regions` as they serve the signature: their forward parts where only those do."""
+        return [r.forward_part() for r in regions] if self.forward_only else regions
+
 
 def sources(sig: Signature, sku: Sku) -> list[Source]:
     """Every file whose regions may serve `sig` on `sku`, in the order to use them: its own file by GQA ratio, its
