@@ -72,3 +72,14 @@ class Unreachable(RemoteError):
 
 class DatabaseError(Fa4AotError):
     """The service's database URL cannot be used (unsupported driver, unreachable server)."""
+
+
+class KernelRefused(Fa4AotError, RuntimeError):
+    """A kernel is not launched: the known-bad registry names it, or its certification on this device class
+    failed (or, under FA4_AOT_CERTIFIED=require, it has no passing verdict). The message names the symptom and
+    its source."""
+
+    def __init__(self, message: str, *, kernel_key: str, reason: str) -> None:
+        super().__init__(message)
+        self.kernel_key = kernel_key
+        self.reason = reason

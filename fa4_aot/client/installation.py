@@ -21,11 +21,13 @@ from .. import config, fa4
 from ..errors import Fa4AotError, KernelMissing, TrustError
 from ..remote import wait as build_wait
 from ..spec import hosts, kernel_keys
-from ..spec.devices import detect_device
+from ..spec.devices import detect_device, device_class
+from ..spec.signature import Signature
 from ..spec.kernel_keys import canonical, dumps, kernel_key
 from ..spec.matching import select
 from ..spec.skus import Constants, Sku
 from ..store import Entry, Miss, Store
+from ..trust.certified import Gate
 from ..trust.policy import Trust
 
 if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured: it costs cold starts
@@ -53,6 +55,7 @@ class Installation:
     constants: Constants | None = None  # the device's own constants (default: the row's)
     remote: Remote | None = None
     remote_error: str = ""  # why the server could not help, for strict mode's message
+    gate: Gate | None = None  # certification: known-bad and failed kernels are refused (trust/certified.py)
     stats: Stats = field(default_factory=Stats)
 
     def kernel_key(self, family: str, key: Any) -> str:
@@ -140,8 +143,15 @@ class Installation:
         kk = self.kernel_key(family, key)
         entry, why = self.find(kk)
         if entry is not None and self._trusted(entry):
+            self._admit(entry)
             return self.store.verified_object_path(entry.object_digest)
         return self._miss(family, key, kk, why)
+
+    def _admit(self, entry: Entry) -> None:
+        """KernelRefused when certification refuses `entry` for the call FA4 is running (trust/certified.py)."""
+        if self.gate is not None:
+            call = fa4.current()
+            self.gate.admit(entry.kernel_key, Signature.of(call) if call else None, lambda _key: entry)
 
     def loaded(self, family: str, key: Any) -> None:
         self.stats.loaded += 1
@@ -194,6 +204,7 @@ class Installation:
         if not problem:
             entry, why = self.find(miss.kernel_key)
             if entry is not None and self._trusted(entry):
+                self._admit(entry)
                 return self.store.verified_object_path(entry.object_digest)
             problem = why or f"its build job is done, but {self.remote_error or 'the kernel could not be fetched'}"
         self.remote_error = problem
@@ -230,8 +241,10 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     if not has_cuda():  # a CPU host checking a SKU's store: FA4 plans for the SKU, as a build worker does
         fa4.configure(sku)
     remote = _remote_from_env()
-    installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=remote,
-                                trust=Trust.from_env(sku, store, remote), tools=fa4.toolchain(), constants=constants)
+    trust = Trust.from_env(sku, store, remote)
+    gate = Gate(store, sku.name, device_class() if has_cuda() else None, trust)
+    installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=remote, trust=trust,
+                                tools=fa4.toolchain(), constants=constants, gate=gate)
     fa4.capture()
     fa4.install_store_caches(installation)
     _installed = installation

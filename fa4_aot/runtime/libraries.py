@@ -27,6 +27,8 @@ from ..spec.skus import Constants
 from ..store import Entry, Store
 
 if TYPE_CHECKING:
+    from ..spec.signature import Signature
+    from ..trust.certified import Gate
     from ..trust.policy import Trust
     from .fetch import Fetcher
 
@@ -37,8 +39,8 @@ class Libraries:
     """Kernel functions by kernel key, loaded once per process from one store."""
 
     def __init__(self, store: Store, sku_name: str, constants: Constants | None = None,
-                 trust: Trust | None = None, fetcher: Fetcher | None = None) -> None:
-        self.store, self.trust, self.fetcher = store, trust, fetcher
+                 trust: Trust | None = None, fetcher: Fetcher | None = None, gate: Gate | None = None) -> None:
+        self.store, self.trust, self.fetcher, self.gate = store, trust, fetcher, gate
         self.sku_name = sku_name
         self.constants = constants
         self.arch = host_arch()
@@ -47,7 +49,11 @@ class Libraries:
         self._modules: list[Any] = []  # a tvm_ffi module unloads when collected; kernels live for the process
         self._lock = threading.Lock()
 
-    def function(self, kernel_key: str, family: str = "") -> Any:
+    def function(self, kernel_key: str, family: str = "", sig: Signature | None = None) -> Any:
+        """The launchable function of kernel `kernel_key` (a base key), loaded once. KernelMissing when the store
+        (and the server) lack it; KernelRefused when certification refuses it for a call of `sig`."""
+        if self.gate is not None:
+            self.gate.admit(kernel_key, sig, lambda key: self._entry(key)[0])
         fn = self._functions.get(kernel_key)
         if fn is None:
             with self._lock:

@@ -18,12 +18,13 @@ from typing import Any
 from .. import config
 from ..errors import Fa4AotError, KernelMissing
 from ..spec import hosts, recipe_format, sku_table
-from ..spec.devices import detect_device
+from ..spec.devices import detect_device, device_class
 from ..spec.matching import select
 from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku
 from ..store import Store, recipes
+from ..trust.certified import Gate
 from ..trust.policy import Trust
 from . import misses, replay
 from .fetch import Fetcher
@@ -34,10 +35,11 @@ class Runtime:
     """One store and the detected SKU: recipe files and kernels, loaded on first use, kept for the process."""
 
     def __init__(self, store: Store, sku: Sku, constants: Constants | None = None, trust: Trust | None = None,
-                 fetcher: Fetcher | None = None) -> None:
+                 fetcher: Fetcher | None = None, gate: Gate | None = None) -> None:
         self.store, self.sku, self.trust, self.fetcher = store, sku, trust, fetcher
-        # the device's constants pick, for a kernel that consumed some, the build with the device's values
-        self.libraries = Libraries(store, sku.name, constants or sku.constants(), trust, fetcher)
+        # the device's constants pick, for a kernel that consumed some, the build with the device's values;
+        # the gate refuses known-bad and failed kernels before their first launch (trust/certified.py)
+        self.libraries = Libraries(store, sku.name, constants or sku.constants(), trust, fetcher, gate)
         self._attention: dict[Signature, Attention] = {}
 
     def attention(self, sig: Signature) -> Attention:
@@ -69,7 +71,8 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
             remote = server_from_env()
         trust = Trust.from_env(sku, store, remote)
         fetcher = Fetcher(remote, trust, store) if remote is not None else None
-        found = _runtimes[store.root] = Runtime(store, sku, constants, trust, fetcher)
+        gate = Gate(store, sku.name, device_class(), trust)
+        found = _runtimes[store.root] = Runtime(store, sku, constants, trust, fetcher, gate)
     return found
 
 
@@ -154,7 +157,7 @@ class Attention:
             sizes = self.sizes(sizes)
             region = self.region(sizes)
             self.rt.libraries.prefetch([k.kernel_key for k in region.kernels])
-            functions = [self.rt.libraries.function(k.kernel_key, k.family) for k in region.kernels]
+            functions = [self.rt.libraries.function(k.kernel_key, k.family, self.sig) for k in region.kernels]
             chosen = region.softmax_scale if scale is None else scale
             found = self._bound[key] = replay.bind(region, sizes, functions, device, chosen)
         return found
@@ -164,7 +167,7 @@ class Attention:
         region = self.region(self.sizes(sizes))
         self.rt.libraries.prefetch([k.kernel_key for k in region.kernels])
         for k in region.kernels:
-            self.rt.libraries.function(k.kernel_key, k.family)
+            self.rt.libraries.function(k.kernel_key, k.family, self.sig)
 
 
 def _function() -> Any:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnknownSku
+from .verdicts import DeviceClass
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,16 @@ def detect_device(index: int | None = None) -> DeviceInfo:
         l2_bytes=props.L2_cache_size,
         cuda_major=int(cuda.split(".")[0]),
     )
+
+
+def device_class(index: int | None = None) -> DeviceClass | None:
+    """The certification class of the current (or given) CUDA device: its name and SM count, the CUDA driver's
+    version and the runtime's (spec/verdicts.py). None when no CUDA device is visible."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device() if index is None else index
+    props = torch.cuda.get_device_properties(index)
+    return DeviceClass.of(props.name, props.multi_processor_count, int(torch._C._cuda_getDriverVersion()),
+                          torch.version.cuda or "0")

@@ -23,7 +23,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 _SKU_NAME = re.compile(r"[a-z0-9-]+")
 QUARANTINE = "quarantine"
-_FOLDERS = ("objects", "index", "misses", "locks", "manifests", "recipes")
+_FOLDERS = ("objects", "index", "misses", "locks", "manifests", "recipes", "verdicts", "known-bad")
 SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
 
 

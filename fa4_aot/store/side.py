@@ -1,10 +1,12 @@
 """Side data: what the store keeps beside kernels. Misses (misses/<key>.json: kernels a client needed and
-lacked), lean-runtime recipe files (recipes/ab/<key>.json; store/recipes.py owns their content) and signed
-manifests (manifests/<sku>/<id>.json; trust/signing.py owns their content), and the marks a server polls to see
-that anything changed."""
+lacked), lean-runtime recipe files (recipes/ab/<key>.json; store/recipes.py owns their content), signed manifests
+(manifests/<sku>/<id>.json; trust/signing.py owns their content), certification verdicts (verdicts/ab/<kernel
+key>.json: spec/verdicts.py's values, one per device class) and the known-bad entries a certification measured
+(known-bad/<sku>.json: spec/known_bad.py's form), and the marks a server polls to see that anything changed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
+from ..spec.verdicts import Verdict, by_device
 from .beneath import lstat_beneath
 from .root import HEX64, Root, _check_sku, _listdir_beneath, check_hex
 
@@ -91,12 +94,60 @@ class SideData(Root):
                     continue
         return found
 
+    def put_verdicts(self, verdicts: list[Verdict]) -> None:
+        """Keep `verdicts`, each replacing the verdict its kernel had for its device class (a kernel's file is
+        rewritten under a lock, so certifiers and a server may add verdicts at once)."""
+        for kernel_key in sorted({v.kernel_key for v in verdicts}):
+            lock_name = hashlib.sha256(f"verdicts:{kernel_key}".encode()).hexdigest()
+            with self.lock(lock_name):
+                mine = by_device(self.verdicts(kernel_key) + [v for v in verdicts if v.kernel_key == kernel_key])
+                doc = {"kernel_key": kernel_key, "verdicts": [v.to_dict() for _, v in sorted(mine.items())]}
+                self._write(self._verdicts_path(kernel_key), json.dumps(doc, sort_keys=True, indent=1).encode())
+
+    def verdicts(self, kernel_key: str) -> list[Verdict]:
+        """Every verdict kept for `kernel_key` (one per device class), [] when none. StoreError for a file that is
+        not a verdict document (a store is data from another host)."""
+        try:
+            with self._open(self._verdicts_path(kernel_key)) as f:
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        try:
+            doc = json.loads(data)
+            found = [Verdict.from_dict(v) for v in doc["verdicts"]]
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise StoreError(f"verdicts of {kernel_key} in {self.root} are malformed ({str(e)[:120]}); run "
+                             "`fa4-aot certify` again to rewrite them") from None
+        if any(v.kernel_key != kernel_key for v in found):
+            raise StoreError(f"verdicts of {kernel_key} in {self.root} name another kernel")
+        return found
+
+    def verdict_keys(self) -> list[str]:
+        """The kernel keys that have verdicts, in key order."""
+        return [f.name for f in self._scan("verdicts") if f.kind == "file"]
+
+    def _verdicts_path(self, kernel_key: str) -> Path:
+        check_hex(kernel_key, "kernel key")
+        return self.root / "verdicts" / kernel_key[:2] / f"{kernel_key}.json"
+
+    def put_known_bad(self, sku: str, data: bytes) -> None:
+        """Replace known-bad/<sku>.json: the registry entries certification measured for `sku`."""
+        self._write(self.root / "known-bad" / f"{_check_sku(sku)}.json", data)
+
+    def known_bad(self, sku: str) -> bytes | None:
+        """The bytes of known-bad/<sku>.json, or None when certification measured nothing bad for `sku`."""
+        try:
+            with self._open(self.root / "known-bad" / f"{_check_sku(sku)}.json") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
     def change_marks(self) -> tuple[tuple[str, int], ...]:
         """(folder, mtime_ns) of index/, recipes/, manifests/ and their direct subfolders, links not followed:
         every write into the store is an atomic rename into one of them, which changes that folder's time, so
         two equal results mean nothing was added, replaced or removed in between (a server polls this)."""
         found = []
-        for top in ("index", "recipes", "manifests"):
+        for top in ("index", "recipes", "manifests", "verdicts"):
             try:
                 found.append((top, os.lstat(self.root / top).st_mtime_ns))
                 with os.scandir(self.root / top) as it:

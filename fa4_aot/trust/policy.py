@@ -115,6 +115,11 @@ class Trust:
             what = "is not listed" if listed is None else f"is listed with sha256 {listed}, not {digest}"
             self._refuse_lean(f"recipe file {key} {what}", "recipes")
 
+    def listed_verdicts(self) -> dict[str, Any]:
+        """{kernel key: {device class id: verdict listing}} over valid manifests (signing.verdict_listing), the
+        newest manifest that lists a kernel deciding: the verdicts a client under this policy believes."""
+        return self._lean("verdicts")
+
     def _lean(self, field: str) -> dict[str, Any]:
         """{kernel key or recipe key: listing} over valid manifests, the newest that lists a key deciding
         (computed once per field, as allowed() is)."""
