@@ -22,9 +22,9 @@ from ..errors import Fa4AotError, KernelMissing, TrustError
 from ..remote import wait as build_wait
 from ..spec import hosts, kernel_keys
 from ..spec.devices import detect_device, device_class
-from ..spec.signature import Signature
 from ..spec.kernel_keys import canonical, dumps, kernel_key
 from ..spec.matching import select
+from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku
 from ..store import Entry, Miss, Store
 from ..trust.certified import Gate
