@@ -1,0 +1,106 @@
+"""From check outcomes to kernel verdicts: which kernel a failed check blames. Pure.
+
+A check launches a few kernels, in two parts: the forward (the attention kernel, the split-KV combine) and the
+backward (preprocess, the backward kernel, postprocess). A wrong `out` or `lse`, or a crash or hang while the
+forward ran, points at the forward's kernels; a wrong gradient, a deterministic backward that does not repeat, or a
+crash or hang in the backward, at the backward's. Within that part, a failure blames the kernels that no passing
+evidence clears (a kernel shared with checks that passed, such as a combine kernel, is not blamed for another
+kernel's fault); when every one of them passed elsewhere, it blames them all (the combination fails).
+Evidence of passing: every kernel of a passing check, and the forward's kernels of a check whose forward outputs
+were right. A check that raised a Python error (FA4 refusing the call, a kernel missing) is evidence of nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from ..spec.verdicts import Verdict, severity
+from .plan import Use
+from .pool import Outcome
+
+_FORWARD = ("out", "lse")
+
+
+def part_of_failure(failure: dict[str, Any]) -> str:
+    """fwd for a wrong out or lse (also as the lean runtime's), else bwd."""
+    name = failure.get("output") or failure.get("tensor", "")
+    return "fwd" if name in _FORWARD else "bwd"
+
+
+def failing_parts(outcome: Outcome) -> set[str]:
+    if outcome.status == "wrong":
+        return {part_of_failure(f) for f in outcome.failures}
+    if outcome.status in ("crash", "hang"):
+        return {outcome.part}
+    return set()
+
+
+def cleared(outcomes: list[Outcome]) -> set[str]:
+    """Kernel keys with passing evidence (see the module)."""
+    found: set[str] = set()
+    for o in outcomes:
+        if o.status == "pass":
+            found.update(u.kernel_key for u in o.check.kernels)
+        elif o.status == "wrong" and "fwd" not in failing_parts(o):
+            found.update(u.kernel_key for u in o.check.kernels if u.part == "fwd")
+    return found
+
+
+def verdicts(outcomes: list[Outcome], device: str, toolchain: str) -> list[Verdict]:
+    """One verdict per kernel that any outcome gives evidence about, for device class `device`."""
+    passing = cleared(outcomes)
+    blamed: dict[str, list[Outcome]] = defaultdict(list)
+    checks: dict[str, int] = defaultdict(int)
+    for o in outcomes:
+        if o.status == "error":
+            continue
+        for u in o.check.kernels:
+            checks[u.kernel_key] += 1
+        for use in _blamed(o, passing):
+            blamed[use.kernel_key].append(o)
+    found = []
+    for key in sorted(set(checks) | set(blamed)):
+        if blamed[key]:
+            found.append(_failed(key, blamed[key], device, toolchain, checks[key]))
+        elif key in passing:
+            found.append(Verdict(key, device, "pass", checks=checks[key], toolchain=toolchain))
+    return found
+
+
+def _blamed(outcome: Outcome, passing: set[str]) -> list[Use]:
+    parts = failing_parts(outcome)
+    candidates = [u for u in outcome.check.kernels if u.part in parts]
+    unexplained = [u for u in candidates if u.kernel_key not in passing]
+    return unexplained or candidates
+
+
+def _failed(key: str, outcomes: list[Outcome], device: str, toolchain: str, checks: int) -> Verdict:
+    worst = max(outcomes, key=lambda o: severity(_status(o)))
+    calls = list(dict.fromkeys(o.check.describe() for o in outcomes))[:3]
+    if worst.status != "wrong":
+        return Verdict(key, device, _status(worst), detail=f"{worst.detail} ({worst.part}) at {calls[0]}"[:1900],
+                       checks=checks, calls=calls, toolchain=toolchain)
+    failure = max(worst.failures, key=_badness)
+    detail = f"{failure.get('detail') or failure.get('tensor')} at {worst.check.describe()}"
+    return Verdict(key, device, "wrong", detail=detail[:1900], tensor=failure.get("tensor", ""),
+                   error=_finite(failure.get("error")), bound=_finite(failure.get("bound")), checks=checks,
+                   calls=calls, toolchain=toolchain)
+
+
+def _finite(value: Any) -> float | None:
+    """A measured error as a verdict keeps it: None for NaN or an infinity (verdicts are strict JSON)."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _badness(failure: dict[str, Any]) -> float:
+    """How far past its bound a failure is: a non-finite error (NaN in an output) counts as the worst."""
+    error = failure.get("error")
+    if not isinstance(error, int | float) or not math.isfinite(error):
+        return math.inf
+    return float(error) / max(float(failure.get("bound") or 0.0), 1e-30)
+
+
+def _status(outcome: Outcome) -> str:
+    return outcome.status if outcome.status in ("wrong", "crash", "hang") else "pass"

@@ -1,0 +1,238 @@
+"""Which GPU checks certify a store's kernels: for each signature, points of its size space drawn inside each
+recipe region (the sizes at which FA4 launches exactly that region's kernels): every region at a typical point,
+and every kernel at a small size, at a size next to one of its region's guard constants (where FA4's choices
+turn) and at a large one, within bounds that keep the fp32 reference cheap.
+
+Pure planning over the store's recipe files (store.recipes, as the lean runtime and `coverage --runtime lean` read
+them): no torch, no FA4, no GPU. A Check names its signature, its sizes and the kernels its region launches,
+each resolved to the entry this SKU's device loads (the build with the device's constants where the kernel
+consumed some).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..build.coverage_lean import Regions
+from ..spec import kernel_keys, known_bad, probes, recipe_space
+from ..spec.recipe_format import HEADS
+from ..spec.region import Region
+from ..spec.signature import Signature
+from ..spec.skus import Constants, Sku
+from ..store import Store
+
+POINTS = 4000  # points drawn per signature and head-count regime; a region no point reaches is reported
+SEED = 27
+PER_KERNEL = 3  # checks per kernel: small, boundary, large
+MAX_WORK = 1 << 34  # multiply-adds of one check's attention (the reference's cost), at most
+MAX_ELEMENTS = 1 << 28  # elements of one input tensor, at most (1 GiB of fp32 in the reference)
+KINDS = ("typical", "small", "boundary", "large")
+
+
+@dataclass(frozen=True)
+class Use:
+    """A kernel a check launches: its family, the key the device loads it under, and its part (fwd or bwd)."""
+
+    family: str
+    kernel_key: str
+
+    @property
+    def part(self) -> str:
+        return known_bad.part_of(self.family)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One GPU call: `sig` at `point` (recipe_space's sizes plus the KV head count), launching `kernels`."""
+
+    sig: Signature
+    point: dict[str, int]
+    kernels: tuple[Use, ...]
+    kind: str  # typical (a region's median-cost point), small, boundary or large
+    seed: int
+    label: str = ""  # the work item (variant or model) it came from
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sig": self.sig.to_dict(), "point": self.point, "kernels": [[u.family, u.kernel_key] for u in
+                                                                            self.kernels],
+                "kind": self.kind, "seed": self.seed, "label": self.label}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Check:
+        return cls(Signature.from_dict(data["sig"]), {k: int(v) for k, v in data["point"].items()},
+                   tuple(Use(f, k) for f, k in data["kernels"]), data["kind"], int(data["seed"]), data["label"])
+
+    def describe(self) -> str:
+        sizes = " ".join(f"{k}={v}" for k, v in self.point.items())
+        return f"{self.sig.pass_} {self.sig.layout} {self.sig.dtype} d={self.sig.head_dim} {self.sig.mask} " \
+               f"h={self.sig.heads_q // self.sig.heads_kv}:1 {sizes}"
+
+
+@dataclass
+class Plan:
+    """The checks, and what no check reaches: regions no drawn point held, signatures without recipes."""
+
+    checks: list[Check] = field(default_factory=list)
+    unreached: list[str] = field(default_factory=list)  # 'signature: why' lines
+
+    def kernels(self) -> set[str]:
+        return {u.kernel_key for c in self.checks for u in c.kernels}
+
+
+def plan(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]], *, keys: set[str] | None = None,
+         constants: Constants | None = None, per_kernel: int = PER_KERNEL) -> Plan:
+    """The checks of every signature in `items` ((label, signature) pairs; a training signature brings its
+    forward without LSE too), PER_KERNEL per kernel where the regions allow, only of kernels in `keys` when given."""
+    out = Plan()
+    resolver = _Resolver(store, constants or sku.constants())
+    regions = Regions(store, sku)
+    counts: dict[str, int] = {}
+    seen: set[Signature] = set()
+    for label, first in items:
+        for sig in (first, *probes.forward_of(first)):
+            if sig in seen:
+                continue
+            seen.add(sig)
+            out.checks += _checks(sig, sku, regions.regions(sig), resolver, counts, keys, per_kernel, label,
+                                  out.unreached)
+    return out
+
+
+def _checks(sig: Signature, sku: Sku, regions: list[Region], resolver: _Resolver, counts: dict[str, int],
+            keys: set[str] | None, per_kernel: int, label: str, unreached: list[str]) -> list[Check]:
+    """Every region's typical point (its median cost: each of FA4's paths at a size a model would call), then
+    the small, boundary and large points of the regions holding kernels still under `per_kernel` checks."""
+    if not regions:
+        unreached.append(f"{sig}: no recipe file in the store")
+        return []
+    held = _held_points(sig, sku, regions)
+    chosen: list[tuple[str, int, dict[str, int]]] = []
+    for index, region in enumerate(regions):
+        uses = resolver.uses(region)
+        if keys is not None and not any(u.kernel_key in keys for u in uses):
+            continue
+        points = held.get(index)
+        if not points:
+            unreached.append(f"{sig}: region {index} ({len(region.guards)} guards) held at no drawn size within "
+                             "the check's bounds")
+            continue
+        chosen.append(("typical", index, points[len(points) // 2]))
+        _count(counts, uses)
+    for index, region in enumerate(regions):
+        uses, points = resolver.uses(region), held.get(index)
+        lacking = [counts.get(u.kernel_key, 0) for u in uses if keys is None or u.kernel_key in keys]
+        if not points or not lacking or min(lacking) >= per_kernel:
+            continue
+        for kind, point in _pick(points, region, per_kernel - min(lacking)):
+            if (index, point) not in {(i, p) for _k, i, p in chosen}:
+                chosen.append((kind, index, point))
+                _count(counts, uses)
+    return [Check(sig, point, resolver.uses(regions[index]), kind, SEED + n, label)
+            for n, (kind, index, point) in enumerate(chosen)]
+
+
+def _count(counts: dict[str, int], uses: tuple[Use, ...]) -> None:
+    for u in uses:
+        counts[u.kernel_key] = counts.get(u.kernel_key, 0) + 1
+
+
+def _held_points(sig: Signature, sku: Sku, regions: list[Region]) -> dict[int, list[dict[str, int]]]:
+    """{region index: a sample of the points it holds at, cheapest first, its most expensive last}: points drawn
+    at the signature's own KV head count, then at every head count of its ratio for the regions those did not
+    reach. Each point goes to the first region holding it, as the runtime's lookup does."""
+    sp = recipe_space.space(sig, sku)
+    extra = _near_constants(regions)
+    held: dict[int, list[dict[str, int]]] = {}
+    for own in (True, False):
+        points = recipe_space.draw(sp, np.random.default_rng(SEED + own), POINTS, extra)
+        if own:
+            points[HEADS][:] = sig.heads_kv
+        keep = _within_bounds(sig, points)
+        points = {k: v[keep] for k, v in points.items()}
+        open_, judge = np.ones(len(points[HEADS]), dtype=bool), recipe_space.Judge(points)
+        work = _work(sig, points)
+        for index, region in enumerate(regions):
+            hit = judge.covered(region.guards) & open_
+            open_ &= ~hit
+            if index not in held and hit.any():
+                rows = np.flatnonzero(hit)[np.argsort(work[hit], kind="stable")]
+                sample = np.unique(np.concatenate([rows[:32], rows[:: max(1, len(rows) // 32)], rows[-1:]]))
+                sample = sample[np.argsort(work[sample], kind="stable")]
+                held[index] = [recipe_space.point(points, int(i)) for i in sample]
+        if len(held) == len(regions):
+            break
+    return held
+
+
+def _pick(points: list[dict[str, int]], region: Region, need: int) -> Iterator[tuple[str, dict[str, int]]]:
+    """Up to `need` distinct points: the cheapest, one next to a guard constant (the median such), the largest."""
+    constants = recipe_space.constants(region.guards)
+    near = {c + d for c in constants for d in (-1, 0, 1)}
+    edges = [p for p in points[1:-1] if any(v in near for k, v in p.items() if k != HEADS)]
+    boundary = edges[len(edges) // 2] if edges else None
+    chosen = [("small", points[0]), ("boundary", boundary), ("large", points[-1])]
+    picked: list[dict[str, int]] = []
+    for kind, point in chosen:
+        if point is not None and point not in picked and len(picked) < need:
+            picked.append(point)
+            yield kind, point
+
+
+def _near_constants(regions: list[Region]) -> dict[str, list[int]]:
+    values = sorted({c + d for r in regions for c in recipe_space.constants(r.guards) for d in (-1, 0, 1)
+                     if c + d >= 1})
+    return {name: values for name in ("batch", "seqlen_q", "seqlen_k", "max_seqlen_q", "max_seqlen_k", "total_q",
+                                      "total_k", "num_pages", "pages_per_seq")}
+
+
+def _work(sig: Signature, points: dict[str, Any]) -> Any:
+    """Multiply-adds of the attention at each point (per KV head group: query heads x (d + dv))."""
+    heads_q = points[HEADS] * (sig.heads_q // max(1, sig.heads_kv))
+    dims = sig.head_dim + sig.head_dim_v
+    if sig.layout == "varlen":
+        return points["total_q"] * points["max_seqlen_k"] * heads_q * dims
+    if sig.layout == "paged":
+        return points["batch"] * points["seqlen_q"] * points["max_seqlen_k"] * heads_q * dims
+    return points["batch"] * points["seqlen_q"] * points["seqlen_k"] * heads_q * dims
+
+
+def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
+    """Points whose attention and largest input stay within MAX_WORK and MAX_ELEMENTS."""
+    heads_q = points[HEADS] * (sig.heads_q // max(1, sig.heads_kv))
+    dim = max(sig.head_dim, sig.head_dim_v)
+    if sig.layout == "varlen":
+        rows = np.maximum(points["total_q"] * heads_q, points["total_k"] * points[HEADS])
+    elif sig.layout == "paged":
+        rows = np.maximum(points["batch"] * points["seqlen_q"] * heads_q,
+                          points["num_pages"] * max(1, sig.page_size) * points[HEADS])
+    else:
+        rows = np.maximum(points["batch"] * points["seqlen_q"] * heads_q, points["batch"] * points["seqlen_k"]
+                          * points[HEADS])
+    return (_work(sig, points) <= MAX_WORK) & (rows * dim <= MAX_ELEMENTS)
+
+
+class _Resolver:
+    """A region's kernels as the device loads them: the entry for the device's constants (Libraries' rule)."""
+
+    def __init__(self, store: Store, constants: Constants) -> None:
+        self.store, self.constants = store, constants
+        self._keys: dict[str, str] = {}
+
+    def uses(self, region: Region) -> tuple[Use, ...]:
+        return tuple(Use(k.family, self.key(k.kernel_key)) for k in region.kernels)
+
+    def key(self, base_key: str) -> str:
+        if base_key not in self._keys:
+            entry = self.store.get_entry(base_key)
+            full = base_key
+            if entry is not None and entry.hardware_queries:
+                try:
+                    full = kernel_keys.variant_key(entry, self.constants)
+                except ValueError:
+                    full = base_key
+            self._keys[base_key] = full
+        return self._keys[base_key]

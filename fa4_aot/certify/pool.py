@@ -1,0 +1,186 @@
+"""Worker processes for certification: `jobs` per GPU, each check under a deadline, a lost worker replaced.
+
+A check that crashes its worker (a CUDA error poisons the process's context), kills it (a signal, an abort inside
+the driver) or outlives its deadline (a hang: the worker's process group is killed) costs one outcome and a new
+worker, never the run. Each outcome names the part (fwd or bwd) that was running, from the part lines the worker
+prints before each part (worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .plan import Check
+
+STARTUP_SECONDS = 300.0  # importing torch and FA4 and the first kernels' loads, on a loaded host (a worker's
+# first check gets this much more time than its deadline)
+
+
+@dataclass
+class Outcome:
+    """How one check went: the worker's answer, or what the pool saw (crash, hang)."""
+
+    ident: str
+    check: Check
+    status: str  # pass, wrong, crash, hang, error
+    part: str = "fwd"  # the part running when it failed
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    detail: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.ident, "check": self.check.to_dict(), "status": self.status, "part": self.part,
+                "failures": self.failures, "detail": self.detail, "seconds": round(self.seconds, 3)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        return cls(data["id"], Check.from_dict(data["check"]), data["status"], data["part"], data["failures"],
+                   data["detail"], data["seconds"])
+
+
+class _Worker:
+    """One worker process on one GPU, with a thread reading its answers into the pool's queue."""
+
+    def __init__(self, slot: int, gpu: int, env: dict[str, str], answers: queue.Queue[tuple[_Worker, Any]],
+                 command: list[str]) -> None:
+        self.slot, self.gpu = slot, gpu
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL if os.environ.get("FA4_AOT_CERTIFY_DEBUG") != "1" else None,
+            env={**env, "CUDA_VISIBLE_DEVICES": str(gpu)}, text=True, start_new_session=True)
+        self.started = time.monotonic()
+        self.fresh = True  # no check answered yet: its first check gets the start-up time too
+        self.job: tuple[str, Check] | None = None
+        self.part = "fwd"
+        self.since = 0.0
+        reader = threading.Thread(target=self._read, args=(self.proc.stdout, answers), daemon=True)
+        reader.start()
+
+    def _read(self, stream: IO[str] | None, answers: queue.Queue[tuple[_Worker, Any]]) -> None:
+        assert stream is not None
+        for line in stream:
+            try:
+                answers.put((self, json.loads(line)))
+            except ValueError:
+                continue  # not an answer: a library printed to stdout before the worker redirected it
+        answers.put((self, None))  # the process ended
+
+    def send(self, ident: str, check: Check, lean: bool) -> None:
+        assert self.proc.stdin is not None
+        self.job, self.part, self.since = (ident, check), "fwd", time.monotonic()
+        self.proc.stdin.write(json.dumps({"id": ident, "check": check.to_dict(), "lean": lean}) + "\n")
+        self.proc.stdin.flush()
+
+    def overdue(self, deadline: float, startup: float) -> bool:
+        allowed = deadline + (startup if self.fresh else 0.0)
+        return self.job is not None and time.monotonic() - self.since > allowed
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+class Pool:
+    """`jobs` workers on each GPU of `gpus`, for one store and SKU (see the module)."""
+
+    def __init__(self, store_root: Path, sku: str, gpus: list[int], jobs: int, deadline: float,
+                 lean: bool = True, command: list[str] | None = None, startup: float = STARTUP_SECONDS) -> None:
+        self.deadline, self.lean, self.startup = deadline, lean, startup
+        self.command = command or [sys.executable, "-m", "fa4_aot.certify.worker"]
+        self.env = {k: v for k, v in os.environ.items() if k not in ("FA4_AOT_SERVER", "FA4_AOT_TRUSTED_KEYS")}
+        self.env.update(FA4_AOT_CACHE=str(store_root), FA4_AOT_SKU=sku, FA4_AOT_CERTIFIED="off",
+                        FA4_AOT_OFFLINE="1", PYTHONUNBUFFERED="1")
+        self.answers: queue.Queue[tuple[_Worker, Any]] = queue.Queue()
+        self.slots = [(gpu, n) for gpu in gpus for n in range(jobs)]
+        self.workers: dict[int, _Worker] = {}
+
+    def run(self, checks: list[tuple[str, Check]], stop: Callable[[], bool] = lambda: False) -> Iterator[Outcome]:
+        """The outcome of every check, as each ends (in no particular order); stops handing out checks once
+        `stop()` is true. Workers are closed when the iterator is."""
+        todo = list(reversed(checks))
+        try:
+            while todo or any(w.job for w in self.workers.values()):
+                self._hand_out(todo, stop)
+                yield from self._collect()
+                if stop() and not any(w.job for w in self.workers.values()):
+                    return
+        finally:
+            self.close()
+
+    def _hand_out(self, todo: list[tuple[str, Check]], stop: Callable[[], bool]) -> None:
+        for slot, (gpu, _n) in enumerate(self.slots):
+            if not todo or stop():
+                return
+            worker = self.workers.get(slot)
+            if worker is None or worker.proc.poll() is not None:
+                worker = self.workers[slot] = _Worker(slot, gpu, self.env, self.answers, self.command)
+            if worker.job is None:
+                worker.send(*todo.pop(), self.lean)
+
+    def _collect(self) -> Iterator[Outcome]:
+        try:
+            worker, answer = self.answers.get(timeout=1.0)
+        except queue.Empty:
+            yield from self._overdue()
+            return
+        if self.workers.get(worker.slot) is not worker or worker.job is None:
+            return  # a worker already replaced, or one between checks
+        ident, check = worker.job
+        if answer is None:  # the process ended in the middle of a check
+            code = worker.proc.wait()
+            yield self._end(worker, Outcome(ident, check, "crash", worker.part,
+                                            detail=f"the worker process died ({_exit(code)})"))
+        elif answer.get("id") == ident and "part" in answer and "status" not in answer:
+            worker.part = answer["part"]
+        elif answer.get("id") == ident:
+            worker.fresh = False
+            outcome = Outcome(ident, check, answer["status"], worker.part, answer.get("failures", []),
+                              answer.get("detail", ""), time.monotonic() - worker.since)
+            worker.job = None
+            if outcome.status == "crash":
+                worker.kill()
+            yield outcome
+        yield from self._overdue()
+
+    def _overdue(self) -> Iterator[Outcome]:
+        for worker in list(self.workers.values()):
+            if worker.overdue(self.deadline, self.startup) and worker.job is not None:
+                ident, check = worker.job
+                yield self._end(worker, Outcome(ident, check, "hang", worker.part,
+                                                detail=f"no answer within {self.deadline:.0f} s; the worker was "
+                                                       "killed"))
+
+    def _end(self, worker: _Worker, outcome: Outcome) -> Outcome:
+        outcome.seconds = time.monotonic() - worker.since
+        worker.job = None
+        worker.kill()
+        self.workers.pop(worker.slot, None)
+        return outcome
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.kill()
+        self.workers.clear()
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

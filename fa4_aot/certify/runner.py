@@ -1,0 +1,260 @@
+"""`fa4-aot certify`: run a store's kernels on a GPU of their SKU and keep a verdict per kernel and device class.
+
+1. Plan (plan.py): checks drawn from the recipe regions of the signatures asked for (the variants matrix, a
+   model, calls), PER_KERNEL per kernel. Kernels that already have a verdict for this device class are skipped
+   (a run is resumable; `again` checks them anew). A check whose kernels the known-bad registry names is not run:
+   they get `refused`, unless `recheck_known_bad` (to see whether a new FA4 fixed them).
+2. Run (pool.py, worker.py): `jobs` worker processes per GPU, each check under a deadline; every outcome is
+   appended to a journal as it comes, so an interrupted run resumes where it stopped.
+3. Judge (blame.py) and keep: verdicts into the store; for each failure, a measured known-bad entry for the SKU
+   (its signature, part, symptom and this run as its source), which the planner and both runtimes then honour.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import Fa4AotError
+from ..spec import known_bad
+from ..spec.signature import Signature
+from ..spec.skus import Sku
+from ..spec.verdicts import DeviceClass, Verdict
+from ..store import Store
+from ..trust.certified import registry_for
+from . import blame, plan
+from .pool import Outcome, Pool
+
+Progress = Callable[[int, int, Outcome], None]
+
+
+@dataclass
+class Report:
+    """What a run did: verdicts kept, what it could not check, and its time."""
+
+    sku: str
+    device: str
+    verdicts: list[Verdict] = field(default_factory=list)
+    checks: int = 0
+    skipped: int = 0  # checks whose kernels all had a verdict for this device already
+    errors: list[str] = field(default_factory=list)  # checks that raised before judging (no verdict from them)
+    unreached: list[str] = field(default_factory=list)
+    measured: list[known_bad.Bad] = field(default_factory=list)
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    def counts(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for v in self.verdicts:
+            found[v.status] = found.get(v.status, 0) + 1
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sku": self.sku, "device": self.device, "counts": self.counts(), "checks": self.checks,
+                "skipped": self.skipped, "seconds": round(self.seconds, 1), "interrupted": self.interrupted,
+                "verdicts": [v.to_dict() for v in self.verdicts], "errors": self.errors,
+                "unreached": self.unreached, "measured_known_bad": [b.to_dict() for b in self.measured]}
+
+
+@dataclass(frozen=True)
+class Options:
+    jobs: int = 1  # worker processes per GPU
+    gpus: tuple[int, ...] = ()  # default: every visible GPU
+    deadline: float = 120.0  # seconds one check may take before its worker counts as hung
+    again: bool = False
+    recheck_known_bad: bool = False
+    lean: bool = True  # also run each check on the lean runtime and compare it with FA4
+    journal: Path | None = None
+
+
+def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | None = None, *,
+            keys: set[str] | None = None, options: Options = Options(), progress: Progress | None = None,
+            stop: Callable[[], bool] = lambda: False) -> Report:
+    """Certify, in `store` on this host's GPUs, the kernels of `items` ((label, signature) pairs; default: the
+    signatures of the variants matrix for `sku`), only those in `keys` when given (see the module). Raises
+    Fa4AotError when there is no GPU, or it is not of `sku`."""
+    start = time.monotonic()
+    device = _device_for(sku)
+    report = Report(sku.name, device.id)
+    planned = plan.plan(store, sku, matrix_items(sku) if items is None else items, keys=keys)
+    report.unreached = planned.unreached
+    runnable, refused = _split(planned.checks, store, sku, device, options.recheck_known_bad)
+    done = _journal_read(options.journal) if options.journal else {}
+    todo = [c for c in runnable if options.again or not _certified(store, c, device.id)]
+    report.skipped = len(runnable) - len(todo)
+    outcomes = [done[i] for i, _c in _ids(todo) if i in done]
+    pending = [(i, c) for i, c in _ids(todo) if i not in done]
+    report.checks = len(todo)
+    gpus = list(options.gpus) or _visible_gpus()
+    pool = Pool(store.root, sku.name, gpus, options.jobs, options.deadline, options.lean)
+    for outcome in pool.run(pending, stop):
+        outcomes.append(outcome)
+        if options.journal:
+            _journal_add(options.journal, outcome)
+        if progress:
+            progress(len(outcomes), len(todo), outcome)
+    report.interrupted = len(outcomes) < len(todo)
+    _keep(store, sku, device, report, outcomes, refused)
+    if options.journal and not report.interrupted:
+        options.journal.unlink(missing_ok=True)  # kept in the store now: a later run starts afresh
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def matrix_items(sku: Sku, variants_file: Path | None = None) -> list[tuple[str, Signature]]:
+    """(variant name, signature) of every work item of the variants matrix for `sku`: a grid variant's calls
+    give their signatures (their regions' sizes are drawn like any other)."""
+    from .. import config
+    from ..build.orchestrator import work_of
+    from ..matrix import variants
+
+    matrix = variants.load(variants_file or config.default_variants_file())
+    return signatures_of(work_of(matrix, sku))
+
+
+def signatures_of(work: Iterable[tuple[str, Any]]) -> list[tuple[str, Signature]]:
+    """(label, signature) of (label, Call or Signature) work items, each signature once."""
+    from ..spec.calls import Call
+
+    found: dict[Signature, str] = {}
+    for label, item in work:
+        sig = Signature.of(item) if isinstance(item, Call) else item
+        if isinstance(sig, Signature):
+            found.setdefault(sig, label)
+    return [(label, sig) for sig, label in found.items()]
+
+
+def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes: list[Outcome],
+          refused: list[Verdict]) -> None:
+    toolchain = _toolchain(store, outcomes)
+    report.verdicts = blame.verdicts(outcomes, device.id, toolchain) + refused
+    report.errors = [f"{o.check.describe()}: {o.detail}" for o in outcomes if o.status == "error"]
+    store.put_verdicts(report.verdicts)
+    report.measured = _measured(outcomes, report.verdicts, sku, device, store)
+    if report.measured:
+        data = store.known_bad(sku.name)
+        before = list(known_bad.parse(json.loads(data), "store").entries) if data else []
+        keep = {b.id: b for b in before + report.measured}
+        store.put_known_bad(sku.name, known_bad.measured_document(list(keep.values())))
+
+
+def _split(checks: list[plan.Check], store: Store, sku: Sku, device: DeviceClass, recheck: bool
+           ) -> tuple[list[plan.Check], list[Verdict]]:
+    """(the checks to run, `refused` verdicts for the kernels the registry names, whose checks are not run)."""
+    if recheck:
+        return checks, []
+    registry = registry_for(store, sku.name)
+    run, refused = [], {}
+    for check in checks:
+        bad = [(u, b) for u in check.kernels if (b := _bad(registry, store, sku, check.sig, u)) is not None]
+        if not bad:
+            run.append(check)
+        for use, entry in bad:
+            refused[use.kernel_key] = (use, entry)
+    return run, [Verdict(u.kernel_key, device.id, "refused", detail=b.describe()[:1900])
+                 for u, b in refused.values()]
+
+
+def _bad(registry: known_bad.Registry, store: Store, sku: Sku, sig: Signature, use: plan.Use) -> known_bad.Bad | None:
+    entry = store.get_entry(use.kernel_key)
+    if entry is None:
+        return None
+    return registry.find(sig, arch=entry.arch, versions=entry.toolchain, part=use.part, sku=sku.name,
+                         kernel_key=use.kernel_key)
+
+
+def _measured(outcomes: list[Outcome], verdicts: list[Verdict], sku: Sku, device: DeviceClass,
+              store: Store) -> list[known_bad.Bad]:
+    """A known-bad entry per failing (signature, part): what certification measured, for the planner and the
+    runtimes. Its predicate is the failing call's signature less its head counts; its source is this run."""
+    failed = {v.kernel_key: v for v in verdicts if v.status in ("wrong", "crash", "hang")}
+    found: dict[str, known_bad.Bad] = {}
+    for o in outcomes:
+        for part in blame.failing_parts(o):
+            keys = [u.kernel_key for u in o.check.kernels if u.part == part and u.kernel_key in failed]
+            if not keys:
+                continue
+            entry = store.get_entry(keys[0])
+            when = {k: v for k, v in o.check.sig.to_dict().items() if k not in ("heads_q", "heads_kv", "window")}
+            ident = hashlib.sha256(json.dumps([sku.name, part, when], sort_keys=True).encode()).hexdigest()[:12]
+            found[ident] = known_bad.Bad(
+                id=f"measured-{sku.name}-{ident}", symptom=failed[keys[0]].describe(),
+                source=f"fa4-aot certify on {device} ({failed[keys[0]].when})", when=when,
+                flash_attn=(entry.toolchain.get("flash-attn-4", "*"),) if entry else ("*",),
+                cutlass_dsl=(entry.toolchain.get("nvidia-cutlass-dsl", "*"),) if entry else ("*",),
+                arch=(sku.arch,), parts=(part,), sku=(sku.name,))
+    return list(found.values())
+
+
+def _certified(store: Store, check: plan.Check, device: str) -> bool:
+    return all(any(v.device == device for v in store.verdicts(u.kernel_key)) for u in check.kernels)
+
+
+def _ids(checks: list[plan.Check]) -> list[tuple[str, plan.Check]]:
+    return [(hashlib.sha256(json.dumps(c.to_dict(), sort_keys=True).encode()).hexdigest()[:20], c) for c in checks]
+
+
+def _device_for(sku: Sku) -> DeviceClass:
+    """This host's GPU class, once it is known to be of `sku` (arch and SM count)."""
+    from ..spec.devices import detect_device, device_class
+
+    found = device_class()
+    if found is None:
+        raise Fa4AotError(f"certification runs kernels, so it needs a GPU of SKU {sku.name} ({sku.arch}, "
+                          f"{sku.sm_count} SMs): run `fa4-aot certify --sku {sku.name}` on such a host")
+    info = detect_device()
+    arch = f"sm_{info.capability[0]}{info.capability[1]}a"
+    if arch != sku.arch or info.sm_count != sku.sm_count:
+        raise Fa4AotError(f"this GPU ({info.name}: {arch}, {info.sm_count} SMs) is not of SKU {sku.name} ({sku.arch}, "
+                          f"{sku.sm_count} SMs): a verdict holds only for the GPU that measured it; certify "
+                          f"{sku.name} on one of its GPUs (`fa4-aot skus --detect` names this one's SKU)")
+    return found
+
+
+def _visible_gpus() -> list[int]:
+    import torch
+
+    return list(range(torch.cuda.device_count()))
+
+
+def _toolchain(store: Store, outcomes: list[Outcome]) -> str:
+    for o in outcomes:
+        for u in o.check.kernels:
+            entry = store.get_entry(u.kernel_key)
+            if entry is not None:
+                return f"{entry.toolchain.get('flash-attn-4', '?')}/{entry.toolchain.get('nvidia-cutlass-dsl', '?')}"
+    return ""
+
+
+def default_journal(store: Store, sku: Sku, device: DeviceClass) -> Path:
+    """Where a run keeps its outcomes until it ends (outside the store: it is this host's progress, not data)."""
+    ident = hashlib.sha256(f"{store.root}\0{sku.name}\0{device.id}".encode()).hexdigest()[:16]
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "fa4-aot" / "certify" / f"{sku.name}-{ident}.jsonl"
+
+
+def _journal_read(path: Path) -> dict[str, Outcome]:
+    found: dict[str, Outcome] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return found
+    for line in lines:
+        try:
+            outcome = Outcome.from_dict(json.loads(line))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by the interruption
+        found[outcome.ident] = outcome
+    return found
+
+
+def _journal_add(path: Path, outcome: Outcome) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(outcome.to_dict()) + "\n")

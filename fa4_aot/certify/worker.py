@@ -1,0 +1,152 @@
+"""The certification worker: a process of its own on one GPU that runs checks (plan.Check) and says how each went.
+
+`python -m fa4_aot.certify.worker` reads one check per line (JSON) on stdin and answers on stdout, one JSON line
+each: {"id", "part": "fwd"|"bwd"} before each part runs (so that a hang or a death is blamed on the part that was
+running), then {"id", "status", ...}. Statuses: pass; wrong (failures: [{tensor, error, bound}]); crash (a CUDA
+error: the worker exits after saying so, its context is lost); error (a Python error before or around the kernels,
+e.g. a kernel missing from the store: no verdict follows from it).
+
+Each check runs FA4 itself over install() (strict: kernels from the store only) on random inputs and compares
+out, lse and the gradients with an fp32 reference in FA4's test style (reference.compare); a deterministic
+backward runs twice and must repeat bitwise; the lean runtime runs the same call and must equal FA4 (forward
+bitwise; gradients bitwise for the deterministic backward, within the tolerance otherwise). The parent
+(pool.py) sets FA4_AOT_CACHE, FA4_AOT_SKU and FA4_AOT_CERTIFIED=off (the kernels under test must load).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+import torch
+
+from .. import fa4
+from ..errors import Fa4AotError
+from ..spec.signature import Signature
+from . import reference
+from .inputs import Inputs, make_inputs
+from .plan import Check
+
+GRADS = ("dq", "dk", "dv", "dsink")
+
+
+def main() -> None:
+    import fa4_aot
+
+    from ..client import installation
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
+    installation.install(mode="strict")
+    out = sys.stdout
+    sys.stdout = sys.stderr  # whatever FA4 or CuTe print must not end up in the answers
+    del fa4_aot
+    for line in sys.stdin:
+        request = json.loads(line)
+        answer = run(request["id"], Check.from_dict(request["check"]), bool(request.get("lean", True)), out)
+        _say(out, answer)
+        if answer["status"] == "crash":
+            os._exit(3)  # the CUDA context is lost: the parent starts another worker
+
+
+def run(ident: str, check: Check, lean: bool, out: Any) -> dict[str, Any]:
+    """Run `check` and judge it (see the module); never raises."""
+    try:
+        inputs = make_inputs(check.sig, check.point, check.seed, "cuda")
+        got = _run(lambda *a, **k: fa4.attend(check.sig.call(1, 1, 1), *a, **k), inputs, check.sig, ident, out)
+        ref32 = reference.reference(inputs, check.sig, dtype=torch.float32)
+        low = reference.reference(inputs, check.sig, dtype=inputs.dtype)
+        failures = [f.to_dict() for f in reference.compare(got, ref32, low)]
+        if check.sig.pass_ == "bwd_det":
+            again = _run(lambda *a, **k: fa4.attend(check.sig.call(1, 1, 1), *a, **k), inputs, check.sig, ident,
+                         out)
+            failures += _repeat(got, again)
+        if lean:
+            failures += _lean(check.sig, inputs, got, ref32, low, ident, out)
+        torch.cuda.synchronize()
+    except Exception as e:  # a CUDA error, FA4 refusing the call, or a kernel missing from the store
+        return _failed(ident, e)
+    return {"id": ident, "status": "wrong" if failures else "pass", "failures": failures}
+
+
+def _run(fn: Any, inputs: Inputs, sig: Signature, ident: str, out: Any) -> reference.Outputs:
+    """Forward (and, for a training signature, backward with the inputs' dout) of `fn`, synchronised after each
+    part so that an asynchronous CUDA error is raised in the part that caused it."""
+    _say(out, {"id": ident, "part": "fwd"})
+    t = inputs.tensors
+    result = fn(t["q"], t["k"], t["v"], **inputs.kwargs())
+    o, lse = result if isinstance(result, tuple) else (result, None)
+    torch.cuda.synchronize()
+    grads: dict[str, Any] = {}
+    if sig.pass_ in ("bwd", "bwd_det"):
+        _say(out, {"id": ident, "part": "bwd"})
+        wrt = {name: t[src] for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dsink", "learnable_sink"))
+               if src in t and t[src] is not None and t[src].requires_grad}
+        values = torch.autograd.grad(o, list(wrt.values()), inputs.dout)
+        grads = dict(zip(wrt, values, strict=True))
+        torch.cuda.synchronize()
+    return reference.Outputs(out=o.detach(), lse=None if lse is None else lse.detach(), **grads)
+
+
+def _repeat(first: reference.Outputs, second: reference.Outputs) -> list[dict[str, Any]]:
+    """The deterministic backward must give the same bits twice."""
+    found = []
+    for name in GRADS:
+        a, b = getattr(first, name), getattr(second, name)
+        if a is not None and not torch.equal(a, b):
+            error = float((a.float() - b.float()).abs().max())
+            found.append({"tensor": "repeat", "output": name, "error": error, "bound": 0.0,
+                          "detail": f"{name} differs between two runs of the deterministic backward"})
+    return found
+
+
+def _lean(sig: Signature, inputs: Inputs, got: reference.Outputs, ref32: reference.Outputs,
+          low: reference.Outputs, ident: str, out: Any) -> list[dict[str, Any]]:
+    """The lean runtime on the same call: forward bitwise equal to FA4; gradients bitwise for the deterministic
+    backward, within the reference's tolerance otherwise."""
+    from ..runtime import api
+
+    fn = api.flash_attn_func if sig.layout == "dense" else api.flash_attn_varlen_func
+    lean = _run(fn, inputs, sig, ident, out)
+    found = []
+    exact = ("out", "lse", *(GRADS if sig.pass_ == "bwd_det" else ()))
+    for name in exact:
+        a, b = getattr(got, name), getattr(lean, name)
+        if a is not None and (b is None or not torch.equal(a, b)):
+            error = float((a.float() - b.float()).abs().max()) if b is not None else None
+            found.append({"tensor": "lean", "output": name, "error": error, "bound": 0.0,
+                          "detail": f"the lean runtime's {name} differs from FA4's"})
+    if sig.pass_ == "bwd":
+        found += [{**f.to_dict(), "tensor": "lean", "output": f.tensor, "detail": f"the lean runtime's {f.tensor}"}
+                  for f in reference.compare(lean, ref32, low) if f.tensor in GRADS]
+    return found
+
+
+def _failed(ident: str, e: BaseException) -> dict[str, Any]:
+    """The answer for a check that raised (the parent knows the part that was running from the part lines)."""
+    text = f"{type(e).__name__}: {e}".splitlines()[0][:500] if str(e) else type(e).__name__
+    if isinstance(e, Fa4AotError) or not _cuda_lost():
+        tail = traceback.format_exception(e)[-3:]
+        return {"id": ident, "status": "error", "detail": text, "trace": "".join(tail)[-1500:]}
+    return {"id": ident, "status": "crash", "detail": text}
+
+
+def _cuda_lost() -> bool:
+    """Whether the CUDA context is unusable (an illegal address and the like poison it for the process)."""
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+    except Exception:
+        return True
+    return False
+
+
+def _say(out: Any, doc: dict[str, Any]) -> None:
+    out.write(json.dumps(doc) + "\n")
+    out.flush()
+
+
+if __name__ == "__main__":
+    main()

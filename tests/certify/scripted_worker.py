@@ -1,0 +1,29 @@
+"""A stand-in for fa4_aot.certify.worker that needs no GPU, for tests/certify/test_pool.py: it speaks the worker's
+protocol and does what each check's label tells it (pass, wrong, crash: say so and exit, die: exit without a
+word, hang: sleep, bwd-hang: announce the backward part, then sleep), so that the pool's real process handling is
+exercised."""
+
+import json
+import os
+import sys
+import time
+
+for line in sys.stdin:
+    request = json.loads(line)
+    ident, how = request["id"], request["check"]["label"]
+    say = lambda doc: (sys.stdout.write(json.dumps(doc) + "\n"), sys.stdout.flush())  # noqa: E731
+    say({"id": ident, "part": "fwd"})
+    if how == "pass":
+        say({"id": ident, "status": "pass", "failures": []})
+    elif how == "wrong":
+        say({"id": ident, "part": "bwd"})
+        say({"id": ident, "status": "wrong", "failures": [{"tensor": "dq", "error": 1.3, "bound": 0.01}]})
+    elif how == "crash":
+        say({"id": ident, "status": "crash", "detail": "CUDA error: an illegal memory access was encountered"})
+        os._exit(3)
+    elif how == "die":
+        os._exit(9)
+    elif how in ("hang", "bwd-hang"):
+        if how == "bwd-hang":
+            say({"id": ident, "part": "bwd"})
+        time.sleep(3600)

@@ -1,0 +1,62 @@
+"""Planning certification checks (fa4_aot/certify/plan.py) over a real store: each check's sizes are held by the
+region whose kernels it names (so the GPU run launches exactly those), every kernel of the regions is reached,
+sizes stay within the reference's bounds, and --keys narrows the checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fa4_aot.build.coverage_lean import Regions
+from fa4_aot.build.orchestrator import work_of
+from fa4_aot.certify import plan
+from fa4_aot.certify.runner import signatures_of
+from fa4_aot.matrix import variants
+from fa4_aot.spec.recipe_format import HEADS
+from fa4_aot.store import Store, recipes
+from tests.conftest import TINY_VARIANTS
+
+
+def planned(store_path: Path, keys: set[str] | None = None) -> tuple[plan.Plan, Regions]:
+    matrix = variants.load(TINY_VARIANTS)
+    sku = matrix.sku("h200")
+    items = signatures_of(work_of(matrix, sku, matrix.select(["full-fwd"])))
+    store = Store(store_path)
+    return plan.plan(store, sku, items, keys=keys), Regions(store, sku)
+
+
+def test_checks_launch_what_their_region_names(tiny_h200_full_fwd: Path) -> None:
+    found, regions = planned(tiny_h200_full_fwd)
+    assert found.checks
+    for check in found.checks:
+        region = recipes.find(regions.regions(check.sig), {**check.point})
+        assert region is not None, check.describe()
+        assert [k.kernel_key for k in region.kernels] == [u.kernel_key for u in check.kernels]
+        heads_q = check.point[HEADS] * check.sig.heads_q // check.sig.heads_kv
+        work = check.point["batch"] * check.point["seqlen_q"] * check.point["seqlen_k"] * heads_q * 128
+        assert work <= plan.MAX_WORK
+
+
+def test_every_kernel_of_the_regions_is_checked_or_said_unreached(tiny_h200_full_fwd: Path) -> None:
+    found, regions = planned(tiny_h200_full_fwd)
+    named = {k.kernel_key for c in found.checks for r in regions.regions(c.sig) for k in r.kernels}
+    assert named <= found.kernels() or found.unreached
+    store = Store(tiny_h200_full_fwd)
+    assert {e.kernel_key for e in store.entries() if not e.is_signpost} <= found.kernels()
+    per_kernel = {k: sum(k in {u.kernel_key for u in c.kernels} for c in found.checks) for k in found.kernels()}
+    assert min(per_kernel.values()) >= plan.PER_KERNEL
+    assert "typical" in {c.kind for c in found.checks}
+
+
+def test_keys_narrow_the_checks(tiny_h200_full_fwd: Path) -> None:
+    everything, _ = planned(tiny_h200_full_fwd)
+    key = sorted(everything.kernels())[0]
+    narrowed, _ = planned(tiny_h200_full_fwd, keys={key})
+    assert narrowed.checks and all(key in {u.kernel_key for u in c.kernels} for c in narrowed.checks)
+    none, _ = planned(tiny_h200_full_fwd, keys={"0" * 64})
+    assert none.checks == []
+
+
+def test_a_check_round_trips(tiny_h200_full_fwd: Path) -> None:
+    found, _ = planned(tiny_h200_full_fwd)
+    for check in found.checks:
+        assert plan.Check.from_dict(check.to_dict()) == check

@@ -1,0 +1,54 @@
+"""The certification pool's process handling (fa4_aot/certify/pool.py) with real worker processes that follow the
+worker protocol without a GPU (scripted_worker.py): a crash, a death and a hang each cost one outcome and a new
+worker, never the run, and each outcome names the part that was running."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from fa4_aot.certify.plan import Check, Use
+from fa4_aot.certify.pool import Pool
+from fa4_aot.spec.signature import Signature
+
+SCRIPT = [sys.executable, str(Path(__file__).with_name("scripted_worker.py"))]
+SIG = Signature("dense", "bwd", "bf16", 72, 72, "causal", (0, 0), 0.0, False, 1, 8, 8)
+
+
+def check(how: str) -> Check:
+    return Check(SIG, {"batch": 1, "seqlen_q": 8, "seqlen_k": 8, "heads_kv": 8},
+                 (Use("_flash_attn_fwd", "a" * 64), Use("_flash_attn_bwd", "b" * 64)), "typical", 1, how)
+
+
+def run(hows: list[str], jobs: int = 1, deadline: float = 30.0) -> dict[str, tuple[str, str, str]]:
+    pool = Pool(Path("/nonexistent"), "h200", [0], jobs, deadline, command=SCRIPT, startup=0.0)
+    checks = [(f"c{i}", check(how)) for i, how in enumerate(hows)]
+    return {o.ident: (o.status, o.part, o.detail) for o in pool.run(checks)}
+
+
+def test_every_check_gets_an_outcome_through_crashes_deaths_and_hangs() -> None:
+    start = time.monotonic()
+    found = run(["pass", "crash", "pass", "die", "wrong", "hang", "pass", "bwd-hang", "pass"], deadline=2.0)
+    assert len(found) == 9, found
+    assert [found[f"c{i}"][0] for i in range(9)] == ["pass", "crash", "pass", "crash", "wrong", "hang", "pass",
+                                                     "hang", "pass"]
+    assert "illegal memory access" in found["c1"][2]
+    assert "died (exit code 9)" in found["c3"][2]
+    assert found["c5"][1] == "fwd" and found["c7"][1] == "bwd"  # the part announced before it hung
+    assert found["c4"][1] == "bwd"
+    assert time.monotonic() - start < 60  # two hangs of 2 s each, not an hour
+
+
+def test_several_workers_share_the_checks() -> None:
+    found = run(["pass"] * 12 + ["crash", "die"], jobs=3)
+    assert sorted(s for s, _p, _d in found.values()) == ["crash"] * 2 + ["pass"] * 12
+
+
+def test_stop_hands_out_nothing_more() -> None:
+    pool = Pool(Path("/nonexistent"), "h200", [0], 1, 30.0, command=SCRIPT, startup=0.0)
+    seen = []
+    for outcome in pool.run([(f"c{i}", check("pass")) for i in range(10)], stop=lambda: len(seen) >= 2):
+        seen.append(outcome)
+    assert 2 <= len(seen) < 10
+    assert not pool.workers  # closed
