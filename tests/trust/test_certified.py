@@ -1,0 +1,124 @@
+"""The certification gate both runtimes ask before a kernel's first launch (fa4_aot/trust/certified.py): the
+policy, the known-bad registry (the project's file and a store's measured entries) and the store's verdicts, as
+tables over real entries and a real store."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from fa4_aot.errors import ConfigError, KernelRefused, StoreError
+from fa4_aot.spec import known_bad
+from fa4_aot.spec.signature import Signature
+from fa4_aot.spec.verdicts import DeviceClass, Verdict
+from fa4_aot.store import Entry, Store
+from fa4_aot.trust.certified import Gate, policy_from_env
+from tests.store.test_store import make_entry
+
+H200 = DeviceClass("nvidia-h200", 132, "13.0", "13.0")
+OTHER_DRIVER = DeviceClass("nvidia-h200", 132, "12.8", "13.0")
+SIG_72 = Signature("dense", "bwd", "bf16", 72, 72, "causal", (0, 0), 0.0, False, 1, 16, 16)
+SIG_64 = dataclasses.replace(SIG_72, head_dim=64, head_dim_v=64)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "store")
+
+
+def entry(store: Store, family: str = "_flash_attn_bwd", tag: str = "") -> Entry:
+    found = make_entry(store, f"kernel {family} {tag}".encode(), tag=tag)
+    return dataclasses.replace(found, family=family)
+
+
+def refusal(gate: Gate, e: Entry, sig: Signature | None) -> str | None:
+    found = gate.refusal(e, sig)
+    return None if found is None else found.reason
+
+
+@pytest.mark.parametrize("value,expected", [(None, "known-bad"), ("", "known-bad"), ("require", "require"),
+                                            ("off", "off"), ("known-bad", "known-bad")])
+def test_policy(monkeypatch: pytest.MonkeyPatch, value: str | None, expected: str) -> None:
+    if value is None:
+        monkeypatch.delenv("FA4_AOT_CERTIFIED", raising=False)
+    else:
+        monkeypatch.setenv("FA4_AOT_CERTIFIED", value)
+    assert policy_from_env() == expected
+
+
+def test_a_bad_policy_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FA4_AOT_CERTIFIED", "strict")
+    with pytest.raises(ConfigError, match="require.*known-bad.*off"):
+        policy_from_env()
+
+
+def test_the_registry_refuses_the_sm90_dq_bug_with_its_source(store: Store) -> None:
+    gate = Gate(store, "h200", H200, policy="known-bad")
+    bwd, fwd = entry(store), entry(store, "_flash_attn_fwd")
+    assert refusal(gate, bwd, SIG_72) == "sm90-bwd-dq-hd72-80"
+    assert refusal(gate, fwd, SIG_72) is None  # the forward of that call is right
+    assert refusal(gate, bwd, SIG_64) is None
+    assert refusal(gate, bwd, None) is None  # no call known: no signature predicate can hold
+    message = str(gate.refusal(bwd, SIG_72))
+    assert "wrong dq" in message and "flash-attention#2896" in message and "FA4_AOT_CERTIFIED=off" in message
+    newer = dataclasses.replace(bwd, toolchain={"flash-attn-4": "4.0.1"})
+    assert refusal(gate, newer, SIG_72) is None  # the entry names the FA4 release it was measured on
+
+
+@pytest.mark.parametrize("status,policy,device,expected", [
+    ("pass", "known-bad", H200, None),
+    ("pass", "require", H200, None),
+    ("wrong", "known-bad", H200, "wrong"),
+    ("crash", "known-bad", H200, "crash"),
+    ("hang", "require", H200, "hang"),
+    ("refused", "known-bad", H200, "refused"),
+    ("wrong", "off", H200, None),
+    (None, "known-bad", H200, None),  # unchecked: allowed by default
+    (None, "require", H200, "unchecked"),
+    ("pass", "require", OTHER_DRIVER, "unchecked"),  # a verdict holds for its device class only
+    ("wrong", "known-bad", OTHER_DRIVER, None),
+    ("wrong", "known-bad", None, None),  # a CPU host checking a store launches nothing
+])
+def test_verdicts_by_policy_and_device(store: Store, status: str | None, policy: str, device: DeviceClass | None,
+                                       expected: str | None) -> None:
+    e = entry(store, "_flash_attn_fwd")
+    if status is not None:
+        store.put_verdicts([Verdict(e.kernel_key, H200.id, status, detail="dq off", tensor="dq" if status == "wrong"
+                                    else "", error=1.3 if status == "wrong" else None,
+                                    bound=0.01 if status == "wrong" else None)])
+    gate = Gate(store, "h200", device, policy=policy)
+    assert refusal(gate, e, SIG_64) == (expected if policy != "off" else None)
+
+
+def test_admit_decides_once_per_kernel_and_signature(store: Store) -> None:
+    e = entry(store)
+    asked: list[str] = []
+
+    def entry_of(key: str) -> Entry:
+        asked.append(key)
+        return e
+
+    gate = Gate(store, "h200", H200, policy="known-bad")
+    for _ in range(3):
+        with pytest.raises(KernelRefused):
+            gate.admit(e.kernel_key, SIG_72, entry_of)
+        gate.admit(e.kernel_key, SIG_64, entry_of)
+    assert asked == [e.kernel_key, e.kernel_key]
+
+
+def test_measured_entries_of_the_store_count(store: Store) -> None:
+    e = entry(store, "_flash_attn_fwd", tag="paged")
+    measured = known_bad.Bad(id="measured-h200-abc", symptom="crash: illegal address", source="fa4-aot certify",
+                             when={"layout": "dense", "head_dim": 64}, arch=("sm_90a",), parts=("fwd",), sku=("h200",))
+    store.put_known_bad("h200", known_bad.measured_document([measured]))
+    assert refusal(Gate(store, "h200", H200, policy="known-bad"), e, SIG_64) == "measured-h200-abc"
+    assert refusal(Gate(store, "h100-sxm", H200, policy="known-bad"), e, SIG_64) is None  # another SKU's file
+
+
+def test_a_malformed_measured_file_is_an_error_not_silence(store: Store) -> None:
+    store.put_known_bad("h200", json.dumps({"format": 1, "revision": 1, "bad": [{"id": "x"}]}).encode())
+    with pytest.raises(StoreError, match="certify --sku h200"):
+        Gate(store, "h200", H200, policy="known-bad")
