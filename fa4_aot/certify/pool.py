@@ -100,7 +100,7 @@ class Pool:
     def __init__(self, store_root: Path, sku: str, gpus: list[int], jobs: int, deadline: float,
                  lean: bool = True, command: list[str] | None = None, startup: float = STARTUP_SECONDS) -> None:
         self.deadline, self.lean, self.startup = deadline, lean, startup
-        self.command = command or [sys.executable, "-m", "fa4_aot.certify.worker"]
+        self.command = command or [sys.executable, "-m", "fa4_aot.certify.checker"]
         self.env = {k: v for k, v in os.environ.items() if k not in ("FA4_AOT_SERVER", "FA4_AOT_TRUSTED_KEYS")}
         self.env.update(FA4_AOT_CACHE=str(store_root), FA4_AOT_SKU=sku, FA4_AOT_CERTIFIED="off",
                         FA4_AOT_OFFLINE="1", PYTHONUNBUFFERED="1")
@@ -126,10 +126,18 @@ class Pool:
             if not todo or stop():
                 return
             worker = self.workers.get(slot)
+            if worker is not None and worker.job is not None:
+                continue  # busy, or dead with its check's outcome still to come from its reader
             if worker is None or worker.proc.poll() is not None:
                 worker = self.workers[slot] = _Worker(slot, gpu, self.env, self.answers, self.command)
-            if worker.job is None:
-                worker.send(*todo.pop(), self.lean)
+            ident, check = todo.pop()
+            try:
+                worker.send(ident, check, self.lean)
+            except OSError:  # it died before taking the check: the check goes back, the worker is replaced
+                todo.append((ident, check))
+                worker.job = None
+                worker.kill()
+                self.workers.pop(slot, None)
 
     def _collect(self) -> Iterator[Outcome]:
         try:

@@ -16,7 +16,7 @@ from .progress import Progress, quiet_option
 
 if TYPE_CHECKING:
     from ..certify.pool import Outcome
-    from ..certify.runner import Report
+    from ..certify.driver import Report
 
 
 @click.command()
@@ -59,8 +59,8 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
     Resumable: a second run checks only what has no verdict yet. Exits 1 if any kernel failed.
     """
     from ..build.orchestrator import work_of
-    from ..certify.runner import Options, default_journal, signatures_of
-    from ..certify.runner import certify as run
+    from ..certify.driver import Options, default_journal, signatures_of
+    from ..certify.driver import certify as run
     from ..spec.devices import device_class
 
     store = existing(store)

@@ -1,4 +1,4 @@
-"""A stand-in for fa4_aot.certify.worker that needs no GPU, for tests/certify/test_pool.py: it speaks the worker's
+"""A stand-in for fa4_aot.certify.checker that needs no GPU, for tests/certify/test_pool.py: it speaks the worker's
 protocol and does what each check's label tells it (pass, wrong, crash: say so and exit, die: exit without a
 word, hang: sleep, bwd-hang: announce the backward part, then sleep), so that the pool's real process handling is
 exercised."""

@@ -9,7 +9,7 @@ from pathlib import Path
 from fa4_aot.build.coverage_lean import Regions
 from fa4_aot.build.orchestrator import work_of
 from fa4_aot.certify import plan
-from fa4_aot.certify.runner import signatures_of
+from fa4_aot.certify.driver import signatures_of
 from fa4_aot.matrix import variants
 from fa4_aot.spec.recipe_format import HEADS
 from fa4_aot.store import Store, recipes

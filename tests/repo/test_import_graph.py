@@ -214,7 +214,10 @@ LAYERS: dict[str, set[str]] = {
     "client": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime"},
     # the build also reads what the lean runtime would find (a lean miss is closed when the runtime is served)
     "build": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime"},
-    "cli": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build", "fa4_aot"},
+    # certification runs both runtimes on a GPU over what a build planned and recorded
+    "certify": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build"},
+    "cli": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build", "certify",
+                   "fa4_aot"},
     "fa4_aot": BASE | {"runtime", "client", "remote"},  # the package's face: lazy attributes over the parts
     "__main__": {"cli"},
 }

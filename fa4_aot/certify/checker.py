@@ -1,6 +1,6 @@
-"""The certification worker: a process of its own on one GPU that runs checks (plan.Check) and says how each went.
+"""The certification checker: a worker process of its own on one GPU that runs checks (plan.Check) and says how each went.
 
-`python -m fa4_aot.certify.worker` reads one check per line (JSON) on stdin and answers on stdout, one JSON line
+`python -m fa4_aot.certify.checker` reads one check per line (JSON) on stdin and answers on stdout, one JSON line
 each: {"id", "part": "fwd"|"bwd"} before each part runs (so that a hang or a death is blamed on the part that was
 running), then {"id", "status", ...}. Statuses: pass; wrong (failures: [{tensor, error, bound}]); crash (a CUDA
 error: the worker exits after saying so, its context is lost); error (a Python error before or around the kernels,
@@ -34,15 +34,13 @@ GRADS = ("dq", "dk", "dv", "dsink")
 
 
 def main() -> None:
-    import fa4_aot
-
     from ..client import installation
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
+    torch.backends.cudnn.allow_tf32 = False
     installation.install(mode="strict")
     out = sys.stdout
     sys.stdout = sys.stderr  # whatever FA4 or CuTe print must not end up in the answers
-    del fa4_aot
     for line in sys.stdin:
         request = json.loads(line)
         answer = run(request["id"], Check.from_dict(request["check"]), bool(request.get("lean", True)), out)

@@ -84,10 +84,11 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     report = Report(sku.name, device.id)
     planned = plan.plan(store, sku, matrix_items(sku) if items is None else items, keys=keys)
     report.unreached = planned.unreached
-    runnable, refused = _split(planned.checks, store, sku, device, options.recheck_known_bad)
+    fresh = [c for c in planned.checks if options.again or not _certified(store, c, device.id,
+                                                                       options.recheck_known_bad)]
+    report.skipped = len(planned.checks) - len(fresh)
+    todo, refused = _split(fresh, store, sku, device, options.recheck_known_bad)
     done = _journal_read(options.journal) if options.journal else {}
-    todo = [c for c in runnable if options.again or not _certified(store, c, device.id)]
-    report.skipped = len(runnable) - len(todo)
     outcomes = [done[i] for i, _c in _ids(todo) if i in done]
     pending = [(i, c) for i, c in _ids(todo) if i not in done]
     report.checks = len(todo)
@@ -192,8 +193,11 @@ def _measured(outcomes: list[Outcome], verdicts: list[Verdict], sku: Sku, device
     return list(found.values())
 
 
-def _certified(store: Store, check: plan.Check, device: str) -> bool:
-    return all(any(v.device == device for v in store.verdicts(u.kernel_key)) for u in check.kernels)
+def _certified(store: Store, check: plan.Check, device: str, recheck: bool) -> bool:
+    """Whether every kernel of `check` has a verdict for `device` (a `refused` one does not count when the
+    known-bad kernels are to be run)."""
+    return all(any(v.device == device and not (recheck and v.status == "refused") for v in store.verdicts(u.kernel_key))
+               for u in check.kernels)
 
 
 def _ids(checks: list[plan.Check]) -> list[tuple[str, plan.Check]]:
