@@ -1,4 +1,4 @@
-"""The certification checker: a worker process of its own on one GPU that runs checks (plan.Check) and says how each went.
+"""The certification checker: a worker process on one GPU that runs checks (plan.Check) and says how each went.
 
 `python -m fa4_aot.certify.checker` reads one check per line (JSON) on stdin and answers on stdout, one JSON line
 each: {"id", "part": "fwd"|"bwd"} before each part runs (so that a hang or a death is blamed on the part that was
@@ -19,6 +19,9 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,8 +36,19 @@ from .plan import Check
 GRADS = ("dq", "dk", "dv", "dsink")
 
 
+@dataclass(frozen=True)
+class Runtimes:
+    """What a check calls: FA4's attention (through install()) and, optionally, the lean runtime's, each by
+    layout ("dense" takes flash_attn_func's arguments, the others flash_attn_varlen_func's), on `device`."""
+
+    fa4: Callable[[Signature], Any]
+    lean: Callable[[Signature], Any] | None
+    device: str = "cuda"
+
+
 def main() -> None:
     from ..client import installation
+    from ..runtime import api
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
     torch.backends.cudnn.allow_tf32 = False
@@ -43,49 +57,67 @@ def main() -> None:
     sys.stdout = sys.stderr  # whatever FA4 or CuTe print must not end up in the answers
     for line in sys.stdin:
         request = json.loads(line)
-        answer = run(request["id"], Check.from_dict(request["check"]), bool(request.get("lean", True)), out)
+        lean = (lambda sig: api.flash_attn_func if sig.layout == "dense" else api.flash_attn_varlen_func) \
+            if request.get("lean", True) else None
+        runtimes = Runtimes(lambda sig: partial(fa4.attend, sig.call(1, 1, 1)), lean)
+        answer = run(request["id"], Check.from_dict(request["check"]), runtimes, partial(_say, out))
         _say(out, answer)
         if answer["status"] == "crash":
             os._exit(3)  # the CUDA context is lost: the parent starts another worker
 
 
-def run(ident: str, check: Check, lean: bool, out: Any) -> dict[str, Any]:
-    """Run `check` and judge it (see the module); never raises."""
+def run(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Run `check` and judge it (see the module): the answer to print. Never raises; `say` is told each part
+    before it runs."""
     try:
-        inputs = make_inputs(check.sig, check.point, check.seed, "cuda")
-        got = _run(lambda *a, **k: fa4.attend(check.sig.call(1, 1, 1), *a, **k), inputs, check.sig, ident, out)
-        ref32 = reference.reference(inputs, check.sig, dtype=torch.float32)
-        low = reference.reference(inputs, check.sig, dtype=inputs.dtype)
-        failures = [f.to_dict() for f in reference.compare(got, ref32, low)]
-        if check.sig.pass_ == "bwd_det":
-            again = _run(lambda *a, **k: fa4.attend(check.sig.call(1, 1, 1), *a, **k), inputs, check.sig, ident,
-                         out)
-            failures += _repeat(got, again)
-        if lean:
-            failures += _lean(check.sig, inputs, got, ref32, low, ident, out)
-        torch.cuda.synchronize()
+        failures = judge(ident, check, runtimes, say)
     except Exception as e:  # a CUDA error, FA4 refusing the call, or a kernel missing from the store
-        return _failed(ident, e)
+        return _failed(ident, e, runtimes.device)
     return {"id": ident, "status": "wrong" if failures else "pass", "failures": failures}
 
 
-def _run(fn: Any, inputs: Inputs, sig: Signature, ident: str, out: Any) -> reference.Outputs:
+def judge(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None]
+          ) -> list[dict[str, Any]]:
+    """The failures of `check` (empty: it passed): FA4 against the references, a deterministic backward twice,
+    the lean runtime against FA4."""
+    sig = check.sig
+    inputs = make_inputs(sig, check.point, check.seed, runtimes.device)
+    got = _run(runtimes.fa4(sig), inputs, sig, ident, say)
+    ref32 = reference.reference(inputs, sig, dtype=torch.float32)
+    low = reference.reference(inputs, sig, dtype=inputs.dtype)
+    failures = [f.to_dict() for f in reference.compare(got, ref32, low)]
+    if sig.pass_ == "bwd_det":
+        failures += _repeat(got, _run(runtimes.fa4(sig), inputs, sig, ident, say))
+    if runtimes.lean is not None:
+        lean = _run(runtimes.lean(sig), inputs, sig, ident, say)
+        failures += _lean(sig, got, lean, ref32, low)
+    _synchronize(inputs)
+    return failures
+
+
+def _run(fn: Any, inputs: Inputs, sig: Signature, ident: str, say: Callable[[dict[str, Any]], None]
+         ) -> reference.Outputs:
     """Forward (and, for a training signature, backward with the inputs' dout) of `fn`, synchronised after each
     part so that an asynchronous CUDA error is raised in the part that caused it."""
-    _say(out, {"id": ident, "part": "fwd"})
+    say({"id": ident, "part": "fwd"})
     t = inputs.tensors
     result = fn(t["q"], t["k"], t["v"], **inputs.kwargs())
     o, lse = result if isinstance(result, tuple) else (result, None)
-    torch.cuda.synchronize()
+    _synchronize(inputs)
     grads: dict[str, Any] = {}
     if sig.pass_ in ("bwd", "bwd_det"):
-        _say(out, {"id": ident, "part": "bwd"})
+        say({"id": ident, "part": "bwd"})
         wrt = {name: t[src] for name, src in (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dsink", "learnable_sink"))
                if src in t and t[src] is not None and t[src].requires_grad}
         values = torch.autograd.grad(o, list(wrt.values()), inputs.dout)
         grads = dict(zip(wrt, values, strict=True))
-        torch.cuda.synchronize()
+        _synchronize(inputs)
     return reference.Outputs(out=o.detach(), lse=None if lse is None else lse.detach(), **grads)
+
+
+def _synchronize(inputs: Inputs) -> None:
+    if inputs.tensors["q"].is_cuda:
+        torch.cuda.synchronize()
 
 
 def _repeat(first: reference.Outputs, second: reference.Outputs) -> list[dict[str, Any]]:
@@ -100,14 +132,10 @@ def _repeat(first: reference.Outputs, second: reference.Outputs) -> list[dict[st
     return found
 
 
-def _lean(sig: Signature, inputs: Inputs, got: reference.Outputs, ref32: reference.Outputs,
-          low: reference.Outputs, ident: str, out: Any) -> list[dict[str, Any]]:
-    """The lean runtime on the same call: forward bitwise equal to FA4; gradients bitwise for the deterministic
-    backward, within the reference's tolerance otherwise."""
-    from ..runtime import api
-
-    fn = api.flash_attn_func if sig.layout == "dense" else api.flash_attn_varlen_func
-    lean = _run(fn, inputs, sig, ident, out)
+def _lean(sig: Signature, got: reference.Outputs, lean: reference.Outputs, ref32: reference.Outputs,
+          low: reference.Outputs) -> list[dict[str, Any]]:
+    """The lean runtime against FA4 on the same call: forward bitwise equal; gradients bitwise for the
+    deterministic backward, within the reference's tolerance otherwise (FA4's own are not bitwise run to run)."""
     found = []
     exact = ("out", "lse", *(GRADS if sig.pass_ == "bwd_det" else ()))
     for name in exact:
@@ -122,10 +150,10 @@ def _lean(sig: Signature, inputs: Inputs, got: reference.Outputs, ref32: referen
     return found
 
 
-def _failed(ident: str, e: BaseException) -> dict[str, Any]:
+def _failed(ident: str, e: BaseException, device: str) -> dict[str, Any]:
     """The answer for a check that raised (the parent knows the part that was running from the part lines)."""
     text = f"{type(e).__name__}: {e}".splitlines()[0][:500] if str(e) else type(e).__name__
-    if isinstance(e, Fa4AotError) or not _cuda_lost():
+    if isinstance(e, Fa4AotError) or device != "cuda" or not _cuda_lost():
         tail = traceback.format_exception(e)[-3:]
         return {"id": ident, "status": "error", "detail": text, "trace": "".join(tail)[-1500:]}
     return {"id": ident, "status": "crash", "detail": text}
