@@ -28,7 +28,7 @@ from .models import utcnow
 
 _IN_CHUNK = 500  # kernel keys per IN (...) query: far below SQLite's and PostgreSQL's parameter limits
 ENVELOPE_FIELDS = frozenset({"format", "manifest", "key_id", "public_key", "signature"})
-MANIFEST_FIELDS = frozenset({"sku", "kernels", "toolchain", "created", "expires", "libraries", "recipes"})
+MANIFEST_FIELDS = frozenset({"sku", "kernels", "toolchain", "created", "expires", "libraries", "recipes", "verdicts"})
 PER_KEY = 4  # manifests kept per (SKU, signing key): a newer one makes the oldest go
 KEYS_PER_SKU = 8  # distinct signing keys a publish token may store manifests of, per SKU (admins: any)
 TOOLCHAIN_CHARS = 4096

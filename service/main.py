@@ -44,6 +44,7 @@ from .routes import (
     revocations,
     skus,
     token,
+    verdicts,
 )
 
 log = logging.getLogger("service")
@@ -70,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(405, openapi.method_not_allowed)
     for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, builds,
-                   revocations, audit, token):
+                   revocations, audit, token, verdicts):
         app.include_router(module.router)
     docs.mount(app)
     app.openapi = openapi.builder(app)  # type: ignore[method-assign]

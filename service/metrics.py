@@ -27,6 +27,8 @@ class Metrics:
         self.misses = Gauge("fa4_aot_misses", "Distinct kernels reported missing", registry=self.registry)
         self.signed_manifests = Gauge("fa4_aot_signed_manifests", "Signed manifests held", registry=self.registry)
         self.revocations = Gauge("fa4_aot_revocations", "Revoked keys and manifests", registry=self.registry)
+        self.verdicts = Gauge("fa4_aot_verdicts", "Certification verdicts held (one per kernel and device class), by "
+                              "status", ["status"], registry=self.registry)
         self.build_jobs = Gauge("fa4_aot_build_jobs", "Build jobs by status (queued and running: the queue depth)",
                                 ["status"], registry=self.registry)
         self.build_compile = Histogram("fa4_aot_build_compile_seconds", "CPU seconds a build job's compiles took, "
@@ -42,6 +44,9 @@ class Metrics:
         self.signed_manifests.set(counts["signed_manifests"])
         self.revocations.set(counts["revocations"])
 
+    def set_verdicts(self, by_status: dict[str, int]) -> None:
+        for status, n in by_status.items():
+            self.verdicts.labels(status).set(n)
 
     def set_builds(self, depth: dict[str, int]) -> None:
         for status, n in depth.items():

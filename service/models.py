@@ -218,3 +218,28 @@ class BuildJob(Base):
     detail: Mapped[str] = mapped_column(Text, default="")  # why it failed or was rejected; what it published
     compile_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     built: Mapped[int] = mapped_column(Integer, default=0)  # kernels compiled for it
+
+
+class Verdict(Base):
+    """What certification (`fa4-aot certify`) measured of one kernel on one device class (fa4_aot/spec/verdicts.py):
+    one row per (kernel, device class), the newest measurement (by `measured`) replacing an older one. The store's
+    verdicts/ file holds the same; `sku` is the kernel row's SKU, copied for filtering."""
+
+    __tablename__ = "verdicts"
+    __table_args__ = (UniqueConstraint("kernel_key", "device", name="uq_verdicts_kernel_device"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kernel_key: Mapped[str] = mapped_column(ForeignKey("kernels.kernel_key"))
+    device: Mapped[str] = mapped_column(String(160))  # a DeviceClass id
+    sku: Mapped[str] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # pass, wrong, crash, hang or refused
+    detail: Mapped[str] = mapped_column(Text)
+    tensor: Mapped[str] = mapped_column(String(16))
+    error: Mapped[float | None] = mapped_column(Float, nullable=True)
+    bound: Mapped[float | None] = mapped_column(Float, nullable=True)
+    checks: Mapped[int] = mapped_column(Integer)
+    calls: Mapped[str] = mapped_column(Text)  # canonical JSON list of Call.describe() strings
+    toolchain: Mapped[str] = mapped_column(String(256))
+    measured: Mapped[str] = mapped_column(String(40))  # the verdict's own `when`, verbatim (2026-12-03T03:04:11Z)
+    publisher: Mapped[str] = mapped_column(String(128))  # the publishing token's name, or "import" (the store)
+    recorded: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)

@@ -1,5 +1,5 @@
-"""Store import: make the database serve what the on-disk store holds (kernels, recipe files, signed manifests),
-at startup and whenever the store changes (watch.py)."""
+"""Store import: make the database serve what the on-disk store holds (kernels, recipe files, signed manifests,
+certification verdicts), at startup and whenever the store changes (watch.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fa4_aot.store import Entry, Store, maintenance
 from fa4_aot.store import recipes as recipe_store
 from fa4_aot.trust import signing
 
-from . import crud, crud_recipes, crud_trust, models, schemas
+from . import crud, crud_recipes, crud_trust, crud_verdicts, models, schemas
 from .errors import Conflict, ServiceError
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,13 @@ class ImportReport:
     objects: int = 0
     recipes: int = 0
     manifests: int = 0
+    verdicts: int = 0
     skipped: list[str] = field(default_factory=list)  # one line per entry left out, saying why
 
 
 def import_store(session: Session, store: Store) -> ImportReport:
-    """Upsert every index entry of `store` (objects, SKUs, kernels), then its recipe files, into the database
-    and commit.
+    """Upsert every index entry of `store` (objects, SKUs, kernels), then its recipe files, signed manifests and
+    verdicts (crud_verdicts.import_store: of kernels the database holds), into the database and commit.
 
     An object row is added only when its file exists with the entry's size. Entries that cannot be served
     (unreadable, missing object, SKU facts that clash with the database) are skipped and named in the
@@ -51,6 +52,7 @@ def import_store(session: Session, store: Store) -> ImportReport:
     session.commit()
     _import_recipes(session, store, report)
     _import_manifests(session, store, report)
+    report.verdicts = crud_verdicts.import_store(session, store, report.skipped)
     return report
 
 

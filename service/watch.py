@@ -1,10 +1,10 @@
-"""The server follows its store: kernels, recipe files and signed manifests written into the store after
-`fa4-aot serve` started (a build, `sign`, a pull) are served without a restart or a push to itself.
+"""The server follows its store: kernels, recipe files, signed manifests and verdicts written into the store after
+`fa4-aot serve` started (a build, `sign`, a pull, `certify`) are served without a restart or a push to itself.
 
 Every `store_poll` seconds each worker compares the store's change marks (Store.change_marks: the modification
-times of index/, recipes/, manifests/ and their subfolders) with the last ones seen; on a change it imports the
-store again (sync.import_store: idempotent upserts), under a store lock so that the workers of one server import
-one at a time.
+times of index/, recipes/, manifests/, verdicts/ and their subfolders) with the last ones seen; on a change it
+imports the store again (sync.import_store: idempotent upserts), under a store lock so that the workers of one
+server import one at a time.
 """
 
 from __future__ import annotations
@@ -45,5 +45,5 @@ async def follow(store: Store, database_url: str, every: float) -> None:
         except (Fa4AotError, OSError) as e:
             log.warning("store %s changed, but importing it failed: %s", store.root, e)
             continue
-        log.info("store %s changed: %d kernels, %d recipe files, %d manifests imported; %d skipped",
-                 store.root, report.kernels, report.recipes, report.manifests, len(report.skipped))
+        log.info("store %s changed: %d kernels, %d recipe files, %d manifests, %d verdicts imported; %d skipped",
+                 store.root, report.kernels, report.recipes, report.manifests, report.verdicts, len(report.skipped))

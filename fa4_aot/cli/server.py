@@ -197,8 +197,8 @@ def push(store: Store, server: str, token: str | None, sku: str | None, jobs: in
     with Progress("push", quiet=quiet, as_json=as_json) as bar:
         result = run(store, remote, sku, jobs, _progress(bar))
     emit(as_json, result.to_dict(), f"pushed {result.kernels} kernel(s) to {server}: {result.objects_sent} "
-         f"object(s) uploaded ({result.bytes} bytes), {result.recipes} recipe file(s), {result.manifests} signed "
-         f"manifest(s), {len(result.failures)} failed")
+         f"object(s) uploaded ({result.bytes} bytes), {result.recipes} recipe file(s), {result.verdicts} "
+         f"verdict(s), {result.manifests} signed manifest(s), {len(result.failures)} failed")
     if result.failures:
         sys.exit(1)
 
@@ -237,8 +237,8 @@ def pull(store: Store, server: str, token: str | None, sku: str, model_arg: str 
     with Progress("pull", quiet=quiet, as_json=as_json) as bar:
         result = run(store, remote, sku, jobs, _progress(bar))
     emit(as_json, result.to_dict(), f"pulled {result.fetched} of {result.kernels} missing kernel(s) of {sku} "
-         f"({result.bytes} bytes) and {result.recipes} recipe file(s) into {Path(store.root)}, "
-         f"{len(result.failures)} failed")
+         f"({result.bytes} bytes), {result.recipes} recipe file(s) and {result.verdicts} verdict(s) into "
+         f"{Path(store.root)}, {len(result.failures)} failed")
     for refused in result.lean_refused[:5]:  # install() can use these kernels; the lean runtime cannot
         click.echo(f"warning: {refused}", err=True)
     if result.failures:

@@ -10,7 +10,9 @@ import json
 from typing import Any, cast
 
 from ..errors import RemoteError, StoreError
+from ..spec.verdicts import Verdict
 from ..store import Entry, check_hex
+from ..trust import signing
 
 AGAIN = "is it an fa4-aot server of this version (not a proxy's page)?"
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, StoreError)  # what a document of another shape raises
@@ -58,6 +60,18 @@ def miss_of(item: Any, source: str) -> dict[str, Any]:
         return item
     raise RemoteError(f"{source} listed {json.dumps(item)[:120]}, not a miss (an object with sku, kernel_key and "
                       f"family); {AGAIN}")
+
+
+def verdict_of(item: Any, source: str) -> Verdict:
+    """One item of a verdict listing (GET /v1/verdicts): a verdict whose every field holds (signing.verdict_of, the
+    check a signed listing passes); fields the client does not use (sku, recorded...) are dropped."""
+    try:
+        doc = _of(item, dict)
+        listing = {k: v for k, v in doc.items() if k in Verdict.__dataclass_fields__}
+        return signing.verdict_of(doc["kernel_key"], doc["device"], listing)
+    except MALFORMED as e:
+        raise RemoteError(f"{source} listed {json.dumps(item)[:120]}, not a verdict ({str(e)[:200]}); {AGAIN}") \
+            from None
 
 
 def bundle_head(line: bytes, source: str) -> tuple[list[Entry], list[str], list[tuple[str, int]]]:

@@ -4,17 +4,20 @@ verified while they stream, bundles, uploads) is http.py's."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
 from ..errors import RemoteAuthError, RemoteError, StoreError
 from ..spec import kernel_keys
+from ..spec.verdicts import Verdict
 from ..store import Entry, check_hex
 from ..store.recipes import MAX_BYTES as MAX_RECIPE
-from .answers import entry_of, listing_of, miss_of
+from .answers import entry_of, listing_of, miss_of, verdict_of
 from .transport import Transport, decoded, shaped
 
 MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
@@ -23,6 +26,9 @@ MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it ru
 # MAX_RECIPE, the most the server accepts.
 MAX_REVOCATIONS = 4 << 20
 MAX_MISSES = 256 << 20
+MAX_VERDICTS = 256 << 20  # every page of a verdict listing together (a verdict is under 2 KiB: 100,000s of them)
+# A verdict publish: at most the server's 1000 verdicts a request, and about half its 1 MiB cap on a JSON body
+VERDICT_BATCH, VERDICT_BATCH_BYTES = 1000, 512 << 10
 
 
 class Endpoints(Transport):
@@ -157,6 +163,48 @@ class Endpoints(Transport):
         self._request("PUT", f"/v1/skus/{sku}/recipes/{check_hex(key, 'recipe key')}", ok=(200, 201),
                       content=data, headers={"Content-Type": "application/json"})
 
+    # -- certification verdicts (service/routes/verdicts.py) ---------------------------------------------
+    def verdicts(self, sku: str | None = None, kernel_key: str | None = None, device: str | None = None,
+                 status: str | None = None, page: int = 1000) -> list[Verdict]:
+        """Every verdict the server holds (of one SKU's kernels, one kernel, device class or status when given),
+        read a page at a time, at most MAX_VERDICTS bytes in all; [] from a server that predates verdicts (404).
+        RemoteError for an item that is not a valid verdict, or for pages that never end."""
+        given = (("sku", sku), ("kernel_key", kernel_key), ("device", device), ("status", status))
+        filters: dict[str, Any] = {name: value for name, value in given if value is not None}
+        found: list[Verdict] = []
+        read = 0
+        while True:
+            response = self._request("GET", "/v1/verdicts", ok=(200, 404),
+                                     params={**filters, "offset": len(found), "limit": page})
+            if response.status_code == 404:
+                return found
+            read += len(response.content)
+            if read > MAX_VERDICTS:
+                raise RemoteError(f"{self.url}/v1/verdicts sent more than {MAX_VERDICTS >> 20} MiB of verdicts and "
+                                  f"its pages still come full ({len(found)} so far): is it an fa4-aot server?")
+            batch = shaped(decoded(response, self.url), list, self.url)
+            found += [verdict_of(item, f"{self.url}/v1/verdicts") for item in batch]
+            if len(batch) < page:
+                return found
+
+    def push_verdicts(self, verdicts: list[Verdict]) -> int:
+        """Publish `verdicts` (of kernels the server holds), one request per batch (VERDICT_BATCH verdicts, about
+        VERDICT_BATCH_BYTES); returns how many it stored (the others it held already, or newer ones). RemoteError
+        when it refuses them: a kernel it lacks (409), a token of another SKU (RemoteAuthError)."""
+        stored = 0
+        for batch in _batches([v.to_dict() for v in verdicts]):
+            response = self._request("POST", "/v1/verdicts", ok=(200, 201, 404), json=batch)
+            if response.status_code == 404:
+                raise RemoteError(f"{self.url} predates certification verdicts (POST /v1/verdicts is 404): upgrade "
+                                  "its fa4-aot and push again to publish them")
+            answer = shaped(decoded(response, self.url), dict, self.url)
+            count = answer.get("stored")
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise RemoteError(f"{self.url}/v1/verdicts answered {json.dumps(answer)[:120]}, not a count of "
+                                  "verdicts stored: is it an fa4-aot server of this version?")
+            stored += count
+        return stored
+
     # -- on-demand builds (service/routes/builds.py; fa4_aot/build/builder.py runs them, wait.py waits) -----
     def request_build(self, doc: dict[str, Any]) -> dict[str, Any]:
         """Report miss `doc` (a Miss document) and wait for the answer: {"build": the job that builds it, or
@@ -188,3 +236,18 @@ class Endpoints(Transport):
     def finish_build(self, job_id: int, result: dict[str, Any]) -> None:
         """Record how `result["builder"]`'s job ended (status, detail, compile_seconds, built)."""
         self._request("POST", f"/v1/builds/{int(job_id)}/finish", json=result)
+
+
+def _batches(docs: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """`docs` in order, cut into publishes of at most VERDICT_BATCH documents and about VERDICT_BATCH_BYTES of JSON."""
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for doc in docs:
+        length = len(json.dumps(doc))
+        if batch and (len(batch) == VERDICT_BATCH or size + length > VERDICT_BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(doc)
+        size += length
+    if batch:
+        yield batch

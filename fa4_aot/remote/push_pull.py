@@ -1,5 +1,5 @@
-"""Moving kernels between a local store and a server: push and pull (rebuilding what clients missed is the build's:
-build/rebuild.py)."""
+"""Moving kernels between a local store and a server: push and pull, with their recipe files, certification verdicts
+and signed manifests (rebuilding what clients missed is the build's: build/rebuild.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
 from ..spec.skus import Sku
+from ..spec.verdicts import Verdict, by_device
 from ..store import Store
 from ..trust import signing
 from ..trust.policy import Trust
@@ -26,6 +27,7 @@ class Transfer:
     fetched: int = 0  # pull: kernels downloaded (the rest were already local)
     manifests: int = 0  # signed manifests pushed or pulled
     recipes: int = 0  # lean-runtime recipe files pushed or pulled (lean_files.py)
+    verdicts: int = 0  # push: certification verdicts sent; pull: verdicts kept (newer than the store held)
     lean_refused: list[str] = field(default_factory=list)  # pull: libraries the trust policy refused
     stale_manifests: list[str] = field(default_factory=list)  # push: skipped, they list kernels since rebuilt
     bytes: int = 0
@@ -59,7 +61,21 @@ def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, pr
         result.recipes = lean_files.push_all_recipes(store, remote, entries, result.failures)
     if not result.failures:  # manifests name kernels, so they go after every kernel is on the server
         _push_manifests(store, remote, entries, result)
+    if not result.failures:  # verdicts name kernels too; last, so a server that predates them takes the rest
+        _push_verdicts(store, remote, entries, result)
     return result
+
+
+def _push_verdicts(store: Store, remote: Remote, entries: list[Any], result: Transfer) -> None:
+    """Publish the store's verdicts of the pushed kernels: one request per batch (Endpoints.push_verdicts)."""
+    keys = sorted({e.kernel_key for e in entries} & set(store.verdict_keys()))
+    try:
+        verdicts = [v for key in keys for v in store.verdicts(key)]
+        if verdicts:
+            remote.push_verdicts(verdicts)
+        result.verdicts = len(verdicts)
+    except Fa4AotError as e:
+        result.failures.append(f"verdicts: {e}")
 
 
 def _push_manifests(store: Store, remote: Remote, entries: list[Any], result: Transfer) -> None:
@@ -111,10 +127,39 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
 
     _run(wanted, one, jobs, result, progress, count)
     result.recipes = lean_files.pull_recipes(store, remote, sku, trust, result.failures)
+    result.verdicts = _pull_verdicts(store, remote, sku, {k["kernel_key"] for k in listing["kernels"]},
+                                     result.failures)
     for envelope in remote.signed_manifests(sku):  # kept unverified here: clients verify before loading
         signing.save(store, envelope)
         result.manifests += 1
     return result
+
+
+def _pull_verdicts(store: Store, remote: Remote, sku: str, listed: set[str], failures: list[str]) -> int:
+    """Keep the server's verdicts of `sku`'s kernels (those in `listed` that the store now holds), read in one
+    request per page; only those newer than the store's are written. Returns how many. Under a trust policy
+    clients believe signed verdicts only (trust/certified.py), so these serve the store's own users."""
+    try:
+        got = [v for v in remote.verdicts(sku=sku) if v.kernel_key in listed and store.has_entry(v.kernel_key)]
+        fresh = newer_than_held(store, got)
+        if fresh:
+            store.put_verdicts(fresh)
+        return len(fresh)
+    except Fa4AotError as e:
+        failures.append(f"verdicts: {e}")
+        return 0
+
+
+def newer_than_held(store: Store, verdicts: list[Verdict]) -> list[Verdict]:
+    """Those of `verdicts` that would change what the store holds: of a device class it has no verdict for, or
+    newer than (at the same time: other than) the one it has, as Store.put_verdicts would keep them."""
+    held = {key: by_device(store.verdicts(key)) for key in {v.kernel_key for v in verdicts}}
+    fresh = []
+    for v in verdicts:
+        mine = held[v.kernel_key].get(v.device)
+        if mine is None or (v.when >= mine.when and v != mine):
+            fresh.append(v)
+    return fresh
 
 
 def _sku_of(listing: dict[str, Any], name: str, url: str) -> Sku:

@@ -11,7 +11,10 @@ manifest holds {"sku": {...facts}, "kernels": {kernel_key: object_digest}, "tool
 and, for the lean runtime, "libraries": {kernel_key: {host arch: {"digest": library object, "needs": {SONAME:
 runtime library object or ""}}}} and "recipes": {recipe key: sha256 of the recipe file's bytes}. Manifests
 signed before the lean runtime lack the last two: they still serve install(), and the lean runtime refuses
-under them (re-sign).
+under them (re-sign). "verdicts": {kernel_key: {device class id: listing}} lists what certification measured
+of listed kernels (spec/verdicts.py; a listing is a Verdict's fields without kernel_key and device): under a
+trust policy these are the only verdicts a client believes (trust/certified.py). Manifests signed before
+certification lack it and stay valid: their kernels are unchecked.
 A manifest's id is the sha256 of its canonical JSON; revocations name key ids or manifest ids. The keys
 themselves (generating, loading, key ids, FA4_AOT_TRUSTED_KEYS) are signing_keys.py's.
 """
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import StoreError, TrustError
 from ..spec.kernel_keys import dumps, serves
 from ..spec.skus import Sku
+from ..spec.verdicts import Verdict, by_device
 from ..store import Store, check_hex
 from .signing_keys import PublicKey, public_of
 
@@ -58,6 +62,7 @@ def manifest_of(store: Store, sku: Sku, expires_days: float = 365.0, now: dt.dat
                       for e in sorted(entries, key=lambda e: e.kernel_key) if e.shared_libs},
         "recipes": {key: hashlib.sha256(data).hexdigest()
                     for key, data in sorted(recipes.keys_for(store, sku.target_facts()))},
+        "verdicts": verdicts_of(store, sorted(e.kernel_key for e in entries)),
         "toolchain": [json.loads(t) for t in toolchains],
         "created": _iso(now),
         "expires": _iso(now + dt.timedelta(days=expires_days)),
@@ -67,6 +72,37 @@ def manifest_of(store: Store, sku: Sku, expires_days: float = 365.0, now: dt.dat
 def library_listing(lib: dict[str, Any]) -> dict[str, Any]:
     """What a manifest lists of one linked library (an Entry.shared_libs value): its digest and its needs."""
     return {"digest": lib["digest"], "needs": dict(sorted(lib.get("needs", {}).items()))}
+
+
+def verdicts_of(store: Store, kernel_keys: list[str]) -> dict[str, dict[str, Any]]:
+    """{kernel key: {device class id: listing}} of the kernels among `kernel_keys` that have verdicts in `store`
+    (the newest per device class). StoreError for a malformed verdict file: it names the fix."""
+    held = set(store.verdict_keys())
+    return {key: {device: verdict_listing(v) for device, v in sorted(by_device(store.verdicts(key)).items())}
+            for key in kernel_keys if key in held}
+
+
+def verdict_listing(v: Verdict) -> dict[str, Any]:
+    """What a manifest lists of one verdict: its fields without kernel_key and device (the keys it is filed under)."""
+    return {name: value for name, value in v.to_dict().items() if name not in ("kernel_key", "device")}
+
+
+def verdict_of(kernel_key: str, device: str, listing: Any) -> Verdict:
+    """The Verdict a listing of kernel `kernel_key` on `device` stands for (inverse of verdict_listing, as
+    certified.Gate rebuilds it); ValueError naming what is malformed, types included (the value is from another
+    host: a count must be a count, a time a UTC time)."""
+    if not isinstance(listing, dict):
+        raise ValueError(f"expected an object, got {json.dumps(listing)[:80]}")
+    verdict = Verdict.from_dict({**listing, "kernel_key": kernel_key, "device": device})
+    if isinstance(verdict.checks, bool) or not isinstance(verdict.checks, int) or verdict.checks < 0:
+        raise ValueError(f"invalid verdict checks {verdict.checks!r}: expected a count")
+    if not isinstance(verdict.toolchain, str) or not isinstance(verdict.when, str) or \
+            not _UTC_TIME.fullmatch(verdict.when):
+        raise ValueError(f"invalid verdict toolchain or time ({str(verdict.toolchain)[:40]!r}, "
+                         f"{str(verdict.when)[:40]!r}): expected a string and a UTC time like 2026-11-30T12:00:00Z")
+    if any(isinstance(getattr(verdict, n), bool) for n in ("error", "bound")):
+        raise ValueError("invalid verdict error or bound: expected a number, not true or false")
+    return verdict
 
 
 def sign(manifest: dict[str, Any], key: Ed25519PrivateKey, name: str = "") -> dict[str, Any]:
@@ -94,7 +130,7 @@ def check_shape(envelope: Any) -> dict[str, Any]:
         raise TrustError("signed manifest has no 'kernels' map")
     if not isinstance(manifest.get("sku"), dict) or not isinstance(manifest["sku"].get("name"), str):
         raise TrustError("signed manifest has no sku name")
-    for name in ("libraries", "recipes"):
+    for name in ("libraries", "recipes", "verdicts"):
         if name in manifest and not isinstance(manifest[name], dict):
             raise TrustError(f"signed manifest's {name!r} is not a map")
     try:
@@ -106,6 +142,7 @@ def check_shape(envelope: Any) -> dict[str, Any]:
         _check_libraries(manifest.get("libraries") or {}, manifest["kernels"])
     except StoreError as e:
         raise TrustError(f"signed manifest lists {e}") from e
+    _check_verdicts(manifest.get("verdicts") or {}, manifest["kernels"])
     for name in ("created", "expires"):
         _parse_time(manifest.get(name), name)
     return manifest
@@ -124,6 +161,20 @@ def _check_libraries(libraries: dict[str, Any], kernels: dict[str, Any]) -> None
             for digest in lib["needs"].values():
                 if digest:
                     check_hex(digest, "runtime library digest")
+
+
+def _check_verdicts(verdicts: dict[str, Any], kernels: dict[str, Any]) -> None:
+    """TrustError unless `verdicts` maps listed kernels to {device class id: a listing that is a valid Verdict}."""
+    for kernel_key, per_device in verdicts.items():
+        if kernel_key not in kernels or not isinstance(per_device, dict):
+            raise TrustError(f"signed manifest lists verdicts of kernel {str(kernel_key)[:64]!r}, which it does not "
+                             "list as a kernel")
+        for device, listing in per_device.items():
+            try:
+                verdict_of(kernel_key, device, listing)
+            except (ValueError, TypeError) as e:
+                raise TrustError(f"signed manifest lists a malformed verdict of kernel {kernel_key} on "
+                                 f"{str(device)[:80]!r} ({str(e)[:200]}); sign again with `fa4-aot sign`") from None
 
 
 @dataclass
