@@ -6,8 +6,8 @@ on its end tells the server how it went. A builder killed mid-job loses nothing:
 claim (its restart, or another builder) takes the job over. A job is `build --from-misses` of its one miss
 (rebuild.build_misses) on the builder's executor (a local pool kept warm between jobs, or Ray), then published
 exactly as `push` does (objects, libraries, recipe files), with a manifest signed by the builder's key when one
-is given. A call FA4 rejects ends "rejected" with FA4's reason, which the server answers every later report
-with; it is not built again.
+is given. A call FA4 rejects, or the known-bad registry refuses (refusals.py), ends "rejected" with the reason,
+which the server answers every later report with; it is not built again.
 """
 
 from __future__ import annotations
@@ -53,16 +53,18 @@ def miss_of(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def outcome_of(reports: list[Report], sku: str) -> Outcome:
-    """Pure: how a job ended, from its build reports. FA4 refusing the call wins (rejected, with FA4's reason:
-    no build can serve it), then any failure (failed), else done."""
+    """Pure: how a job ended, from its build reports. FA4 or the known-bad registry refusing the call wins
+    (rejected, with the reason: FA4's error, or the registry entry's id, symptom and source; no build serves
+    it), then any failure (failed), else done."""
     if not reports:
         return Outcome("failed", f"this builder's variants file has no SKU {sku!r}; start the builder with the "
                                  "server's variants file (--variants)")
     report = reports[0]
     seconds = sum(r.seconds for r in report.results if r.status == "built")
     built = report.count("built")
-    if report.call_failures:
-        return Outcome("rejected", "; ".join(dict.fromkeys(f.error for f in report.call_failures)), seconds, built)
+    refused = report.refused + report.call_failures
+    if refused:
+        return Outcome("rejected", "; ".join(dict.fromkeys(f.error for f in refused)), seconds, built)
     failed = [f"{r.family} {r.kernel_key[:16]}: {r.error}" for r in report.results if r.status == "failed"]
     if failed:
         return Outcome("failed", "; ".join(failed), seconds, built)

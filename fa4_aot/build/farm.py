@@ -18,9 +18,10 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ..errors import BuildError
+from ..spec.known_bad import Registry
 from ..spec.skus import Sku
 from ..store import Entry, Store
-from . import flavours
+from . import flavours, refusals
 from .executors import CompileTask, LocalExecutor, Outcome, Work
 from .worker import PlanOut
 
@@ -60,7 +61,8 @@ class RayExecutor:
         return max(1, min(int(cpus), calls))
 
     def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
-        refs = [self._submit(sku, PlanJob(chunk, record)) for chunk in chunks]
+        registry = refusals.in_force(store, sku)  # the driver's: Ray workers have no store to read measured entries
+        refs = [self._submit(sku, PlanJob(chunk, record, registry)) for chunk in chunks]
         for i, ref in enumerate(refs):
             try:
                 yield i, self._ray.get(ref)
@@ -135,6 +137,7 @@ class PlanJob(NamedTuple):
 
     work: Work
     record: bool
+    registry: Registry | None = None  # the known-bad registry in force (refusals.in_force); None: the project's
 
 
 def _run(sku: Sku, payload: PlanJob | CompileTask | None,
@@ -143,7 +146,7 @@ def _run(sku: Sku, payload: PlanJob | CompileTask | None,
     from . import worker
 
     if isinstance(payload, PlanJob):
-        return worker.plan_calls(sku, payload.work, None, payload.record)
+        return worker.plan_calls(sku, payload.work, None, payload.record, payload.registry)
     if payload is None:
         return worker.runtime_objects(sku)
     task = payload

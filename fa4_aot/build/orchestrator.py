@@ -37,7 +37,7 @@ Progress = Callable[[int, int, "Result"], None]
 
 @dataclass
 class Result:
-    status: str  # "built", "present", "planned" or "failed"
+    status: str  # "built", "present", "planned", "failed", or "refused" (a call the known-bad registry names)
     family: str
     kernel_key: str
     variant: str
@@ -57,6 +57,8 @@ class Report:
     dispatch_sm_count: int = 0
     results: list[Result] = field(default_factory=list)
     call_failures: list[Result] = field(default_factory=list)  # calls FA4 rejected while planning
+    # calls the known-bad registry refused (refusals.py): never built, and no failure of the build
+    refused: list[Result] = field(default_factory=list)
     recipes: int = 0  # lean-runtime recipe regions recorded (lean.py)
     lean_failures: list[str] = field(default_factory=list)  # recipes or libraries the lean runtime will lack
     seconds: float = 0.0
@@ -86,6 +88,7 @@ class Report:
             "kernel_keys": sorted(r.kernel_key for r in self.results if r.status != "failed"),
             "variants": {name: len(keys) for name, keys in sorted(self.by_variant.items())},
             "failures": [asdict(r) for r in self.call_failures + [r for r in self.results if r.status == "failed"]],
+            "refused": len(self.refused), "refusals": [asdict(r) for r in self.refused],
         }
 
 
@@ -191,9 +194,11 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
                 planned[kernel.kernel_key] = kernel._replace(work_index=index)
         for rejected in out.rejected:
             name, item = work[offsets[c][rejected.work_index]]
-            report.call_failures.append(Result("failed", "", "", name, describe(item), error=rejected.error,
-                                               sku=sku.name))
+            where = report.refused if rejected.known_bad else report.call_failures
+            where.append(Result("refused" if rejected.known_bad else "failed", "", "", name, describe(item),
+                                error=rejected.error, sku=sku.name))
     report.call_failures.sort(key=lambda r: (r.variant, r.call))
+    report.refused.sort(key=lambda r: (r.variant, r.call))
     report.recipes = lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
 

@@ -1,7 +1,7 @@
 """Rebuilding what clients missed (`fa4-aot build --from-misses`, and the on-demand builder): each reported miss
 becomes the work item that makes its kernel again (its exact FA4 arguments, else its Call; a lean miss: its Call,
 whose build records the recipe regions), built per SKU like any other work, and every miss the build did not
-close is a failure in its SKU's report."""
+close is a failure in its SKU's report, unless the known-bad registry refused its call (the report's refusals)."""
 
 from __future__ import annotations
 
@@ -78,10 +78,11 @@ def _call(doc: Any) -> Call | None:
 
 def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Store, sku: Sku) -> None:
     done = _done_keys(report, store)
+    refused = {r.call for r in report.refused}  # the known-bad registry says why: no failure of the rebuild
     for key, miss in sorted(wanted.items()):
-        if key in done or _lean_served(miss, store, sku):
-            continue
         item = _item(miss)
+        if key in done or _lean_served(miss, store, sku) or (item is not None and item.describe() in refused):
+            continue
         why = ("no recipe region the build recorded serves this lean call (see the report's lean failures)"
                if miss.get("family") == lean_miss.FAMILY and item is not None else
                "the client could not describe the call (score_mod, block sparsity...)" if item is None

@@ -23,14 +23,14 @@ from typing import Any, NamedTuple
 
 from .. import fa4
 from ..errors import DiskFull
-from ..spec import kernel_keys
+from ..spec import kernel_keys, known_bad
 from ..spec.calls import Call
 from ..spec.exact import ExactCall
 from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..store import Entry, Store
-from . import lean
+from . import lean, refusals
 
 
 class Wanted(NamedTuple):
@@ -55,10 +55,11 @@ class Kernel(NamedTuple):
 
 
 class Rejected(NamedTuple):
-    """A work item FA4 rejected while planning."""
+    """A work item FA4 rejected while planning, or that the known-bad registry refused (refusals.py)."""
 
     work_index: int
     error: str
+    known_bad: str = ""  # the id of the registry entry that refused it; "" when FA4 rejected it
 
 
 class PlanOut(NamedTuple):
@@ -93,31 +94,48 @@ def configure(sku: Sku) -> None:
 
 
 def plan_calls(sku: Sku, work: list[tuple[str, Call | ExactCall | Signature]], store: Store | None = None,
-               record: bool = True) -> PlanOut:
+               record: bool = True, registry: known_bad.Registry | None = None) -> PlanOut:
     """Every kernel the work items need (a Call: at its shapes; an ExactCall: for its recorded arguments; a
-    Signature: at every shape), the items FA4 rejects, and (with `record`) the recipe regions of the calls
+    Signature: at every shape), the items FA4 rejects or the known-bad `registry` refuses (default: the one in
+    force for `store` and `sku`, refusals.in_force), and (with `record`) the recipe regions of the calls
     planned, skipping those `store` already has."""
     configure(sku)  # first: planning imports FA4, which must see the SKU's arch
     tools = fa4.toolchain()
+    registry = registry if registry is not None else refusals.in_force(store, sku)
     kernels: list[Kernel] = []
     rejected: list[Rejected] = []
     for i, (_name, item) in enumerate(work):
-        found: Mapping[tuple[str, str], tuple[Any, Call | ExactCall]]
-        try:
-            if isinstance(item, Call | ExactCall):
-                found = {ident: (key, item) for ident, key in fa4.plan(item).items()}
-            else:
-                found = fa4.plan_signature(item, sku)
-        except Exception as e:  # FA4 rejects the item for this SKU: report it, go on
-            rejected.append(Rejected(i, one_line(e)))
-            continue
-        for (family, ident), (key, call) in found.items():
-            kernels.append(Kernel(family, ident, kernel_keys.kernel_key(family, key, sku, tools), i, call))
+        found = _plan_item(sku, tools, registry, store, item)
+        if isinstance(found, Rejected):
+            rejected.append(found._replace(work_index=i))
+        else:
+            kernels += [k._replace(work_index=i) for k in found]
     if not record:
         return PlanOut(kernels, rejected, {}, [])
     regions, errors = lean.record_work(_lean_state(sku, store), *_for_recipes(work, kernels, rejected),
                                              one_line)
     return PlanOut(kernels, rejected, regions, errors)
+
+
+def _plan_item(sku: Sku, tools: dict[str, str], registry: known_bad.Registry, store: Store | None,
+               item: Call | ExactCall | Signature) -> list[Kernel] | Rejected:
+    """One work item's kernels (work_index left to the caller), or why it is not planned: the registry refuses
+    its signature (before FA4 is asked) or one of its kernels (after), or FA4 rejects it."""
+    sig = refusals.signature_of(item)
+    bad = refusals.refusal(registry, sku, tools, sig)
+    if bad is not None:
+        return Rejected(-1, bad.describe(), bad.id)
+    found: Mapping[tuple[str, str], tuple[Any, Call | ExactCall]]
+    try:
+        found = {ident: (key, item) for ident, key in fa4.plan(item).items()} \
+            if isinstance(item, Call | ExactCall) else fa4.plan_signature(item, sku)
+    except Exception as e:  # FA4 rejects the item for this SKU: report it, go on
+        return Rejected(-1, one_line(e))
+    kernels = [Kernel(family, ident, kernel_keys.kernel_key(family, key, sku, tools), -1, call)
+               for (family, ident), (key, call) in found.items()]
+    names = refusals.kernel_names(registry, store, sku, [k.kernel_key for k in kernels])
+    bad = refusals.refusal(registry, sku, tools, sig, names)
+    return Rejected(-1, bad.describe(), bad.id) if bad is not None else kernels
 
 
 def _for_recipes(work: list[tuple[str, Call | ExactCall | Signature]], kernels: list[Kernel], rejected: list[Rejected]
@@ -134,8 +152,7 @@ def _for_recipes(work: list[tuple[str, Call | ExactCall | Signature]], kernels: 
             kept.append((name, stand_in))
     moved: list[tuple[Any, ...]] = [k._replace(work_index=index[k.work_index]) for k in kernels
                                     if k.work_index in index]
-    refused: list[tuple[int, str]] = [r._replace(work_index=index[r.work_index]) for r in rejected
-                                      if r.work_index in index]
+    refused: list[tuple[int, str]] = [(index[r.work_index], r.error) for r in rejected if r.work_index in index]
     return kept, moved, refused
 
 

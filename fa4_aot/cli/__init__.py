@@ -9,6 +9,7 @@
     trust_cmds.py  keys, sign, revoke
     account.py     login, logout
     doctor.py      doctor
+    known_bad_cmds.py  known-bad (the known-bad registry in force for a store and SKU)
 
 This module only assembles the group. Command modules import from common, never from here (no import circle).
 A Fa4AotError from any command becomes one line on stderr and exit 1 (common.Fa4AotGroup).
@@ -21,7 +22,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from . import account, build_cmds, doctor, model_cmds, on_demand, server, store_cmds, trust_cmds
+from . import account, build_cmds, doctor, known_bad_cmds, model_cmds, on_demand, server, store_cmds, trust_cmds
 from .common import Fa4AotGroup, cache_dir_option, make_state
 
 
@@ -50,7 +51,7 @@ COMMANDS = (
     build_cmds.skus, build_cmds.hosts, build_cmds.build, model_cmds.models_, model_cmds.coverage, store_cmds.list_,
     store_cmds.verify, store_cmds.gc, store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve,
     server.token, server.push, server.pull, on_demand.builder, on_demand.builds, account.login, account.logout,
-    trust_cmds.keys, trust_cmds.sign, trust_cmds.revoke, doctor.doctor,
+    trust_cmds.keys, trust_cmds.sign, trust_cmds.revoke, doctor.doctor, known_bad_cmds.known_bad_,
 )
 for _command in COMMANDS:
     main.add_command(_command)

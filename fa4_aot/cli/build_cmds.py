@@ -96,8 +96,8 @@ def _detect(matrix: Matrix, as_json: bool) -> None:
               "Ray's guess is wrong (e.g. 127.0.0.1 for a cluster started with --node-ip-address=127.0.0.1).")
 @click.option("--push", "push_url", metavar="URL", help="With --executor ray: workers publish each kernel to this "
               "server (needs --token) instead of sending it back to this store.")
-@click.option("--dry-run", is_flag=True, help="Plan only: kernels per variant, the estimated build time, and the "
-              "calls FA4 rejects.")
+@click.option("--dry-run", is_flag=True, help="Plan only: kernels per variant, the estimated build time, the "
+              "calls FA4 rejects and those the known-bad registry refuses.")
 @click.option("--from-misses", is_flag=True, help="Build the kernels clients reported missing: to --server (then "
               "push), else those recorded in the local store (`fa4-aot misses`).")
 @click.option("--server", envvar="FA4_AOT_SERVER", help="Server for --from-misses ($FA4_AOT_SERVER).")
@@ -124,7 +124,8 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
     sequence length (shape-complete, no `shapes`) or at the points of its shape grid. Each distinct
     kernel is compiled once. Kernels already in the store are not rebuilt. With --model, the model's
     signatures per TP degree (shape-complete) replace the matrix; with --calls, exactly those calls.
-    Exits 1 if any call or kernel failed; the rest are still built.
+    Exits 1 if any call or kernel failed; the rest are still built. Calls the known-bad registry names
+    (`fa4-aot known-bad`) are refused, with the reason, and are no failure (FA4_AOT_CERTIFIED=off builds them).
     """
     matrix = load_matrix(variants_file)
     if from_misses:
@@ -187,8 +188,10 @@ def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str |
         reports = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs)
     docs = [r.to_dict() for r in reports]
     lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
-             f"{d['failed']} failed" + (f"; pushed to {server}" if server else "") for d in docs]
+             f"{d['failed']} failed, {d['refused']} refused" + (f"; pushed to {server}" if server else "")
+             for d in docs]
     lines += [f"FAILED {f['kernel_key'][:16]} {f['family']}: {f['error']}" for d in docs for f in d["failures"]]
+    lines += [f"REFUSED {r['call']}: {r['error']}" for d in docs for r in d["refusals"]]
     emit(as_json, docs, "\n".join(lines) or f"{server or store.root} reports no misses")
     if any(d["failed"] for d in docs):
         sys.exit(1)

@@ -1,10 +1,11 @@
-"""`fa4-aot doctor`: what this host is, which SKU it matches and why, the toolchain, the store's health, the
-server and the token, each with what to do next."""
+"""`fa4-aot doctor`: what this host is, which SKU it matches and why, the toolchain, the store's health, its
+certification, the server and the token, each with what to do next."""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +13,9 @@ from .. import __version__
 from ..errors import Fa4AotError
 from ..store import Store
 from .common import emit, load_matrix, state
+
+if TYPE_CHECKING:
+    from ..trust.standing import SkuStanding
 
 Check = dict[str, str]  # {"check", "status": ok|warn|fail, "detail", "next"}
 
@@ -79,6 +83,44 @@ def _built_by_another_toolchain(store: Store) -> list[str]:
     return rebuild_advice(*foreign(store.entries(), toolchain()))
 
 
+def _certification(sku: str | None) -> Check:
+    """The policy in force (FA4_AOT_CERTIFIED), the known-bad registry (its revision, the store's measured entries
+    for the SKU) and the SKU's verdicts by status; failed kernels by name, with the fix."""
+    from ..spec import known_bad
+    from ..trust import certified, standing
+
+    store = state().store
+    try:
+        policy = certified.policy_from_env()
+        registry = certified.registry_for(store, sku) if sku and store.root.is_dir() else known_bad.load()
+    except Fa4AotError as e:
+        return _check("certified", "fail", str(e), "")
+    ours = {b.id for b in known_bad.load().entries}
+    measured = [b.id for b in registry.entries if b.id not in ours]
+    detail = (f"{certified.ENV}={policy}; known-bad registry revision {registry.revision}, {len(registry.entries)} "
+              f"entr(ies), {len(measured)} measured in this store" + (f" for {sku}" if sku else "")
+              + (f" ({', '.join(measured)})" if measured else ""))
+    if not sku or not store.root.is_dir():
+        return _check("certified", "ok", detail, "`fa4-aot known-bad` lists the registry")
+    found = standing.of_sku(store, sku)
+    counts = ", ".join(f"{n} {status}" for status, n in found.statuses.items())
+    detail += f"; {sku}: {found.kernels} kernel(s), verdicts: {counts or 'none'}, {found.unchecked} unchecked"
+    if found.failed:
+        return _failed(detail, found, sku)
+    if policy == "require" and found.unchecked:
+        return _check("certified", "warn", detail, f"{certified.ENV}=require refuses the {found.unchecked} "
+                      f"unchecked kernel(s): run `fa4-aot certify --sku {sku}` on a GPU of the SKU")
+    return _check("certified", "ok", detail, "`fa4-aot known-bad` lists the registry")
+
+
+def _failed(detail: str, found: SkuStanding, sku: str) -> Check:
+    names = "; ".join(f"{e.kernel_key[:16]}… {e.family} ({v.device}: {v.describe()})" for e, v in found.failed[:5])
+    more = f" and {len(found.failed) - 5} more" if len(found.failed) > 5 else ""
+    return _check("certified", "warn", f"{detail}; FAILED {names}{more}",
+                  f"both runtimes refuse them on that GPU: rebuild with a FA4 release that fixes them, then "
+                  f"`fa4-aot certify --sku {sku}` again (`fa4-aot list --sku {sku} --json` has every verdict)")
+
+
 def _server(url: str | None, token: str | None) -> list[Check]:
     from ..remote.credentials import token_for
     from ..remote.http import Remote
@@ -111,11 +153,12 @@ def _server(url: str | None, token: str | None) -> list[Check]:
 @click.option("--token", envvar="FA4_AOT_TOKEN", help="Token to check (default: the one `fa4-aot login` stored).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def doctor(server: str | None, token: str | None, as_json: bool) -> None:
-    """Check this host: device and the SKU it matches (or why not), toolchain, store, server and token;
-    each line says what to do next. Exits 1 when a check fails."""
+    """Check this host: device and the SKU it matches (or why not), toolchain, store, certification (the policy,
+    the known-bad registry, the SKU's verdicts), server and token; each line says what to do next. Exits 1 when
+    a check fails."""
     device, sku = _device()
     checks = [_check("fa4-aot", "ok", f"{__version__} on Python {sys.version.split()[0]}"), *device,
-              _toolchain(), _store(sku), *_server(server, token)]
+              _toolchain(), _store(sku), _certification(sku), *_server(server, token)]
     lines = [f"{c['status'].upper():<5}{c['check']:<10} {c['detail']}" + (f"\n{'':15}next: {c['next']}"
              if c["next"] else "") for c in checks]
     emit(as_json, checks, "\n".join(lines))

@@ -86,8 +86,10 @@ def coverage(store: Store, sku: str, model_arg: str | None, tp_arg: str, workloa
     --runtime fa4 (default): runs FA4's dispatch on fake tensors for the SKU (as a build plans) and looks every
     kernel up in the store. --runtime lean: finds each call's recipe region in the store (as the lean runtime
     does; no FA4 needed) and looks up the kernels it names, with a library for the SKU's host; a model signature
-    needs regions over its whole size space. Prints served or missing per call (--calls) or per model signature
-    (--model), what is missing and the command that adds it. Exits 1 when anything is missing.
+    needs regions over its whole size space. Prints served, missing or refused (the known-bad registry names it:
+    `fa4-aot known-bad`) per call (--calls) or per model signature (--model), what is missing and the command that
+    adds it, and how many of the stored kernels are certified, failed or unchecked (`fa4-aot certify`). Exits 1
+    when anything is missing or refused.
     """
     from ..build import coverage as cov
     from ..matrix import models, modelwork

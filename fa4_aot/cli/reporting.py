@@ -63,6 +63,7 @@ def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs
                 dry_run: bool) -> tuple[dict[str, Any], list[str]]:
     """One SKU's JSON document and text lines: failures, the dry run's table and estimate, the summary."""
     lines = [f"FAILED {r.variant}: {r.call}: {r.error}" for r in report.call_failures]
+    lines += [f"REFUSED {r.variant}: {r.call}: {r.error}" for r in report.refused]
     lines += [f"LEAN RUNTIME: {message}" for message in report.lean_failures]
     doc = report.to_dict()
     if dry_run:
@@ -72,7 +73,9 @@ def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs
     lines.append(f"{report.sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
                  f"{report.count('built')} built, {report.count('present')} already present, "
                  + (f"{report.count('planned')} to build, " if dry_run else "")
-                 + f"{report.failed} failed ({report.seconds:.0f}s); planned with {report.sku}'s dispatch "
+                 + f"{report.failed} failed"
+                 + (f", {len(report.refused)} call(s) refused as known bad" if report.refused else "")
+                 + f" ({report.seconds:.0f}s); planned with {report.sku}'s dispatch "
                  f"({report.dispatch_sm_count} SMs)"
                  + ("" if dry_run else f"; {report.recipes} lean recipe region(s) recorded"))
     if report.interrupted:

@@ -9,8 +9,10 @@ from typing import Any
 
 import click
 
+from ..spec.verdicts import by_device
 from ..store import Entry, Store, maintenance
 from ..store.maintenance import VerifyReport
+from ..trust import standing
 from .common import check_sku, emit, existing, json_option, pass_store
 from .progress import Progress, quiet_option
 
@@ -26,23 +28,35 @@ def list_(store: Store, sku: str | None, variant: str | None, family: str | None
           as_json: bool) -> None:
     """List the kernels in the store, then a per-SKU count. A kernel is one compiled object: base-key signposts
     (Entry.is_signpost) are not counted, and bytes are every object the kernels need, each once (libraries and
-    the CuTe runtime library included)."""
+    the CuTe runtime library included). The `verdict` column is the kernel's certification (`fa4-aot certify`):
+    pass, the worst failing status (wrong:dq, crash, hang, refused) with +N other device classes, or - when
+    unchecked; --json gives every device class's verdict."""
     everything = [e for e in existing(store).entries() if not e.is_signpost]
     if sku is not None and sku not in {e.sku for e in everything}:
         check_sku(sku, {e.sku for e in everything})
     entries = [e for e in everything if (sku is None or e.sku == sku) and (variant is None or e.variant == variant)
                and (family is None or family in e.family)]
-    per_sku = _per_sku(store, entries)
+    verdicts = standing.Verdicts(store)
+    per_sku = _per_sku(store, entries, verdicts)
     if summary:
         emit(as_json, per_sku, "\n".join(_summary_lines(per_sku)))
         return
-    rows = [f"{e.kernel_key[:16]}  {e.sku:<10} {e.family:<26} {e.size:>9} B  {e.call}" for e in entries]
+    rows = [f"{'kernel':<16}  {'sku':<10} {'family':<26} {'bytes':>11}  {'verdict':<10} call"] if entries else []
+    rows += [f"{e.kernel_key[:16]}  {e.sku:<10} {e.family:<26} {e.size:>9} B  "
+             f"{standing.brief(verdicts.of(e.kernel_key)):<10} {e.call}" for e in entries]
     rows += _summary_lines(per_sku) if len(per_sku) > 1 else []
     rows.append(f"{len(entries)} kernel(s), {store.bytes_of(entries)} bytes")
-    emit(as_json, [asdict(e) for e in entries], "\n".join(rows))
+    emit(as_json, [_listed(e, verdicts) for e in entries], "\n".join(rows))
 
 
-def _per_sku(store: Store, entries: list[Entry]) -> list[dict[str, Any]]:
+def _listed(entry: Entry, verdicts: standing.Verdicts) -> dict[str, Any]:
+    """An entry as `list --json` gives it: its fields, its certification and each device class's verdict."""
+    found = by_device(verdicts.of(entry.kernel_key))
+    return {**asdict(entry), "certification": standing.standing(list(found.values())),
+            "verdicts": {device: v.to_dict() for device, v in sorted(found.items())}}
+
+
+def _per_sku(store: Store, entries: list[Entry], verdicts: standing.Verdicts) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for e in entries:
         row = rows.setdefault(e.sku, {"sku": e.sku, "kernels": [], "variants": set(), "toolchains": set()})
@@ -50,12 +64,15 @@ def _per_sku(store: Store, entries: list[Entry]) -> list[dict[str, Any]]:
         row["variants"].add(e.variant)
         row["toolchains"].add(e.toolchain.get("flash-attn-4", "?"))
     return [{**r, "kernels": len(r["kernels"]), "bytes": store.bytes_of(r["kernels"]),
-             "variants": sorted(r["variants"]), "toolchains": sorted(r["toolchains"])} for _, r in sorted(rows.items())]
+             "variants": sorted(r["variants"]), "toolchains": sorted(r["toolchains"]),
+             "certification": standing.counts(verdicts.standing(e.kernel_key) for e in r["kernels"])}
+            for _, r in sorted(rows.items())]
 
 
 def _summary_lines(per_sku: list[dict[str, Any]]) -> list[str]:
     return [f"{r['sku']:<14} {r['kernels']:>5} kernel(s) {r['bytes'] / 2**20:>9.1f} MiB  "
-            f"{len(r['variants'])} variant(s)  flash-attn-4 {', '.join(r['toolchains'])}" for r in per_sku] \
+            f"{len(r['variants'])} variant(s)  flash-attn-4 {', '.join(r['toolchains'])}  "
+            + ", ".join(f"{n} {name}" for name, n in r["certification"].items()) for r in per_sku] \
         or ["no kernels"]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config, fa4
-from ..errors import Fa4AotError, KernelMissing, TrustError
+from ..errors import Fa4AotError, KernelMissing, KernelRefused, TrustError
 from ..remote import wait as build_wait
 from ..spec import hosts, kernel_keys
 from ..spec.devices import detect_device, device_class
@@ -27,11 +27,12 @@ from ..spec.matching import select
 from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku
 from ..store import Entry, Miss, Store
-from ..trust.certified import Gate
+from ..trust.certified import ENV, Gate
 from ..trust.policy import Trust
 
 if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured: it costs cold starts
     from ..remote.http import Remote
+    from ..spec.calls import Call
 
 MODES = ("strict", "fallback")
 
@@ -173,6 +174,7 @@ class Installation:
         """Report the miss; strict mode with FA4_AOT_BUILD_WAIT waits for the server's build and returns the
         fetched kernel's object, else raises KernelMissing; fallback mode records it and returns None."""
         call = fa4.current()
+        self._refuse_call(call, kk)
         what = call.describe() if call else f"{family} compile key {dumps(canonical(key))[:200]}"
         miss = Miss(kernel_key=kk, family=family, compile_key=canonical(key), sku=self.sku.name,
                     call=call.to_dict() if call else None, args=fa4.current_record())
@@ -195,6 +197,18 @@ class Installation:
         self.stats.misses.append(kk)
         self.store.record_miss(miss)
         return None
+
+    def _refuse_call(self, call: Call | None, kk: str) -> None:
+        """KernelRefused instead of a miss when the known-bad registry names `call` (in both modes: fallback would
+        compile and run it): builds refuse such calls (build/refusals.py), so no server or wait brings it."""
+        registry = self.gate.registry if self.gate is not None else None
+        bad = registry.find(Signature.of(call).to_dict(), arch=self.sku.arch, versions=self.tools,
+                            sku=self.sku.name) if registry is not None and call is not None else None
+        if bad is not None and call is not None:
+            raise KernelRefused(f"{call.describe()} on SKU {self.sku.name} is refused: {bad.describe()}. No build "
+                                "serves it; use another head dim or layout, or a FA4 release that fixes it "
+                                f"({ENV}=off, where it is built and here, builds and runs it anyway)",
+                                kernel_key=kk, reason=bad.id)
 
     def _built(self, miss: Miss, wait: float) -> Path | None:
         """The object of `miss`'s kernel once the server's build job for it is done and it is fetched, or None

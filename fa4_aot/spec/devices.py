@@ -67,5 +67,6 @@ def device_class(index: int | None = None) -> DeviceClass | None:
         return None
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
-    return DeviceClass.of(props.name, props.multi_processor_count, int(torch._C._cuda_getDriverVersion()),
+    driver = torch._C._cuda_getDriverVersion()  # type: ignore[attr-defined]  # (torch ships no stub for it)
+    return DeviceClass.of(props.name, props.multi_processor_count, int(driver),
                           torch.version.cuda or "0")

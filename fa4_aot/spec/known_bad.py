@@ -187,13 +187,15 @@ def _any_of(allowed: tuple[str, ...], value: str) -> bool:
 
 
 def _value_holds(want: Any, value: Any) -> bool:
+    if isinstance(value, tuple | list):  # a window: `want` is one [left, right], or a list of them
+        if isinstance(want, list) and want and all(isinstance(w, list) for w in want):
+            return any(list(value) == w for w in want)
+        return bool(list(value) == want)
     if isinstance(want, dict):
         return isinstance(value, int | float) and not isinstance(value, bool) \
-            and want.get("min", value) <= value <= want.get("max", value)
+            and bool(want.get("min", value) <= value <= want.get("max", value))
     if isinstance(want, list):
         return any(_value_holds(w, value) for w in want)
-    if isinstance(value, tuple | list):
-        return list(value) == want
     return bool(value == want)
 
 

@@ -8,10 +8,12 @@ from fa4_aot.build.builder import outcome_of
 from fa4_aot.build.orchestrator import Report, Result
 
 
-def report(*results: Result, rejected: str = "", recipes: int = 0) -> Report:
+def report(*results: Result, rejected: str = "", refused: str = "", recipes: int = 0) -> Report:
     r = Report(sku="h200", results=list(results), recipes=recipes)
     if rejected:
         r.call_failures.append(Result("failed", "", "", "from-misses", "fwd", error=rejected))
+    if refused:  # the known-bad registry (build/refusals.py)
+        r.refused.append(Result("refused", "", "", "from-misses", "bwd", error=refused))
     return r
 
 
@@ -25,6 +27,8 @@ FAILED = Result("failed", "FlashAttentionForwardSm90", "c" * 64, "from-misses", 
     ([report(PRESENT)], "done", "0 kernel(s) built, 1 present", 0, 0.0),
     ([report(BUILT, FAILED)], "failed", "ptxas died", 1, 4.5),
     ([report(FAILED, rejected="head_dim must be <= 256")], "rejected", "head_dim must be <= 256", 0, 0.0),
+    ([report(refused="known bad (sm90-bwd-dq-hd72-80): wrong dq (source: #2896)")], "rejected",
+     "known bad (sm90-bwd-dq-hd72-80): wrong dq (source: #2896)", 0, 0.0),
     ([], "failed", "this builder's variants file has no SKU 'h200'", 0, 0.0),
 ])
 def test_outcome_of(reports: list[Report], status: str, detail: str, built: int, seconds: float) -> None:

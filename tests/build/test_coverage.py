@@ -59,3 +59,27 @@ def test_lean_lines_name_the_sizes_no_region_holds_and_the_fix() -> None:
     text = coverage.lines([bad])
     assert text[0] == "MISSING  decode  (0 of 0 kernel(s) not in the store, 1 without a recipe region)"
     assert "no recipe region holds at batch=32, seqlen_q=1" in text[1] and text[2] == "    add with: fa4-aot build X"
+
+
+def test_refused_calls_and_the_certification_of_stored_kernels() -> None:
+    """A call the known-bad registry refuses is neither served nor missing (no build serves it); the kernels a
+    verdict needs that the store holds are counted certified, failed or unchecked."""
+    standings = {A[1]: "certified", B[1]: "failed"}
+    ok = coverage.judge("ok", [CALL], [coverage.Planned([A, B, C])], {A[1], B[1]}.__contains__, fix="F",
+                        standing_of=standings.__getitem__)
+    bad = coverage.judge("hd72", [CALL], [coverage.Planned([], refused="known bad (x): wrong dq (source: #1)")],
+                         set().__contains__, fix="F", standing_of=standings.__getitem__)
+    assert (ok.served, ok.certification(), ok.failed_kernels()) == (False, {"certified": 1, "failed": 1,
+                                                                           "unchecked": 0}, [B])
+    assert (bad.served, bad.missing, bad.refused) == (False, [], [f"{CALL.describe()}: known bad (x): wrong dq "
+                                                                  "(source: #1)"])
+    s = coverage.summary([ok, bad])
+    assert (s["served"], s["missing"], s["refused"], s["ok"]) == (0, 1, 1, False)
+    assert s["certification"] == {"certified": 1, "failed": 1, "unchecked": 0}
+    text = coverage.lines([ok, bad])
+    assert text[0].endswith("(1 of 3 kernel(s) not in the store; 1 certified, 1 failed, 0 unchecked)")
+    assert text[2].startswith("    failed certification: _flash_attn_bwd bbbbbbbbbbbbbbbb…")
+    assert text[4].startswith("REFUSED  hd72")
+    assert text[5] == f"    {CALL.describe()}: known bad (x): wrong dq (source: #1)"
+    assert text[-1] == "0 of 2 served, 1 missing, 1 refused (known bad); stored kernels: 1 certified, 1 failed, " \
+                       "0 unchecked"

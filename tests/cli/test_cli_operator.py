@@ -121,7 +121,7 @@ def test_doctor_says_what_this_host_is_and_what_to_do_next(tmp_path: Path,
     monkeypatch.setenv("FA4_AOT_SKU", "h200")
     result = cli(tmp_path / "store", "doctor", "--json")
     checks = {c["check"]: c for c in json.loads(result.output)}
-    assert set(checks) == {"fa4-aot", "device", "toolchain", "store", "server"}
+    assert set(checks) == {"fa4-aot", "device", "toolchain", "store", "certified", "server"}
     assert "h200" in checks["device"]["detail"]
     assert "flash-attn-4" in checks["toolchain"]["detail"]
     assert checks["store"]["status"] == "warn" and "fa4-aot build --sku h200" in checks["store"]["next"]
