@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Fa4AotError
-from ..spec import known_bad
+from ..spec import kernel_keys, known_bad
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..spec.verdicts import DeviceClass, Verdict
@@ -76,13 +76,14 @@ class Options:
 def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | None = None, *,
             keys: set[str] | None = None, options: Options = Options(), progress: Progress | None = None,
             stop: Callable[[], bool] = lambda: False) -> Report:
-    """Certify, in `store` on this host's GPUs, the kernels of `items` ((label, signature) pairs; default: the
-    signatures of the variants matrix for `sku`), only those in `keys` when given (see the module). Raises
-    Fa4AotError when there is no GPU, or it is not of `sku`."""
+    """Certify, in `store` on this host's GPUs, the kernels of `items` ((label, signature) pairs; default: every
+    signature the store recorded for `sku`), only those in `keys` when given (see the module). Raises Fa4AotError
+    when there is no GPU, or it is not of `sku`."""
     start = time.monotonic()
     device = _device_for(sku)
     report = Report(sku.name, device.id)
-    planned = plan.plan(store, sku, matrix_items(sku) if items is None else items, keys=keys)
+    planned = plan.plan(store, sku, plan.signatures_in(store, sku, _bases(store, keys)) if items is None else items,
+                        keys=keys)
     report.unreached = planned.unreached
     fresh = [c for c in planned.checks if options.again or not _certified(store, c, device.id,
                                                                        options.recheck_known_bad)]
@@ -108,17 +109,6 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     return report
 
 
-def matrix_items(sku: Sku, variants_file: Path | None = None) -> list[tuple[str, Signature]]:
-    """(variant name, signature) of every work item of the variants matrix for `sku`: a grid variant's calls
-    give their signatures (their regions' sizes are drawn like any other)."""
-    from .. import config
-    from ..build.orchestrator import work_of
-    from ..matrix import variants
-
-    matrix = variants.load(variants_file or config.default_variants_file())
-    return signatures_of(work_of(matrix, sku))
-
-
 def signatures_of(work: Iterable[tuple[str, Any]]) -> list[tuple[str, Signature]]:
     """(label, signature) of (label, Call or Signature) work items, each signature once."""
     from ..spec.calls import Call
@@ -129,6 +119,18 @@ def signatures_of(work: Iterable[tuple[str, Any]]) -> list[tuple[str, Signature]
         if isinstance(sig, Signature):
             found.setdefault(sig, label)
     return [(label, sig) for sig, label in found.items()]
+
+
+def _bases(store: Store, keys: set[str] | None) -> set[str] | None:
+    """`keys` and the base keys their entries are filed under (regions name kernels by base key)."""
+    if keys is None:
+        return None
+    found = set(keys)
+    for key in keys:
+        entry = store.get_entry(key)
+        if entry is not None:
+            found.update(kernel_keys.entry_keys(entry))
+    return found
 
 
 def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes: list[Outcome],

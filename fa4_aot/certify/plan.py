@@ -23,7 +23,7 @@ from ..spec.recipe_format import HEADS
 from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku
-from ..store import Store
+from ..store import Store, recipes
 
 POINTS = 4000  # points drawn per signature and head-count regime; a region no point reaches is reported
 SEED = 27
@@ -81,6 +81,18 @@ class Plan:
 
     def kernels(self) -> set[str]:
         return {u.kernel_key for c in self.checks for u in c.kernels}
+
+
+def signatures_in(store: Store, sku: Sku, keys: set[str] | None = None) -> list[tuple[str, Signature]]:
+    """(label, signature) of every signature the store recorded regions of for `sku` (each region names its
+    signature), only those whose regions launch one of `keys` (by base key) when given: what a certification of
+    "every kernel of the store" checks, whatever variants, models or misses built it."""
+    found: dict[Signature, str] = {}
+    for key, _data in recipes.keys_for(store, sku.target_facts()):
+        for region in recipes.load(store, key):
+            if keys is None or keys & {k.kernel_key for k in region.kernels}:
+                found.setdefault(Signature.from_dict(region.signature), f"recipe {key[:12]}")
+    return [(label, sig) for sig, label in found.items()]
 
 
 def plan(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]], *, keys: set[str] | None = None,

@@ -15,8 +15,8 @@ from .common import emit, existing, json_option, load_matrix, pass_store, varian
 from .progress import Progress, quiet_option
 
 if TYPE_CHECKING:
-    from ..certify.pool import Outcome
     from ..certify.driver import Report
+    from ..certify.pool import Outcome
 
 
 @click.command()
@@ -49,6 +49,9 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
             quiet: bool) -> None:
     """Run every kernel of the store for SKU on this GPU and keep a verdict per kernel and GPU class.
 
+    Every signature whose recipe regions the store holds for SKU is certified, or only those of --model or
+    --calls, or only the kernels --keys names.
+
     Each kernel is run at sizes drawn from its recipe regions (a typical, a small, a boundary and a large
     size) with random inputs, through FA4 itself and through the lean runtime, and checked against an fp32
     reference: out, lse and, for training kernels, dq, dk and dv; a deterministic backward must repeat
@@ -58,16 +61,14 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
     kernels, and the planner their calls. Then `fa4-aot sign` and `fa4-aot push` carry them to a cluster.
     Resumable: a second run checks only what has no verdict yet. Exits 1 if any kernel failed.
     """
-    from ..build.orchestrator import work_of
     from ..certify.driver import Options, default_journal, signatures_of
     from ..certify.driver import certify as run
     from ..spec.devices import device_class
 
     store = existing(store)
-    matrix = load_matrix(variants_file)
-    target = matrix.sku(sku)
+    target = load_matrix(variants_file).sku(sku)
     work = explicit_work(model_arg, tp_arg, workload_arg, calls_file)
-    items = signatures_of(work if work is not None else work_of(matrix, target))
+    items = signatures_of(work) if work is not None else None  # None: every signature the store recorded
     keys = {k.strip() for k in keys_arg.split(",") if k.strip()} if keys_arg else None
     device = device_class()
     journal = default_journal(store, target, device) if device is not None else None

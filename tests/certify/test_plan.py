@@ -60,3 +60,17 @@ def test_a_check_round_trips(tiny_h200_full_fwd: Path) -> None:
     found, _ = planned(tiny_h200_full_fwd)
     for check in found.checks:
         assert plan.Check.from_dict(check.to_dict()) == check
+
+
+def test_the_store_names_the_signatures_it_recorded(tiny_h200_full_fwd: Path) -> None:
+    matrix = variants.load(TINY_VARIANTS)
+    sku = matrix.sku("h200")
+    store = Store(tiny_h200_full_fwd)
+    built = {sig for _label, sig in signatures_of(work_of(matrix, sku, matrix.select(["full-fwd"])))}
+    found = plan.signatures_in(store, sku)
+    assert {(s.layout, s.pass_, s.head_dim, s.mask) for _l, s in found} == \
+        {(s.layout, s.pass_, s.head_dim, s.mask) for s in built}
+    key = next(iter(plan.plan(store, sku, found).kernels()))
+    assert plan.signatures_in(store, sku, {key}) == found
+    assert plan.signatures_in(store, sku, {"0" * 64}) == []
+    assert plan.signatures_in(store, matrix.sku("b200")) == []  # another SKU's files are not read as its own
