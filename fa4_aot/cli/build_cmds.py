@@ -132,7 +132,7 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         _build_misses(store, matrix, server, token, jobs, as_json)
         return
     targets = _targets(matrix, sku, executor, push_url)
-    chosen, work = matrix.select(list(only)), _explicit_work(model_arg, tp_arg, workload_arg, calls_file)
+    chosen, work = matrix.select(list(only)), explicit_work(model_arg, tp_arg, workload_arg, calls_file)
     ex = executor_for(executor, jobs, ray_address, ray_node_ip, push_url, token)
     if not (as_json or quiet):
         click.echo(reporting.banner(targets, push_url or store.root, executor, ray_address, jobs), err=True)
@@ -154,8 +154,8 @@ def _targets(matrix: Matrix, sku: str | None, executor: str, push_url: str | Non
     return list(matrix.skus.values()) if sku == "all" else [matrix.sku(s.strip()) for s in sku.split(",")]
 
 
-def _explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
-                   calls_file: Path | None) -> list[Any] | None:
+def explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
+                  calls_file: Path | None) -> list[Any] | None:
     """(label, call or signature) pairs for --model or --calls; None to build the variants matrix."""
     if model_arg and calls_file:
         raise click.UsageError("give at most one of --model and --calls")
