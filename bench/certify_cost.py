@@ -45,7 +45,8 @@ print(json.dumps({"fwd_bwd_first_ms": (time.perf_counter() - t0) * 1e3}))
 def certify(store: Path, variants: Path, jobs: int) -> dict[str, object]:
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "fa4_aot", "--cache-dir", str(store), "certify", "--sku", "h200",
-                             "--variants", str(variants), "--recheck-known-bad", "--json", "-q", "-j", str(jobs)],
+                             "--variants", str(variants), "--recheck-known-bad", "--json", "-q", "-j", str(jobs),
+                             "--deadline", "60"],
                             capture_output=True, text=True, cwd=ROOT)
     seconds = time.perf_counter() - start
     if result.returncode not in (0, 1):

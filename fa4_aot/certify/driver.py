@@ -43,6 +43,7 @@ class Report:
     verdicts: list[Verdict] = field(default_factory=list)
     checks: int = 0
     skipped: int = 0  # checks whose kernels all had a verdict for this device already
+    after_crash: int = 0  # checks not run: the same kernels had crashed or hung in another check
     errors: list[str] = field(default_factory=list)  # checks that raised before judging (no verdict from them)
     unreached: list[str] = field(default_factory=list)
     measured: list[known_bad.Bad] = field(default_factory=list)
@@ -57,7 +58,8 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"sku": self.sku, "device": self.device, "counts": self.counts(), "checks": self.checks,
-                "skipped": self.skipped, "seconds": round(self.seconds, 1), "interrupted": self.interrupted,
+                "skipped": self.skipped, "after_crash": self.after_crash, "seconds": round(self.seconds, 1),
+                "interrupted": self.interrupted,
                 "verdicts": [v.to_dict() for v in self.verdicts], "errors": self.errors,
                 "unreached": self.unreached, "measured_known_bad": [b.to_dict() for b in self.measured]}
 
@@ -95,13 +97,17 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     report.checks = len(todo)
     gpus = list(options.gpus) or _visible_gpus()
     pool = Pool(store.root, sku.name, gpus, options.jobs, options.deadline, options.lean)
-    for outcome in pool.run(pending, stop):
+    lost: set[frozenset[str]] = set()  # kernel sets that crashed or hung: their other checks would only do it again
+    for outcome in pool.run(pending, stop, skip=lambda c: frozenset(u.kernel_key for u in c.kernels) in lost):
         outcomes.append(outcome)
+        if outcome.status in ("crash", "hang"):
+            lost.add(frozenset(u.kernel_key for u in outcome.check.kernels))
         if options.journal:
             _journal_add(options.journal, outcome)
         if progress:
             progress(len(outcomes), len(todo), outcome)
-    report.interrupted = len(outcomes) < len(todo)
+    report.interrupted = stop()
+    report.after_crash = len(todo) - len(outcomes)
     _keep(store, sku, device, report, outcomes, refused)
     if options.journal and not report.interrupted:
         options.journal.unlink(missing_ok=True)  # kept in the store now: a later run starts afresh

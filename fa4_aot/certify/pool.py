@@ -108,12 +108,14 @@ class Pool:
         self.slots = [(gpu, n) for gpu in gpus for n in range(jobs)]
         self.workers: dict[int, _Worker] = {}
 
-    def run(self, checks: list[tuple[str, Check]], stop: Callable[[], bool] = lambda: False) -> Iterator[Outcome]:
-        """The outcome of every check, as each ends (in no particular order); stops handing out checks once
-        `stop()` is true. Workers are closed when the iterator is."""
+    def run(self, checks: list[tuple[str, Check]], stop: Callable[[], bool] = lambda: False,
+            skip: Callable[[Check], bool] = lambda _c: False) -> Iterator[Outcome]:
+        """The outcome of every check, as each ends (in no particular order), but of those `skip` passes over when
+        their turn comes; stops handing out checks once `stop()` is true. Workers are closed when the iterator is."""
         todo = list(reversed(checks))
         try:
             while todo or any(w.job for w in self.workers.values()):
+                todo[:] = [(i, c) for i, c in todo if not skip(c)]
                 self._hand_out(todo, stop)
                 yield from self._collect()
                 if stop() and not any(w.job for w in self.workers.values()):

@@ -53,3 +53,12 @@ def test_stop_hands_out_nothing_more() -> None:
         seen.append(outcome)
     assert 2 <= len(seen) < 10
     assert not pool.workers  # closed
+
+
+def test_checks_skip_passes_over_get_no_outcome() -> None:
+    pool = Pool(Path("/nonexistent"), "h200", [0], 1, 30.0, command=SCRIPT, startup=60.0)
+    crashed: list[str] = []
+    checks = [("c0", check("crash"))] + [(f"c{i}", check("pass")) for i in range(1, 6)]
+    for outcome in pool.run(checks, skip=lambda c: bool(crashed)):
+        crashed.append(outcome.ident)
+    assert crashed[0] == "c0" and len(crashed) <= 2  # at most the check already handed out when c0 crashed

@@ -33,7 +33,7 @@ def fa4_aot(store: Path, *args: str, env: dict[str, str] | None = None,
 def certified(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     store = copy_store(Path(os.environ["FA4_AOT_CACHE"]), tmp_path_factory.mktemp("certify") / "store")
     result = fa4_aot(store, "certify", "--sku", "h200", "--variants", str(VARIANTS), "--recheck-known-bad",
-                     "--json", "-q", "-j", "4")
+                     "--json", "-q", "-j", "4", "--deadline", "60")
     print(result.stderr[-3000:])
     assert result.returncode == 1, result.stderr[-3000:]  # kernels failed: said, not a failed run
     return store, json.loads(result.stdout)
