@@ -213,7 +213,9 @@ def _work(sig: Signature, points: dict[str, Any]) -> Any:
 
 
 def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
-    """Points whose attention and largest input stay within MAX_WORK and MAX_ELEMENTS."""
+    """Points of valid calls whose attention and largest input stay within MAX_WORK and MAX_ELEMENTS (FA4 takes a
+    max_seqlen_q below a 4-d query's length, and on sm_100 sizes its grid from it: the rows past it are never
+    written, a call no reference can judge)."""
     heads_q = points[HEADS] * (sig.heads_q // max(1, sig.heads_kv))
     dim = max(sig.head_dim, sig.head_dim_v)
     if sig.layout == "varlen":
@@ -224,7 +226,10 @@ def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
     else:
         rows = np.maximum(points["batch"] * points["seqlen_q"] * heads_q, points["batch"] * points["seqlen_k"]
                           * points[HEADS])
-    return (_work(sig, points) <= MAX_WORK) & (rows * dim <= MAX_ELEMENTS)
+    valid = np.ones(len(points[HEADS]), dtype=bool)
+    if sig.layout in ("seqused", "paged"):  # a valid call's max_seqlen_q is its query tensor's length
+        valid = points["max_seqlen_q"] == points["seqlen_q"]
+    return (_work(sig, points) <= MAX_WORK) & (rows * dim <= MAX_ELEMENTS) & valid
 
 
 class _Resolver:

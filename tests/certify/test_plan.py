@@ -74,3 +74,17 @@ def test_the_store_names_the_signatures_it_recorded(tiny_h200_full_fwd: Path) ->
     assert plan.signatures_in(store, sku, {key}) == found
     assert plan.signatures_in(store, sku, {"0" * 64}) == []
     assert plan.signatures_in(store, matrix.sku("b200")) == []  # another SKU's files are not read as its own
+
+
+def test_bounds_keep_only_valid_cheap_calls() -> None:
+    import numpy as np
+
+    from fa4_aot.spec.signature import Signature
+
+    paged = Signature("paged", "fwd", "bf16", 128, 128, "causal", (0, 0), 0.0, False, 1, 32, 8, 16)
+    points = {"batch": np.array([8, 8, 8, 1 << 16]), "seqlen_q": np.array([4, 4, 1, 1]),
+              "max_seqlen_q": np.array([4, 2, 1, 1]), "num_pages": np.array([64, 64, 64, 1 << 22]),
+              "pages_per_seq": np.array([8, 8, 8, 1 << 16]), "max_seqlen_k": np.array([128, 128, 128, 1 << 20]),
+              HEADS: np.array([8, 8, 8, 8])}
+    # max_seqlen_q below the query's length is not a valid call; the last point's pool and work are too large
+    assert plan._within_bounds(paged, points).tolist() == [True, False, True, False]
