@@ -19,6 +19,12 @@ class NotFound(ServiceError, LookupError):
     status_code = 404
 
 
+class Forbidden(ServiceError):
+    """The request's token may not do this (e.g. finish a job another token claimed)."""
+
+    status_code = 403
+
+
 class Conflict(ServiceError):
     """The request contradicts what the service holds (missing object, different SKU facts)."""
 

@@ -34,6 +34,7 @@ from .routes import (
     audit,
     builds,
     bundles,
+    certify,
     health,
     kernels,
     manifests,
@@ -70,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(405, openapi.method_not_allowed)
-    for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, builds,
+    for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, builds, certify,
                    revocations, audit, token, verdicts):
         app.include_router(module.router)
     docs.mount(app)

@@ -33,6 +33,13 @@ class Metrics:
                                 ["status"], registry=self.registry)
         self.build_compile = Histogram("fa4_aot_build_compile_seconds", "CPU seconds a build job's compiles took, "
                                        "per finished job", registry=self.registry, buckets=_BUILD_BUCKETS)
+        self.certify_jobs = Gauge("fa4_aot_certify_jobs", "Certify jobs by status (queued and running: the queue "
+                                  "depth)", ["status"], registry=self.registry)
+        self.certify_seconds = Histogram("fa4_aot_certify_seconds", "Seconds a certifier took on a certify job, per "
+                                         "finished job", registry=self.registry, buckets=_BUILD_BUCKETS)
+        self.certify_ended = Counter("fa4_aot_certify_jobs_ended", "Certify jobs that ended, by verdict (pass, wrong, "
+                                     "crash, hang, refused; none: failed without one)", ["verdict"],
+                                     registry=self.registry)
         self.miss_to_publish = Histogram("fa4_aot_build_miss_to_publish_seconds", "Seconds from a miss's first "
                                          "report to its job's kernels published, per done job",
                                          registry=self.registry, buckets=_BUILD_BUCKETS)
@@ -51,6 +58,16 @@ class Metrics:
     def set_builds(self, depth: dict[str, int]) -> None:
         for status, n in depth.items():
             self.build_jobs.labels(status).set(n)
+
+    def set_certify(self, depth: dict[str, int]) -> None:
+        for status, n in depth.items():
+            self.certify_jobs.labels(status).set(n)
+
+    def observe_certify(self, job: Any) -> None:
+        """A certify job got a result (service/crud_certify.finish): its seconds and, once it ended, its verdict."""
+        self.certify_seconds.observe(job.seconds)
+        if job.status in ("done", "failed"):
+            self.certify_ended.labels(job.verdict or "none").inc()
 
     def observe_build(self, job: Any) -> None:
         """A job finished (service/crud_builds.finish): its compile seconds and, when done, miss to publish."""

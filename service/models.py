@@ -243,3 +243,35 @@ class Verdict(Base):
     measured: Mapped[str] = mapped_column(String(40))  # the verdict's own `when`, verbatim (2026-12-03T03:04:11Z)
     publisher: Mapped[str] = mapped_column(String(128))  # the publishing token's name, or "import" (the store)
     recorded: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class CertifyJob(Base):
+    """A certification the service asks for (fa4_aot/certify/certifier.py runs it on a GPU of the SKU): one per
+    published kernel key (signposts excepted: they name another key's kernel), queued when the kernel is published.
+    A certifier claims a job of its SKU with a lease it renews while it works; only the claiming token, with the
+    claim id its claim was answered with, may renew or finish it. A job whose lease ran out (its certifier died,
+    perhaps killed by the kernel) is claimed again, at most MAX_ATTEMPTS times (service/crud_certify.py)."""
+
+    __tablename__ = "certify_jobs"
+    # ids are never reused (SQLite: AUTOINCREMENT), so a client following job N never follows another job
+    __table_args__ = (UniqueConstraint("kernel_key", name="uq_certify_jobs_key"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kernel_key: Mapped[str] = mapped_column(String(64))
+    sku: Mapped[str] = mapped_column(String(64), index=True)  # the kernel row's SKU: certifiers of it claim the job
+    family: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # queued -> running -> done | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims that counted (a released claim does not)
+    lapses: Mapped[int] = mapped_column(Integer, default=0)  # claims whose lease ran out: their certifier died
+    certifier: Mapped[str] = mapped_column(String(128), default="")  # the latest claimer's name
+    device: Mapped[str] = mapped_column(String(160), default="")  # its GPU's device class (spec/verdicts.py)
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the claiming token (tokens.id)
+    claim_hash: Mapped[str] = mapped_column(String(64), default="")  # sha256 of the claim id; '' when unclaimed
+    lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    created: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    finished: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")  # why it failed or was queued again; what it found
+    verdict: Mapped[str] = mapped_column(String(16), default="")  # the worst verdict status it ended with
+    verdicts: Mapped[str] = mapped_column(Text, default="[]")  # canonical JSON of the verdicts it recorded
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)  # the certifier's seconds on it (the last attempt)

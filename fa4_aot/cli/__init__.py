@@ -6,6 +6,7 @@
     store_cmds.py  list, verify, gc, prune, misses, migrate
     server.py      serve, token, push, pull
     on_demand.py   builder, builds (on-demand builds of clients' misses)
+    certify_cmds.py  certifier (on-demand certification of what builders publish, on a GPU host)
     trust_cmds.py  keys, sign, revoke
     account.py     login, logout
     doctor.py      doctor
@@ -22,7 +23,18 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from . import account, build_cmds, doctor, known_bad_cmds, model_cmds, on_demand, server, store_cmds, trust_cmds
+from . import (
+    account,
+    build_cmds,
+    certify_cmds,
+    doctor,
+    known_bad_cmds,
+    model_cmds,
+    on_demand,
+    server,
+    store_cmds,
+    trust_cmds,
+)
 from .common import Fa4AotGroup, cache_dir_option, make_state
 
 
@@ -52,6 +64,7 @@ COMMANDS = (
     store_cmds.verify, store_cmds.gc, store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve,
     server.token, server.push, server.pull, on_demand.builder, on_demand.builds, account.login, account.logout,
     trust_cmds.keys, trust_cmds.sign, trust_cmds.revoke, doctor.doctor, known_bad_cmds.known_bad_,
+    certify_cmds.certifier,
 )
 for _command in COMMANDS:
     main.add_command(_command)

@@ -13,6 +13,7 @@ FA4 arguments that needed it, and goes on.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -212,17 +213,30 @@ class Installation:
 
     def _built(self, miss: Miss, wait: float) -> Path | None:
         """The object of `miss`'s kernel once the server's build job for it is done and it is fetched, or None
-        (the reason in remote_error): the job failed, FA4 rejected the call, or `wait` seconds passed."""
+        (the reason in remote_error): the job failed, FA4 rejected the call, `wait` seconds passed, or (with
+        FA4_AOT_CERTIFIED=require) the kernel did not pass certification on this device within them."""
         assert self.remote is not None
+        end = time.monotonic() + wait
         _job, problem = build_wait.wait(self.remote, asdict(miss), wait)
         if not problem:
             entry, why = self.find(miss.kernel_key)
-            if entry is not None and self._trusted(entry):
+            if entry is not None and self._trusted(entry) and not (problem := self._certified(entry, end)):
                 self._admit(entry)
                 return self.store.verified_object_path(entry.object_digest)
-            problem = why or f"its build job is done, but {self.remote_error or 'the kernel could not be fetched'}"
+            problem = problem or why or \
+                f"its build job is done, but {self.remote_error or 'the kernel could not be fetched'}"
         self.remote_error = problem
         return None
+
+    def _certified(self, entry: Entry, end: float) -> str:
+        """With FA4_AOT_CERTIFIED=require, wait (until time.monotonic() reaches `end`) for the certification of the
+        built kernel `entry` on this device, its verdicts kept in the store: '' once it passed (or when the policy
+        does not require it), else why not (remote/wait.py)."""
+        gate = self.gate
+        if gate is None or gate.policy != "require" or gate.device is None or self.remote is None:
+            return ""
+        kernel = kernel_keys.entry_keys(entry)[1] if entry.is_signpost else entry.kernel_key
+        return build_wait.certified(self.remote, self.store, [kernel], gate.device.id, end)
 
 
 _installed: Installation | None = None

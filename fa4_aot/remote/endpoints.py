@@ -18,6 +18,7 @@ from ..spec.verdicts import Verdict
 from ..store import Entry, check_hex
 from ..store.recipes import MAX_BYTES as MAX_RECIPE
 from .answers import entry_of, listing_of, miss_of, verdict_of
+from .certify_jobs import CertifyJob, job_of, jobs_of
 from .transport import Transport, decoded, shaped
 
 MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
@@ -236,6 +237,41 @@ class Endpoints(Transport):
     def finish_build(self, job_id: int, result: dict[str, Any]) -> None:
         """Record how `result["builder"]`'s job ended (status, detail, compile_seconds, built)."""
         self._request("POST", f"/v1/builds/{int(job_id)}/finish", json=result)
+
+    # -- on-demand certification (service/routes/certify.py; certify/certifier.py runs jobs, wait.py waits) -----
+    def claim_certify(self, certifier: str, sku: str, device: str, lease: float) -> CertifyJob | None:
+        """The next certify job of `sku` for `certifier` on device class `device`, leased for `lease` seconds (its
+        `claim` renews and finishes it), or None when none waits. Publish token allowed the SKU."""
+        body = {"certifier": certifier, "sku": sku, "device": device, "lease_seconds": lease}
+        response = self._request("POST", "/v1/certify-claims", ok=(200, 204), json=body)
+        if response.status_code == 204:
+            return None
+        return job_of(decoded(response, self.url), f"{self.url}/v1/certify-claims")
+
+    def renew_certify(self, job: CertifyJob, certifier: str, lease: float) -> bool:
+        """Extend the lease of claimed `job`; False when its claim is no longer the job's (409)."""
+        body = {"certifier": certifier, "claim": job.claim, "lease_seconds": lease}
+        return self._request("POST", f"/v1/certify-jobs/{job.id}/lease", ok=(200, 409), json=body).status_code == 200
+
+    def finish_certify(self, job: CertifyJob, result: dict[str, Any]) -> bool:
+        """Record how claimed `job` ended (`result`: certifier, status, verdicts, detail, seconds); False when its
+        claim is no longer the job's (409). RemoteError when the server refuses the result (422: names why)."""
+        response = self._request("POST", f"/v1/certify-jobs/{job.id}/finish", ok=(200, 409),
+                                 json={**result, "claim": job.claim})
+        return response.status_code == 200
+
+    def certify_job(self, job_id: int) -> CertifyJob:
+        """Certify job `job_id` (GET /v1/certify-jobs/{id})."""
+        path = f"/v1/certify-jobs/{int(job_id)}"
+        return job_of(self._json("GET", path), f"{self.url}{path}")
+
+    def certify_jobs(self, status: str | None = None, sku: str | None = None, kernel_key: str | None = None,
+                     limit: int = 100) -> list[CertifyJob]:
+        """Certify jobs newest first, of one status, SKU or kernel when given."""
+        given = (("status", status), ("sku", sku), ("kernel_key", kernel_key))
+        params: dict[str, Any] = {"limit": int(limit), **{name: v for name, v in given if v is not None}}
+        answer = decoded(self._request("GET", "/v1/certify-jobs", params=params), self.url)
+        return jobs_of(answer, f"{self.url}/v1/certify-jobs")
 
 
 def _batches(docs: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:

@@ -5,6 +5,10 @@ per SKU and key, however many clients miss it; `fa4-aot builder` runs it on the 
 polls the job with backoff within the deadline, then fetches and verifies what it published as any fetch does.
 The GPU host never compiles. wait() says why it could not help instead of raising, so each runtime raises its
 own KernelMissing with that reason: the job's id on a timeout, FA4's own reason for a call FA4 rejects.
+
+With FA4_AOT_CERTIFIED=require the client also waits, within the same deadline, for the certification of what
+was built (certified(): the certify job a published kernel gets, run by `fa4-aot certifier` on a GPU of the SKU),
+keeps the verdicts in its store, and takes the kernel only with a pass verdict for its own device class.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, Fa4AotError
 
 if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured
+    from ..spec.verdicts import Verdict
+    from ..store import Store
+    from .certify_jobs import CertifyJob
     from .http import Remote
 
 FINAL = ("done", "failed", "rejected")
@@ -76,3 +83,61 @@ def _problem(job: dict[str, Any], deadline_s: float) -> str:
         return f"build job {job.get('id')} failed: {detail}"
     return (f"build job {job.get('id')} was still {status} after FA4_AOT_BUILD_WAIT={deadline_s:g} s (is a "
             "builder running? `fa4-aot builds` lists the queue); raise FA4_AOT_BUILD_WAIT or retry later")
+
+
+def certified(remote: Remote, store: Store, keys: list[str], device: str, end: float) -> str:
+    """Wait, until time.monotonic() reaches `end`, for the certify job of each of `keys` (kernels the store holds)
+    to end, and keep the verdicts it recorded in `store`. Returns '' when each key has a pass verdict for device
+    class `device`, else why not (the verdict and its source, or the job's state); never raises for the server."""
+    for key in keys:
+        problem = _certified(remote, store, key, device, end)
+        if problem:
+            return problem
+    return ""
+
+
+def _certified(remote: Remote, store: Store, key: str, device: str, end: float) -> str:
+    if any(v.device == device and v.passed for v in store.verdicts(key)):
+        return ""
+    try:
+        jobs = remote.certify_jobs(kernel_key=key, limit=1)
+        if not jobs:  # published before certify jobs (or certified by hand): the server's verdicts may say
+            return _judged(store, key, device, remote.verdicts(kernel_key=key, device=device), "")
+        job = _poll_certify(remote, jobs[0], end)
+    except Fa4AotError as e:
+        return f"the certification of kernel {key[:16]}… could not be followed: {e}"
+    if not job.ended:
+        return (f"{job.describe()}, still {job.status} when FA4_AOT_BUILD_WAIT ran out (is `fa4-aot certifier` "
+                "running on a GPU of the SKU? `GET /v1/certify-jobs` lists the queue); raise FA4_AOT_BUILD_WAIT or "
+                "retry later")
+    return _judged(store, key, device, list(job.verdicts), f" (certify job {job.id}: {job.detail})")
+
+
+def _poll_certify(remote: Remote, job: CertifyJob, end: float) -> CertifyJob:
+    pause = FIRST_POLL
+    while not job.ended and time.monotonic() + pause < end:
+        time.sleep(pause)
+        job = remote.certify_job(job.id)
+        pause = min(MAX_POLL, pause * 1.5)
+    if not job.ended and time.monotonic() < end:  # one last look at the deadline
+        time.sleep(max(0.0, end - time.monotonic()))
+        job = remote.certify_job(job.id)
+    return job
+
+
+def _judged(store: Store, key: str, device: str, verdicts: list[Verdict], source: str) -> str:
+    """Keep `verdicts` of `key` in `store`; '' when the one for `device` passed, else why not."""
+    mine = [v for v in verdicts if v.kernel_key == key and v.device == device]
+    try:
+        store.put_verdicts(mine)  # what the runtime's certification gate reads (trust/certified.py)
+    except (OSError, Fa4AotError) as e:
+        return f"the verdicts of kernel {key[:16]}… could not be kept in {store.root}: {e}"
+    if not mine:
+        elsewhere = ", ".join(sorted({v.device for v in verdicts})) or "no device class"
+        return (f"kernel {key[:16]}… has no certification for this device class ({device}; it has verdicts for "
+                f"{elsewhere}){source}, and FA4_AOT_CERTIFIED=require: run `fa4-aot certifier` on a GPU like this "
+                "one (same GPU, driver and CUDA)")
+    verdict = mine[-1]
+    if verdict.passed:
+        return ""
+    return f"kernel {key[:16]}… failed certification on {device}: {verdict.describe()}{source}"

@@ -109,6 +109,10 @@ class Libraries:
         self._modules.append(module)
         return module[EXPORT_FUNCTION]
 
+    def entry(self, base_key: str) -> Entry | None:
+        """The local store's entry of the kernel with base key `base_key` for this device (see _entry), or None."""
+        return self._entry(base_key)[0]
+
     def _entry(self, base_key: str) -> tuple[Entry | None, str]:
         """(the entry of the kernel with base key `base_key` for this device, or None; why not): the base entry
         when its kernel consumed no SKU constant (or no constants were given), else the build with the device's

@@ -10,6 +10,7 @@ missing one call reports one key, and the server builds it once.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from ..spec.skus import Sku
     from ..store import Store
     from .fetch import Fetcher
+    from .libraries import Libraries
 
 FAMILY = "recipe"
 
@@ -37,6 +39,7 @@ class Parts(Protocol):
     store: Store
     sku: Sku
     fetcher: Fetcher | None
+    libraries: Libraries
 
 
 class Missed(Protocol):
@@ -100,6 +103,7 @@ def after_miss(attn: Missed, sizes: dict[str, int]) -> Region | None:
         if first:  # a call that misses on every step is reported once
             rt.fetcher.remote.report_miss(asdict(miss))
         return None
+    end = time.monotonic() + deadline
     _job, problem = build_wait.wait(rt.fetcher.remote, asdict(miss), deadline)
     if problem:
         rt.fetcher.error = problem
@@ -108,4 +112,21 @@ def after_miss(attn: Missed, sizes: dict[str, int]) -> Region | None:
     found = recipes.find(attn.regions, sizes)
     if found is None and not rt.fetcher.error:
         rt.fetcher.error = "its build is done, but the server's recipe file has no region for these sizes"
+    problem = certified(rt, found, end) if found is not None else ""
+    if problem:
+        rt.fetcher.error = problem
+        return None
     return found
+
+
+def certified(rt: Parts, region: Region, end: float) -> str:
+    """With FA4_AOT_CERTIFIED=require, fetch the kernels `region` launches and wait (until time.monotonic() reaches
+    `end`) for their certification on this device, the verdicts kept in the store: '' once each passed (or when the
+    policy does not require it), else why not (remote/wait.py)."""
+    gate = rt.libraries.gate
+    if gate is None or gate.policy != "require" or gate.device is None or rt.fetcher is None:
+        return ""
+    bases = [k.kernel_key for k in region.kernels]
+    rt.libraries.prefetch(bases)  # the gate decides on entries it holds: the kernels come before their verdicts
+    keys = [entry.kernel_key for entry in map(rt.libraries.entry, bases) if entry is not None]
+    return build_wait.certified(rt.fetcher.remote, rt.store, keys, gate.device.id, end)

@@ -13,7 +13,7 @@ from fa4_aot.errors import StoreError
 from fa4_aot.spec import kernel_keys
 from fa4_aot.store import Entry, Store
 
-from .. import crud, crud_tokens
+from .. import crud, crud_certify, crud_tokens
 from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import Conflict, NotFound
 from ..openapi import PUBLISH, READ
@@ -58,7 +58,8 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
     same object. The server recomputes the kernel key from the entry's fields (422 when it differs), writes
     the store's index entry first and commits the row last, in one transaction under the key's lock, so a
     failed write leaves no row. `shared_libs` is not part of the key: a library per host arch may be added
-    later, never replaced. 409 when the key is published with another object, SKU or library for an arch
+    later, never replaced. Each published kernel (re-publishes too) has a certify job, queued once
+    (GET /v1/certify-jobs). 409 when the key is published with another object, SKU or library for an arch
     (immutable), the object or a library object is missing or its size differs, or the SKU's facts clash;
     403 when the token is limited to other SKUs, or a SKU outside its list has these facts (shared keys)."""
     check_sku_allowed(token, kernel.sku)
@@ -86,6 +87,8 @@ def publish_kernel(kernel: KernelIn, session: SessionDep, store: StoreDep, respo
 
     with store.lock(kernel.kernel_key):
         entry, is_new = crud.publish_kernel(session, kernel=kernel, actor=crud_tokens.token_label(token), write=write)
+    if not entry.is_signpost:  # a kernel's certification (routes/certify.py); a signpost names another key's kernel
+        crud_certify.enqueue(session, kernel_key=entry.kernel_key, sku=entry.sku, family=entry.family)
     response.status_code = status.HTTP_201_CREATED if is_new else status.HTTP_200_OK
     return KernelOut(**entry.published())
 

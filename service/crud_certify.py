@@ -1,0 +1,200 @@
+"""Certify jobs in the database, keyword-only like crud.py (writes commit themselves; reads never raise for a
+missing row). A published kernel becomes one queued job (however often it is published); a certifier claims the
+oldest job of its SKU with a lease, renews it while it works and finishes it with its verdicts. Only the claiming
+token with the claim id its claim was answered with may renew or finish a job (issue 28, D30: a token of another
+SKU, or the same certifier name, must not). A job whose certifiers keep dying on it ends failed after MAX_ATTEMPTS
+claims, with a `crash` verdict for their device class: the kernel may be what kills them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from fa4_aot.spec.kernel_keys import dumps as canonical_json
+from fa4_aot.spec.verdicts import Verdict, worst
+
+from . import db, models
+from .certify_schemas import CertifyJobOut, CertifyResult
+from .errors import Conflict, Forbidden, InvalidBody, NotFound
+
+ACTIVE = ("queued", "running")
+FINAL = ("done", "failed")
+MAX_ATTEMPTS = 3  # claims of one job that may end without a result
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def enqueue(session: Session, *, kernel_key: str, sku: str, family: str) -> None:
+    """Queue the certification of a published kernel, unless it has a job in any state (idempotent: INSERT ...
+    ON CONFLICT DO NOTHING, so racing publishers of one kernel make one job)."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(models.CertifyJob).values(
+        kernel_key=kernel_key, sku=sku, family=family, status="queued", attempts=0, lapses=0, certifier="",
+        device="", claim_hash="", created=now(), detail="", verdict="", verdicts="[]", seconds=0.0)
+    session.execute(stmt.on_conflict_do_nothing(index_elements=[models.CertifyJob.kernel_key]))
+    session.commit()
+
+
+def get(session: Session, *, job_id: int) -> models.CertifyJob:
+    """The job `job_id`; NotFound when there is none."""
+    job = session.get(models.CertifyJob, job_id)
+    if job is None:
+        raise NotFound(f"no certify job {job_id}; GET /v1/certify-jobs lists them")
+    return job
+
+
+def expire(session: Session, *, sku: str) -> list[Verdict]:
+    """End the jobs of `sku` whose certifiers died MAX_ATTEMPTS times (the last lease ran out): failed, with a
+    `crash` verdict for the last certifier's device class. Returns those verdicts, for the caller to keep."""
+    db.lock_table(session, models.CertifyJob)
+    t = now()
+    dead = session.scalars(select(models.CertifyJob).where(
+        models.CertifyJob.sku == sku, models.CertifyJob.status == "running", models.CertifyJob.lease_until < t,
+        models.CertifyJob.attempts >= MAX_ATTEMPTS)).all()
+    found = []
+    for job in dead:
+        job.lapses += 1
+        why = (f"its certifiers stopped answering {job.attempts} times while certifying it (the last: "
+               f"{job.certifier} on {job.device}): the kernel may kill the process that runs it")
+        verdict = Verdict(job.kernel_key, job.device, "crash", detail=why)
+        _end(job, "failed", f"{why}; recorded as verdict crash. See the certifiers' logs", [verdict], t)
+        found.append(verdict)
+    session.commit()
+    return found
+
+
+def claim(session: Session, *, sku: str, certifier: str, device: str, token_id: int,
+          lease_seconds: float) -> tuple[models.CertifyJob | None, str]:
+    """(the oldest queued job of `sku`, or running one whose lease ran out, now running for `certifier` on
+    `device` until its lease ends, and the claim id that alone renews and finishes it); (None, '') when none."""
+    db.lock_table(session, models.CertifyJob)
+    t = now()
+    job = session.scalar(
+        select(models.CertifyJob)
+        .where(models.CertifyJob.sku == sku, models.CertifyJob.attempts < MAX_ATTEMPTS,
+               or_(models.CertifyJob.status == "queued",
+                   and_(models.CertifyJob.status == "running", models.CertifyJob.lease_until < t)))
+        .order_by(models.CertifyJob.id).limit(1))
+    if job is None:
+        session.commit()
+        return None, ""
+    claim_id = secrets.token_urlsafe(24)
+    job.lapses += int(job.status == "running")  # taken over: its certifier's lease ran out
+    job.status, job.certifier, job.device, job.token_id = "running", certifier, device, token_id
+    job.claim_hash, job.attempts = _hash(claim_id), job.attempts + 1
+    job.lease_until, job.started = t + timedelta(seconds=lease_seconds), job.started or t
+    session.commit()
+    return job, claim_id
+
+
+def held(session: Session, *, job_id: int, token_id: int, claim_id: str) -> models.CertifyJob:
+    """Job `job_id` if it is running under this token's claim `claim_id`: Forbidden (403) when another token
+    claimed it, Conflict (409) when the claim is not the job's current one or the job is not running."""
+    job = get(session, job_id=job_id)
+    if job.token_id is not None and job.token_id != token_id:
+        raise Forbidden(f"certify job {job.id} was claimed with another token; only the token that claimed it (with "
+                        "its claim id) may renew or finish it: claim a job of your own (POST /v1/certify-claims)")
+    if job.status != "running" or not secrets.compare_digest(job.claim_hash, _hash(claim_id)):
+        raise Conflict(f"certify job {job.id} is not running under this claim ({job.status}, certifier "
+                       f"{job.certifier or 'none'}): its lease ran out and another claim took it, or it ended; "
+                       "drop it and claim another")
+    return job
+
+
+def renew(session: Session, *, job_id: int, token_id: int, claim_id: str, lease_seconds: float) -> models.CertifyJob:
+    """Extend the lease of the job held under `claim_id` (see held())."""
+    db.lock_table(session, models.CertifyJob)
+    job = held(session, job_id=job_id, token_id=token_id, claim_id=claim_id)
+    job.lease_until = now() + timedelta(seconds=lease_seconds)
+    session.commit()
+    return job
+
+
+def verdicts_of(job: models.CertifyJob, result: CertifyResult) -> list[Verdict]:
+    """The result's verdicts, checked: each of the job's kernel and its claim's device class, and for `done` at
+    least one. InvalidBody (422) naming what is wrong."""
+    found = [v.verdict() for v in result.verdicts]
+    wrong = [v for v in found if v.kernel_key != job.kernel_key or v.device != job.device]
+    if wrong:
+        raise InvalidBody(f"certify job {job.id} certifies kernel {job.kernel_key} on {job.device} (its claim's "
+                          f"device class); a verdict for {wrong[0].kernel_key} on {wrong[0].device} is not its "
+                          "result: send the job's own verdicts")
+    if result.status == "done" and not found:
+        raise InvalidBody(f"certify job {job.id} is done only with a verdict for kernel {job.kernel_key} on "
+                          f"{job.device}; send status failed (with why) when the certifier could not run it")
+    return found
+
+
+def finish(session: Session, *, job_id: int, token_id: int, result: CertifyResult,
+           verdicts: list[Verdict]) -> models.CertifyJob:
+    """Record how the claim's job ended (see CertifyResult): done with `verdicts` (already kept by the caller),
+    failed (queued again while attempts remain, else failed for good) or released (queued again, uncounted)."""
+    db.lock_table(session, models.CertifyJob)
+    job = held(session, job_id=job_id, token_id=token_id, claim_id=result.claim)
+    t = now()
+    job.seconds = result.seconds
+    if result.status == "done":
+        top = worst(verdicts)
+        _end(job, "done", result.detail or top.describe(), verdicts, t)
+    elif result.status == "released":
+        _requeue(job, f"released by {job.certifier} (it stopped); queued again")
+        job.attempts -= 1
+    elif job.attempts >= MAX_ATTEMPTS:
+        _end(job, "failed", f"its certifiers could not certify it {job.attempts} times; the last, {job.certifier}, "
+                            f"said: {result.detail}", [], t)
+    else:
+        _requeue(job, f"attempt {job.attempts} by {job.certifier} failed: {result.detail}; queued again")
+    session.commit()
+    return job
+
+
+def _end(job: models.CertifyJob, status: str, detail: str, verdicts: list[Verdict], t: datetime) -> None:
+    job.status, job.detail, job.finished, job.lease_until, job.claim_hash = status, detail, t, None, ""
+    job.verdicts = canonical_json([v.to_dict() for v in verdicts])
+    job.verdict = worst(verdicts).status if verdicts else ""
+
+
+def _requeue(job: models.CertifyJob, detail: str) -> None:
+    job.status, job.detail, job.lease_until, job.claim_hash, job.token_id = "queued", detail, None, "", None
+
+
+def _hash(claim_id: str) -> str:
+    return hashlib.sha256(claim_id.encode()).hexdigest()
+
+
+def list_jobs(session: Session, *, status: str | None = None, sku: str | None = None, kernel_key: str | None = None,
+              offset: int = 0, limit: int = 100) -> list[models.CertifyJob]:
+    """Jobs newest first (by id), filtered by what is given, `limit` from `offset`."""
+    query = select(models.CertifyJob).order_by(models.CertifyJob.id.desc()).offset(offset).limit(limit)
+    for column, value in ((models.CertifyJob.status, status), (models.CertifyJob.sku, sku),
+                          (models.CertifyJob.kernel_key, kernel_key)):
+        if value is not None:
+            query = query.where(column == value)
+    return list(session.scalars(query).all())
+
+
+def depth(session: Session) -> dict[str, int]:
+    """Jobs by status, every status named (0 when none)."""
+    rows = session.execute(select(models.CertifyJob.status, func.count()).group_by(models.CertifyJob.status)).all()
+    found = {status: int(n) for status, n in rows}
+    return {status: found.get(status, 0) for status in ACTIVE + FINAL}
+
+
+def out(job: models.CertifyJob, *, claim_id: str | None = None) -> CertifyJobOut:
+    """The job as the API shows it; `claim_id` only in the answers to its claimer."""
+    verdicts: Any = json.loads(job.verdicts or "[]")
+    return CertifyJobOut(
+        id=job.id, sku=job.sku, kernel_key=job.kernel_key, keys=[job.kernel_key], family=job.family,
+        status=job.status, attempts=job.attempts, lapses=job.lapses, certifier=job.certifier,  # type: ignore[arg-type]
+        device=job.device, created=job.created, started=job.started, finished=job.finished,
+        lease_until=job.lease_until, detail=job.detail, verdict=job.verdict, verdicts=verdicts, seconds=job.seconds,
+        claim=claim_id)
