@@ -51,11 +51,7 @@ class OnGpu:
     def ready(self, store: Store, sku: Sku, keys: list[str]) -> str:
         from .plan import signatures_in
 
-        bases = set(keys)  # regions name kernels by base key
-        for key in keys:
-            entry = store.get_entry(key)
-            bases.update(kernel_keys.entry_keys(entry) if entry is not None else ())
-        if signatures_in(store, sku, bases):
+        if signatures_in(store, sku, set(keys)):
             return ""
         return (f"no recipe file of {sku.name} names kernel {keys[0][:16]}…, so no check can be drawn for it: "
                 "publish the build's recipe files with its kernels (`fa4-aot push`, as builders do)")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Fa4AotError
-from ..spec import kernel_keys, known_bad
+from ..spec import known_bad
 from ..spec.signature import Signature
 from ..spec.skus import Sku
 from ..spec.verdicts import DeviceClass, Verdict
@@ -84,7 +84,7 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     start = time.monotonic()
     device = _device_for(sku)
     report = Report(sku.name, device.id)
-    planned = plan.plan(store, sku, plan.signatures_in(store, sku, _bases(store, keys)) if items is None else items,
+    planned = plan.plan(store, sku, plan.signatures_in(store, sku, keys) if items is None else items,
                         keys=keys)
     report.unreached = planned.unreached
     fresh = [c for c in planned.checks if options.again or not _certified(store, c, device.id,
@@ -125,18 +125,6 @@ def signatures_of(work: Iterable[tuple[str, Any]]) -> list[tuple[str, Signature]
         if isinstance(sig, Signature):
             found.setdefault(sig, label)
     return [(label, sig) for sig, label in found.items()]
-
-
-def _bases(store: Store, keys: set[str] | None) -> set[str] | None:
-    """`keys` and the base keys their entries are filed under (regions name kernels by base key)."""
-    if keys is None:
-        return None
-    found = set(keys)
-    for key in keys:
-        entry = store.get_entry(key)
-        if entry is not None:
-            found.update(kernel_keys.entry_keys(entry))
-    return found
 
 
 def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes: list[Outcome],

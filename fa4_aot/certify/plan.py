@@ -85,12 +85,14 @@ class Plan:
 
 def signatures_in(store: Store, sku: Sku, keys: set[str] | None = None) -> list[tuple[str, Signature]]:
     """(label, signature) of every signature the store recorded regions of for `sku` (each region names its
-    signature), only those whose regions launch one of `keys` (by base key) when given: what a certification of
-    "every kernel of the store" checks, whatever variants, models or misses built it."""
+    signature), only those whose regions launch one of `keys` (or the base key it is filed under) when given:
+    what a certification of "every kernel of the store" checks, whatever variants, models or misses built it."""
+    bases = None if keys is None else set(keys).union(*(kernel_keys.entry_keys(e) for e in map(store.get_entry, keys)
+                                                          if e is not None))
     found: dict[Signature, str] = {}
     for key, _data in recipes.keys_for(store, sku.target_facts()):
         for region in recipes.load(store, key):
-            if keys is None or keys & {k.kernel_key for k in region.kernels}:
+            if bases is None or bases & {k.kernel_key for k in region.kernels}:
                 found.setdefault(Signature.from_dict(region.signature), f"recipe {key[:12]}")
     return [(label, sig) for sig, label in found.items()]
 

@@ -6,7 +6,7 @@
     store_cmds.py  list, verify, gc, prune, misses, migrate
     server.py      serve, token, push, pull
     on_demand.py   builder, builds (on-demand builds of clients' misses)
-    certify_cmds.py  certifier (on-demand certification of what builders publish, on a GPU host)
+    certify_cmds.py  certify (run the store's kernels on this GPU: verdicts), certifier (on-demand, on a GPU host)
     trust_cmds.py  keys, sign, revoke
     account.py     login, logout
     doctor.py      doctor
@@ -63,8 +63,8 @@ COMMANDS = (
     build_cmds.skus, build_cmds.hosts, build_cmds.build, model_cmds.models_, model_cmds.coverage, store_cmds.list_,
     store_cmds.verify, store_cmds.gc, store_cmds.prune, store_cmds.misses, store_cmds.migrate, server.serve,
     server.token, server.push, server.pull, on_demand.builder, on_demand.builds, account.login, account.logout,
-    trust_cmds.keys, trust_cmds.sign, trust_cmds.revoke, doctor.doctor, known_bad_cmds.known_bad_,
-    certify_cmds.certifier,
+    trust_cmds.keys, trust_cmds.sign, trust_cmds.revoke, doctor.doctor, certify_cmds.certify,
+    known_bad_cmds.known_bad_, certify_cmds.certifier,
 )
 for _command in COMMANDS:
     main.add_command(_command)

@@ -52,13 +52,13 @@ class Libraries:
     def function(self, kernel_key: str, family: str = "", sig: Signature | None = None) -> Any:
         """The launchable function of kernel `kernel_key` (a base key), loaded once. KernelMissing when the store
         (and the server) lack it; KernelRefused when certification refuses it for a call of `sig`."""
-        if self.gate is not None:
-            self.gate.admit(kernel_key, sig, lambda key: self._entry(key)[0])
         fn = self._functions.get(kernel_key)
         if fn is None:
             with self._lock:
                 fn = self._functions.get(kernel_key) or self._load(kernel_key, family)
                 self._functions[kernel_key] = fn
+        if self.gate is not None:  # after loading: a kernel fetched on first use is decided on like any other
+            self.gate.admit(kernel_key, sig, lambda key: self._entry(key)[0])
         return fn
 
     def prefetch(self, base_keys: list[str]) -> None:

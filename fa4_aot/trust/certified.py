@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError, KernelRefused, StoreError
-from ..spec import known_bad
+from ..spec import kernel_keys, known_bad
 from ..spec.signature import Signature
 from ..spec.verdicts import DeviceClass, Verdict
 from ..store import Entry, Store
@@ -71,6 +71,8 @@ class Gate:
         ident = (kernel_key, sig)
         if ident not in self._decided:
             entry = entry_of(kernel_key) if self.policy != "off" else None
+            if entry is None and self.policy != "off":
+                return  # not decided: asked again once the kernel is there (fetched, built)
             self._decided[ident] = self.refusal(entry, sig) if entry is not None else None
         refused = self._decided[ident]
         if refused is not None:
@@ -90,7 +92,7 @@ class Gate:
                                  reason=bad.id)
         if self.device is None:
             return None
-        verdict = self.verdict(entry.kernel_key)
+        verdict = self.verdict(_full_key(entry))
         if verdict is not None and not verdict.passed:
             return KernelRefused(f"{what} failed certification on {self.device}: {verdict.describe()} (source: "
                                  f"fa4-aot certify, {verdict.when}; {self._origin()}). {ENV}=off runs it anyway",
@@ -116,3 +118,13 @@ class Gate:
     def _origin(self) -> str:
         signed = self.trust is not None and self.trust.enforced
         return "listed by a signed manifest" if signed else f"verdict kept in {self.store.root}"
+
+
+def _full_key(entry: Entry) -> str:
+    """The key a kernel's verdicts are kept under: its full key (certification resolves every kernel to the
+    entry of the device's constants), also when `entry` is the base-key signpost that install() loads where the
+    device's constants equal the build's."""
+    try:
+        return kernel_keys.entry_keys(entry)[1]
+    except ValueError:  # an entry whose constants this version cannot compute: its own key
+        return entry.kernel_key

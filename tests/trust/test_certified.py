@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.errors import ConfigError, KernelRefused, StoreError
-from fa4_aot.spec import known_bad
+from fa4_aot.spec import kernel_keys, known_bad
 from fa4_aot.spec.signature import Signature
 from fa4_aot.spec.verdicts import DeviceClass, Verdict
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust.certified import Gate, policy_from_env
+from tests.conftest import proven
 from tests.store.test_store import make_entry
 
 H200 = DeviceClass("nvidia-h200", 132, "13.0", "13.0")
@@ -31,7 +32,7 @@ def store(tmp_path: Path) -> Store:
 
 def entry(store: Store, family: str = "_flash_attn_bwd", tag: str = "") -> Entry:
     found = make_entry(store, f"kernel {family} {tag}".encode(), tag=tag)
-    return dataclasses.replace(found, family=family)
+    return proven(dataclasses.replace(found, family=family))  # filed under the key its fields hash to
 
 
 def refusal(gate: Gate, e: Entry, sig: Signature | None) -> str | None:
@@ -107,6 +108,26 @@ def test_admit_decides_once_per_kernel_and_signature(store: Store) -> None:
             gate.admit(e.kernel_key, SIG_72, entry_of)
         gate.admit(e.kernel_key, SIG_64, entry_of)
     assert asked == [e.kernel_key, e.kernel_key]
+
+
+def test_a_signpost_reads_the_verdicts_of_its_kernel(store: Store) -> None:
+    """install() loads the base-key signpost where the device's constants equal the build's; certification keeps
+    verdicts under the full key."""
+    e = entry(store, "_flash_attn_fwd")
+    signpost = dataclasses.replace(e, kernel_key=kernel_keys.entry_keys(e)[0])
+    assert signpost.is_signpost
+    store.put_verdicts([Verdict(e.kernel_key, H200.id, "pass")])
+    assert refusal(Gate(store, "h200", H200, policy="require"), signpost, SIG_64) is None
+    store.put_verdicts([Verdict(e.kernel_key, H200.id, "crash", detail="illegal address")])
+    assert refusal(Gate(store, "h200", H200, policy="known-bad"), signpost, SIG_64) == "crash"
+
+
+def test_a_kernel_not_yet_there_is_decided_once_it_is(store: Store) -> None:
+    e = entry(store, "_flash_attn_fwd")
+    gate = Gate(store, "h200", H200, policy="require")
+    gate.admit(e.kernel_key, SIG_64, lambda _key: None)  # missing (the runtime says so); nothing decided
+    with pytest.raises(KernelRefused, match="no certification"):
+        gate.admit(e.kernel_key, SIG_64, lambda _key: e)  # fetched since: unchecked under require
 
 
 def test_measured_entries_of_the_store_count(store: Store) -> None:
