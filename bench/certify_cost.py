@@ -66,7 +66,8 @@ def first_calls(stores: dict[str, Path], runtime: str, repeats: int) -> dict[str
     found: dict[str, list[float]] = {name: [] for name in stores}
     for _ in range(repeats):
         for name, store in stores.items():
-            env = {**os.environ, "FA4_AOT_CACHE": str(store), "FA4_AOT_SKU": "h200", "PYTHONPATH": str(ROOT)}
+            path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+            env = {**os.environ, "FA4_AOT_CACHE": str(store), "FA4_AOT_SKU": "h200", "PYTHONPATH": path}
             out = subprocess.run([sys.executable, "-c", CHILD, runtime], capture_output=True, text=True, env=env)
             if out.returncode:
                 raise SystemExit(f"{runtime} first call on {name} failed: {out.stderr[-2000:]}")

@@ -67,6 +67,14 @@ def device_class(index: int | None = None) -> DeviceClass | None:
         return None
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
-    driver = torch._C._cuda_getDriverVersion()  # type: ignore[attr-defined]  # (torch ships no stub for it)
-    return DeviceClass.of(props.name, props.multi_processor_count, int(driver),
-                          torch.version.cuda or "0")
+    return DeviceClass.of(props.name, props.multi_processor_count, _driver_version(), torch.version.cuda or "0")
+
+
+def _driver_version() -> int:
+    """cuDriverGetVersion of the CUDA driver the process runs on (13000 for 13.0): torch has no public call."""
+    import ctypes
+
+    version = ctypes.c_int(0)
+    if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) != 0:
+        raise UnknownSku("cuDriverGetVersion failed: the CUDA driver cannot be asked its version")
+    return version.value
