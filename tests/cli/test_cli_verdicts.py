@@ -174,12 +174,8 @@ def test_coverage_counts_certification_and_refused_calls(tiny_h200_full_fwd: Pat
     doc = json.loads(cli(store.root, *args, "--json").output)
     assert (doc["served"], doc["missing"], doc["refused"], doc["ok"]) == (1, 0, 1, False)
     assert doc["certification"] == {"certified": 0, "failed": 0, "unchecked": 1}
-    assert doc["results"][1]["refused"][0].endswith("known bad (sm90-bwd-dq-hd72-80): FA4's sm_90 backward returns "
-                                                    "a wrong dq at head dims 72 and 80 (relative error about 1.3); "
-                                                    "out, dk and dv are right (source: measured on the H200 "
-                                                    "(tests/gpu/test_h200_models.py, 2026-11-30; fa4-aot certify, "
-                                                    "bench/RESULTS.md); upstream Dao-AILab/flash-attention#2896 "
-                                                    "reports head dims 72 and 104)")
+    (dq_bug,) = [b for b in known_bad.load().entries if b.id == "sm90-bwd-dq-hd72-80"]
+    assert doc["results"][1]["refused"][0].endswith(dq_bug.describe())  # the symptom and its source, whole
     store.put_verdicts([verdict(kernel.kernel_key, "crash", detail="cudaErrorIllegalAddress")])
     result = cli(store.root, *args)
     assert result.exit_code == 1, result.output
