@@ -13,7 +13,6 @@ which the server answers every later report with; it is not built again.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any
 from ..errors import Fa4AotError, RemoteError
 from ..matrix.variants import Matrix
 from ..remote.http import Remote
+from ..remote.leases import JobRunner
 from ..remote.push_pull import push
 from ..spec import kernel_keys
 from ..store import Store
@@ -82,7 +82,7 @@ def published_keys(report: Report, store: Store) -> set[str]:
     return keys
 
 
-class Builder:
+class Builder(JobRunner):
     """Claims, runs and publishes jobs of one server until stopped. `remote_factory` makes a fresh Remote (a
     Remote gives up on a server for good after it fails once; a builder outlives server restarts)."""
 
@@ -93,20 +93,6 @@ class Builder:
         self.remote = remote_factory()
         self.done = 0  # jobs this process finished
 
-    def run(self, stop: threading.Event, max_jobs: int | None = None) -> None:
-        """Run jobs until `stop` is set (or `max_jobs` are finished); waits `poll` seconds when none is queued,
-        and as long again after the server could not be reached."""
-        while not stop.is_set() and (max_jobs is None or self.done < max_jobs):
-            try:
-                ran = self.run_one()
-            except Fa4AotError as e:
-                log.warning("server %s: %s; retrying in %.0f s", self.remote.url, e, self.poll)
-                self.remote.close()
-                self.remote = self.remote_factory()
-                ran = False
-            if not ran:
-                stop.wait(self.poll)
-
     def run_one(self) -> bool:
         """Claim and run one job; False when none was queued."""
         job = self.remote.claim_build(self.name, self.lease)
@@ -114,14 +100,8 @@ class Builder:
             return False
         log.info("job %s: %s %s for %s (attempt %s)", job["id"], job["family"], job["kernel_key"][:16], job["sku"],
                  job["attempts"])
-        lost, renewing = threading.Event(), threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(job["id"], renewing, lost), daemon=True)
-        renewer.start()
-        try:
+        with self.leased(job["id"], lambda remote: remote.renew_build(job["id"], self.name, self.lease)) as lost:
             outcome = self.build(job)
-        finally:
-            renewing.set()
-            renewer.join()
         if lost.is_set():
             log.warning("job %s: lease lost to another builder; its result is dropped", job["id"])
         else:
@@ -129,23 +109,6 @@ class Builder:
             log.info("job %s: %s (%s)", job["id"], outcome.status, outcome.detail[:300])
         self.done += 1
         return True
-
-    def _renew(self, job_id: int, stop: threading.Event, lost: threading.Event) -> None:
-        """Renew the lease every third of it until `stop`, on a Remote of its own (made again after a failure: a
-        Remote gives up on its server for good); set `lost` when the job is no longer this builder's."""
-        leases = self.remote_factory()
-        try:
-            while not stop.wait(self.lease / 3):
-                try:
-                    if not leases.renew_build(job_id, self.name, self.lease):
-                        lost.set()
-                        return
-                except Fa4AotError as e:  # the server is away: the next renewal may still come in time
-                    log.warning("job %s: could not renew its lease: %s", job_id, e)
-                    leases.close()
-                    leases = self.remote_factory()
-        finally:
-            leases.close()
 
     def build(self, job: dict[str, Any]) -> Outcome:
         """Build the job's miss into the builder's store and publish it; never raises for the build's sake."""

@@ -13,7 +13,6 @@ the attempt not counted. A malformed answer of the server is logged and the clai
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from ..errors import Fa4AotError, RemoteError, TrustError
 from ..remote import lean_files
 from ..remote.certify_jobs import CertifyJob
 from ..remote.http import Remote
+from ..remote.leases import JobRunner
 from ..spec import kernel_keys
 from ..spec.skus import Sku
 from ..spec.verdicts import DeviceClass, Verdict
@@ -76,7 +76,7 @@ class Outcome:
                 "detail": self.detail[:MAX_DETAIL], "seconds": round(self.seconds, 3)}
 
 
-class Certifier:
+class Certifier(JobRunner):
     """Claims, runs and finishes the certify jobs of one server and SKU until stopped. `remote_factory` makes a
     fresh Remote (a Remote gives up on a server for good after it fails once; a certifier outlives restarts)."""
 
@@ -89,37 +89,18 @@ class Certifier:
         self.remote = remote_factory()
         self.done = 0  # jobs this process finished
 
-    def run(self, stop: threading.Event, max_jobs: int | None = None) -> None:
-        """Run jobs until `stop` is set (or `max_jobs` are finished); waits `poll` seconds when none is queued,
-        and as long again after the server could not be reached or answered something malformed."""
-        while not stop.is_set() and (max_jobs is None or self.done < max_jobs):
-            try:
-                ran = self.run_one()
-            except Fa4AotError as e:
-                log.warning("server %s: %s; retrying in %.0f s", self.remote.url, e, self.poll)
-                self.remote.close()
-                self.remote = self.remote_factory()
-                ran = False
-            if not ran:
-                stop.wait(self.poll)
-
     def run_one(self) -> bool:
         """Claim and run one job; False when none was queued."""
         job = self.remote.claim_certify(self.name, self.sku.name, self.device.id, self.lease)
         if job is None:
             return False
         log.info("job %s: %s %s of %s (attempt %s)", job.id, job.family, job.kernel_key[:16], job.sku, job.attempts)
-        lost, renewing = threading.Event(), threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(job, renewing, lost), daemon=True)
-        renewer.start()
-        try:
-            outcome = self.certify(job)
-        except KeyboardInterrupt:  # stopped: give the job back at once rather than when its lease runs out
-            self._finish(job, Outcome("released", detail="the certifier was stopped"))
-            raise
-        finally:
-            renewing.set()
-            renewer.join()
+        with self.leased(job.id, lambda remote: remote.renew_certify(job, self.name, self.lease)) as lost:
+            try:
+                outcome = self.certify(job)
+            except KeyboardInterrupt:  # stopped: give the job back at once rather than when its lease runs out
+                self._finish(job, Outcome("released", detail="the certifier was stopped"))
+                raise
         if lost.is_set():
             log.warning("job %s: its lease was lost to another certifier; this result is dropped", job.id)
         else:
@@ -135,23 +116,6 @@ class Certifier:
                 log.warning("job %s: the server says its claim is no longer this certifier's; result dropped", job.id)
         except Fa4AotError as e:  # its lease runs out and the next claim takes it over
             log.warning("job %s: could not tell the server how it ended (%s): %s", job.id, outcome.status, e)
-
-    def _renew(self, job: CertifyJob, stop: threading.Event, lost: threading.Event) -> None:
-        """Renew the lease every third of it until `stop`, on a Remote of its own (made again after a failure);
-        set `lost` when the claim is no longer the job's."""
-        leases = self.remote_factory()
-        try:
-            while not stop.wait(self.lease / 3):
-                try:
-                    if not leases.renew_certify(job, self.name, self.lease):
-                        lost.set()
-                        return
-                except Fa4AotError as e:  # the server is away: the next renewal may still come in time
-                    log.warning("job %s: could not renew its lease: %s", job.id, e)
-                    leases.close()
-                    leases = self.remote_factory()
-        finally:
-            leases.close()
 
     def certify(self, job: CertifyJob) -> Outcome:
         """Fetch what the job needs and run its certification; never raises for the job's sake (KeyboardInterrupt
