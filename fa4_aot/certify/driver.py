@@ -87,13 +87,15 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     planned = plan.plan(store, sku, plan.signatures_in(store, sku, keys) if items is None else items,
                         keys=keys)
     report.unreached = planned.unreached
-    fresh = [c for c in planned.checks if options.again or not _certified(store, c, device.id,
-                                                                       options.recheck_known_bad)]
+    certified = set() if options.again else _certified(store, planned.kernels(), device.id,
+                                                           options.recheck_known_bad)
+    fresh = [c for c in planned.checks if not {u.kernel_key for u in c.kernels} <= certified]
     report.skipped = len(planned.checks) - len(fresh)
     todo, refused = _split(fresh, store, sku, device, options.recheck_known_bad)
     done = _journal_read(options.journal) if options.journal else {}
-    outcomes = [done[i] for i, _c in _ids(todo) if i in done]
-    pending = [(i, c) for i, c in _ids(todo) if i not in done]
+    named = _ids(todo)
+    outcomes = [done[i] for i, _c in named if i in done]
+    pending = [(i, c) for i, c in named if i not in done]
     report.checks = len(todo)
     gpus = list(options.gpus) or _visible_gpus()
     pool = Pool(store.root, sku.name, gpus, options.jobs, options.deadline, options.lean)
@@ -189,11 +191,11 @@ def _measured(outcomes: list[Outcome], verdicts: list[Verdict], sku: Sku, device
     return list(found.values())
 
 
-def _certified(store: Store, check: plan.Check, device: str, recheck: bool) -> bool:
-    """Whether every kernel of `check` has a verdict for `device` (a `refused` one does not count when the
-    known-bad kernels are to be run)."""
-    return all(any(v.device == device and not (recheck and v.status == "refused") for v in store.verdicts(u.kernel_key))
-               for u in check.kernels)
+def _certified(store: Store, kernels: set[str], device: str, recheck: bool) -> set[str]:
+    """The `kernels` that have a verdict for `device` (a `refused` one does not count when the known-bad kernels
+    are to be run), each kernel's verdict file read once."""
+    return {k for k in kernels
+            if any(v.device == device and not (recheck and v.status == "refused") for v in store.verdicts(k))}
 
 
 def _ids(checks: list[plan.Check]) -> list[tuple[str, plan.Check]]:
