@@ -130,7 +130,7 @@ def lean_over(regions, tmp_path):
         def prefetch(self, keys: list[str]) -> None:
             pass
 
-        def function(self, kernel_key: str, family: str) -> Any:
+        def function(self, kernel_key: str, family: str = "", sig: Any = None) -> Any:
             return lambda *args: launches.append((keys[kernel_key], args))
 
     rt = runner.Runtime(store, sku)

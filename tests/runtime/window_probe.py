@@ -69,7 +69,7 @@ class _Stubs:
     def prefetch(self, keys: list[str]) -> None:
         pass
 
-    def function(self, kernel_key: str, family: str) -> Any:
+    def function(self, kernel_key: str, family: str = "", sig: Any = None) -> Any:
         return lambda *args: self.launches.append([kernel_key, _plain(args)])
 
 
