@@ -29,7 +29,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Fa4AotGroup(click.Group):
-    """The top-level group: any Fa4AotError raised by a command, in any subgroup, ends here as one line."""
+    """The top-level group: any Fa4AotError raised by a command, in any subgroup, ends here as one line; every
+    command added to it (and every subcommand of an added group) accepts --cache-dir after its name."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        accept_cache_dir(cmd)
+        super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -78,18 +83,31 @@ def _cache_dir_here(ctx: click.Context, _param: click.Parameter, value: Path | N
             found.cache_dir, found._store = value, None
 
 
+def _cache_dir_after() -> click.Option:
+    return click.Option(["--cache-dir"], type=click.Path(file_okay=False, path_type=Path), expose_value=False,
+                        callback=_cache_dir_here, help="Kernel store (as the option before the command name).")
+
+
+def accept_cache_dir(cmd: click.Command) -> None:
+    """Let `cmd`, and every subcommand when it is a group, take --cache-dir after its name (`fa4-aot serve
+    --cache-dir X`, `fa4-aot token create --cache-dir X`): the global option is accepted wherever a user writes
+    it, as pip and huggingface-cli users expect. A command that already declares it keeps its own."""
+    if not any("--cache-dir" in getattr(p, "opts", ()) for p in cmd.params):
+        cmd.params.append(_cache_dir_after())
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            accept_cache_dir(sub)
+
+
 def pass_store(f: Callable[Concatenate[Store, P], R]) -> Callable[P, R]:
     """Give the command the Store of --cache-dir as its first argument (built once per invocation). The option
-    is accepted before the command name and after it, as pip and huggingface-cli users expect."""
+    is accepted before the command name and after it (accept_cache_dir)."""
 
     @functools.wraps(f)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         return f(state().store, *args, **kwargs)
 
-    return click.option(
-        "--cache-dir", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
-        callback=_cache_dir_here, help="Kernel store (as the option before the command name)."
-    )(wrapper)
+    return wrapper
 
 
 def existing(store: Store) -> Store:

@@ -102,16 +102,17 @@ def _session(db_url: str | None, create: bool = False) -> AbstractContextManager
 
 def token_db(db_url: str | None, *, create: bool) -> str:
     """The server's database URL: --db, else the SQLite file in --cache-dir. Without `create`, a missing SQLite
-    file is an error (listing tokens must not make an empty database where no server runs)."""
+    file is an error (listing tokens must not make an empty database where no server runs); with it, the file
+    and a missing store folder are made as `serve` makes them, so a token can be created before the first serve."""
     from sqlalchemy.engine import make_url
 
     from service.config import Settings
 
     url = Settings(cache_dir=state().cache_dir, db_url=db_url).database_url
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database:
-        path = Path(parsed.database)
-        if not (path.is_file() if not create else path.parent.is_dir()):
+    if parsed.get_backend_name() == "sqlite" and parsed.database and not create:
+        path = Path(parsed.database)  # with `create`, service.db makes the file and its folder, as `serve` does
+        if not path.is_file():
             raise Fa4AotError(f"no token database at {path}: a server's database lives in its --cache-dir (or "
                               "--db URL); pass the same --cache-dir/--db as `fa4-aot serve`, or create the store "
                               "first (`fa4-aot build` or `fa4-aot pull`)")
