@@ -4,7 +4,9 @@ JSON request bodies: object uploads (PUT /v1/objects/...) stream to disk under t
 (Settings.max_body_bytes, enforced in transfer.receive_object); everything else is small JSON that the
 framework reads into memory (signed manifests included), so an open route such as POST /v1/misses must not
 accept megabytes: its bodies are capped lower still (MISS_BODY_LIMIT). Recipe files (PUT
-/v1/skus/<sku>/recipes/<key>) are publish-only JSON with their own, larger cap (store.recipes.MAX_BYTES)."""
+/v1/skus/<sku>/recipes/<key>) are publish-only JSON with their own, larger cap (store.recipes.MAX_BYTES), and so are
+signed manifests (PUT /v1/skus/<sku>/manifests): a manifest lists every kernel of a SKU with its libraries and
+certification verdicts, about 700 bytes a kernel, so the default h200 build's (2,485 kernels) is about 2 MB."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ MISS_BODY_LIMIT = 64 << 10
 OBJECTS_PREFIX = "/v1/objects/"
 RECIPE_PUT = re.compile(r"/v1/skus/[^/]+/recipes/[^/]+")
 RECIPE_BODY_LIMIT = 8 << 20  # fa4_aot.store.recipes.MAX_BYTES (not imported: this module stays framework-only)
+MANIFEST_PUT = re.compile(r"/v1/skus/[^/]+/manifests/?")
+MANIFEST_BODY_LIMIT = 8 << 20  # about 12,000 kernels' listings: four times the default h200 build
 
 
 class JsonBodyLimit:
@@ -37,6 +41,8 @@ class JsonBodyLimit:
         limit = MISS_BODY_LIMIT if scope["path"].rstrip("/") == "/v1/misses" else self.limit
         if scope["method"] == "PUT" and RECIPE_PUT.fullmatch(scope["path"]):
             limit = RECIPE_BODY_LIMIT
+        if scope["method"] == "PUT" and MANIFEST_PUT.fullmatch(scope["path"]):
+            limit = MANIFEST_BODY_LIMIT
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
             await self._too_large(limit)(scope, receive, send)

@@ -82,9 +82,15 @@ def verdicts_of(store: Store, kernel_keys: list[str]) -> dict[str, dict[str, Any
             for key in kernel_keys if key in held}
 
 
+_UNSAID = {"detail": "", "tensor": "", "error": None, "bound": None, "calls": []}  # Verdict's defaults
+
+
 def verdict_listing(v: Verdict) -> dict[str, Any]:
-    """What a manifest lists of one verdict: its fields without kernel_key and device (the keys it is filed under)."""
-    return {name: value for name, value in v.to_dict().items() if name not in ("kernel_key", "device")}
+    """What a manifest lists of one verdict: its fields without kernel_key and device (the keys it is filed under)
+    and without those at Verdict's defaults (a pass lists status, checks, calls, toolchain and when): a manifest
+    lists every certified kernel of a SKU, thousands, under the server's cap (service.limits.MANIFEST_BODY_LIMIT)."""
+    return {name: value for name, value in v.to_dict().items()
+            if name not in ("kernel_key", "device") and not (name in _UNSAID and value == _UNSAID[name])}
 
 
 def verdict_of(kernel_key: str, device: str, listing: Any) -> Verdict:

@@ -44,11 +44,11 @@ def list_manifests(sku: SkuPath, session: SessionDep) -> SignedManifests:
 )
 async def put_manifest(sku: SkuPath, request: Request, response: Response, session: SessionDep,
                        token: PublisherDep) -> ManifestStored:
-    """Store a signed manifest (fa4_aot.trust.signing envelope, at most 1 MiB) of the SKU: 201 when new, 200 when
-    this envelope is already stored. 422 when malformed or for another SKU; 409 when the SKU is unknown or
-    its facts differ, when a listed kernel is not served with exactly the listed object digest, or when the
-    manifest is stored with another signature; 403 when the token is limited to other SKUs. The signature
-    is not checked here (the service holds no trust)."""
+    """Store a signed manifest (fa4_aot.trust.signing envelope, at most limits.MANIFEST_BODY_LIMIT: 8 MiB) of the
+    SKU: 201 when new, 200 when this envelope is already stored. 422 when malformed or for another SKU; 409 when
+    the SKU is unknown or its facts differ, when a listed kernel is not served with exactly the listed object
+    digest, or when the manifest is stored with another signature; 403 when the token is limited to other SKUs.
+    The signature is not checked here (the service holds no trust)."""
     check_sku_allowed(token, sku)
     envelope = _json(await _body(request))
     stored, created = await run_in_threadpool(crud_trust.store_manifest, session, sku=sku, envelope=envelope,
@@ -59,7 +59,7 @@ async def put_manifest(sku: SkuPath, request: Request, response: Response, sessi
 
 async def _body(request: Request) -> bytes:
     try:
-        return await request.body()  # limits.JsonBodyLimit caps it at 1 MiB
+        return await request.body()  # limits.JsonBodyLimit caps it (MANIFEST_BODY_LIMIT)
     except ClientDisconnect:
         raise ServiceError("client disconnected before the whole body arrived; nothing was stored") from None
 
