@@ -169,8 +169,7 @@ def explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
     from .model_cmds import parse_tps, parse_workloads
 
     model, tps = models.resolve(model_arg), parse_tps(tp_arg)
-    for why in modelwork.skipped(model, tps):
-        click.echo(why, err=True)
+    modelwork.check_tps(model, tps)
     return modelwork.work(model, tps, parse_workloads(workload_arg))
 
 

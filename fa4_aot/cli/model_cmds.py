@@ -103,11 +103,10 @@ def coverage(store: Store, sku: str, model_arg: str | None, tp_arg: str, workloa
         assert model_arg is not None
         model = models.resolve(model_arg)
         tps, workloads = parse_tps(tp_arg), parse_workloads(workload_arg)
-        for why in modelwork.skipped(model, tps):
-            click.echo(why, err=True)
+        modelwork.check_tps(model, tps)
         verdicts = cov.check_model(target, store, model, tps, workloads, model_arg, jobs=jobs, runtime=runtime)
     doc = {"sku": sku, "runtime": runtime, "store": str(store.root), **cov.summary(verdicts)}
-    if not verdicts:  # e.g. --tp 3 for a model whose heads it does not divide: nothing was checked
+    if not verdicts:  # e.g. --calls of an empty file: nothing was checked
         raise Fa4AotError("nothing to check: the request selects no call (see the lines above); "
                           "`fa4-aot coverage --help` shows the options")
     emit(as_json, doc, "\n".join(cov.lines(verdicts)))

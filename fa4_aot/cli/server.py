@@ -254,8 +254,7 @@ def _pull_model(store: Store, remote: Remote, sku: str, model_arg: str, tp_arg: 
     from .model_cmds import parse_tps, parse_workloads
 
     model, tps = models.resolve(model_arg), parse_tps(tp_arg)
-    for why in modelwork.skipped(model, tps):
-        click.echo(why, err=True)
+    modelwork.check_tps(model, tps)
     target = load_matrix(None).skus.get(sku)
     if target is None:  # a SKU only the server knows
         raise Fa4AotError(f"SKU {sku!r} is not in this host's SKU table (`fa4-aot skus`): --model needs its facts "
@@ -267,8 +266,8 @@ def _pull_model(store: Store, remote: Remote, sku: str, model_arg: str, tp_arg: 
     lines += [f"missing on the server: kernel {key[:16]}" for key in r.missing]
     lines += [f"FAILED {f}" for f in dict.fromkeys(r.failures)]
     lines.append(f"{model.name} on {sku} at TP {','.join(map(str, tps))}: {r.signatures} signature(s), {r.kernels} "
-                 f"kernel(s); fetched {r.fetched} kernel(s) in {r.bundles} bundle(s) ({r.bytes} bytes) and "
-                 f"{r.recipes} recipe file(s) into {Path(store.root)}"
+                 f"kernel(s); fetched {r.fetched} kernel(s) in {r.bundles} bundle(s) ({r.bytes} bytes), "
+                 f"{r.recipes} recipe file(s) and {r.verdicts} certification verdict(s) into {Path(store.root)}"
                  + (f"; {len(r.unbuilt)} signature(s) and {len(r.missing)} kernel(s) the server lacks, "
                     f"{r.reported} reported to it as misses" if r.unbuilt or r.missing else ""))
     emit(as_json, r.to_dict(), "\n".join(lines))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from ..spec.calls import Call
 from ..spec.signature import Signature
 from . import models
@@ -33,14 +34,20 @@ def items(model: models.Model, tps: tuple[int, ...] = DEFAULT_TPS,
     return [Item(model.name, tp, tuple(workloads), s) for tp in tps for s in models.signatures(model, tp, workloads)]
 
 
-def skipped(model: models.Model, tps: tuple[int, ...]) -> list[str]:
-    """Why each refused TP degree of `model` was left out."""
-    out = []
-    for tp in tps:
-        why = models.shard(model.heads, model.kv_heads, tp)
-        if isinstance(why, str):
-            out.append(f"{model.name}: {why} (vLLM refuses it too); left out")
-    return out
+def valid_tps(model: models.Model) -> list[int]:
+    """Every TP degree vLLM accepts for `model` (1 up to its query heads)."""
+    return [tp for tp in range(1, model.heads + 1) if not isinstance(models.shard(model.heads, model.kv_heads, tp),
+                                                                      str)]
+
+
+def check_tps(model: models.Model, tps: tuple[int, ...]) -> None:
+    """Refuse TP degrees given explicitly (--tp) that vLLM refuses for `model`: such a request plans no kernel,
+    and a command that then builds or checks nothing must not look successful. ConfigError names the valid ones."""
+    refused = [why for tp in tps if isinstance(why := models.shard(model.heads, model.kv_heads, tp), str)]
+    if refused:
+        valid = [str(tp) for tp in valid_tps(model)]  # never empty: TP 1 always divides
+        choices = f"{', '.join(valid[:-1])} or {valid[-1]}" if len(valid) > 1 else valid[0]
+        raise ConfigError(f"{model.name}: {'; '.join(refused)} (vLLM refuses it too): pass --tp {choices}")
 
 
 def work(model: models.Model, tps: tuple[int, ...] = DEFAULT_TPS,

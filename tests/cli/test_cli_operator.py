@@ -225,7 +225,7 @@ def test_verify_streams_json_events_and_is_silent_with_quiet(tmp_path: Path) -> 
 @pytest.mark.parametrize(("args", "said"), [
     (["prune", "--sku", "h20", "--dry-run"], "did you mean 'h200'"),
     (["build", "--sku", "h200", "--model", "llama-3.1-8x", "--dry-run"], "did you mean 'llama-3.1-8b'"),
-    (["coverage", "--sku", "h200", "--model", "llama-3.1-8b", "--tp", "3"], "nothing to check"),
+    (["coverage", "--sku", "h200", "--model", "llama-3.1-8b", "--tp", "3"], "pass --tp 1, 2, 4, 8"),
 ])
 def test_typos_and_empty_requests_are_errors_with_a_suggestion(tmp_path: Path, args: list[str], said: str) -> None:
     """Issue 22, point 7: these removed nothing, listed 66 names, or said "0 of 0 served", and exited 0."""

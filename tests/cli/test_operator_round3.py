@@ -57,3 +57,13 @@ def test_i30_5_token_create_on_a_store_not_yet_served_creates_its_database(tmp_p
     assert (store / "fa4-aot.db").is_file()
     listed = CliRunner().invoke(main, ["--cache-dir", str(store), "token", "list", "--json"])
     assert [t["name"] for t in json.loads(listed.output)] == ["ci"], listed.output
+
+
+@pytest.mark.parametrize("command", [["build", "--sku", "h200", "--dry-run"], ["coverage", "--sku", "h200"]])
+def test_i30_6_a_tp_the_model_refuses_is_an_error_naming_the_valid_ones(tmp_path: Path, command: list[str]) -> None:
+    """`build --model llama-3.1-8b --tp 3` printed a note, planned nothing and exited 0."""
+    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), *command, "--model", "llama-3.1-8b",
+                                       "--tp", "3"])
+    assert result.exit_code == 1, result.output
+    message = result.output.strip().splitlines()[-1]
+    assert "tp 3 does not divide 32 query heads" in message and "--tp 1, 2, 4, 8, 16 or 32" in message, message
