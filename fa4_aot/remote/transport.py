@@ -1,7 +1,10 @@
-"""The transport to one fa4-aot server: every request within a total deadline, retried with exponential backoff on
-timeouts, connection errors and 5xx (a busy server's 503 until the deadline, waiting at least its Retry-After), its
-body read with a cap; the server treated as down once it cannot be reached in time; an answer's status turned
-into the error that names the fix (a 401 or 403 names the token scope the route wants).
+"""The transport to one fa4-aot server: every request within a total deadline (deadline.py: connect, status line,
+headers and body alike, however slowly a server drips them), retried with exponential backoff on
+timeouts, connection errors and 5xx (a busy server's 503, a timeout or a dropped connection until the deadline,
+waiting at least a 503's Retry-After), its body read with a cap; the server treated as down once nothing listens
+there, or after DOWN_AFTER requests in a row failed for want of it (one slow answer under a cluster's load is
+retried, never a reason to give up on the server: issue 28); an answer's status turned into the error that names
+the fix (a 401 or 403 names the token scope the route wants).
 
 The typed calls stand on this (endpoints.py), the downloads and uploads on those (http.py: Remote)."""
 
@@ -11,6 +14,7 @@ import contextlib
 import itertools
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -19,11 +23,16 @@ import httpx
 
 from .. import config
 from ..errors import RemoteAuthError, RemoteError, Unreachable
+from . import deadline as deadlines
 
 _T = TypeVar("_T")
 RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 MIN_ATTEMPT = 0.1  # seconds: with less left before the deadline, another attempt is not started
+# An attempt waits at most this share of the deadline for an answer, so that a slow one (a server busy with a
+# cluster's start) is tried again within the deadline rather than using all of it (issue 28).
+ATTEMPT_SHARE = 1 / 3
+DOWN_AFTER = 3  # requests in a row that failed for want of the server, each after its retries: then it is down
 # The most a client reads of an answer that is not an object (objects stop at their listed size): a JSON answer
 # (a SKU's manifest lists every kernel, a miss page 1,000 call records). endpoints.py caps its larger answers.
 MAX_JSON = 64 << 20
@@ -32,8 +41,9 @@ ENV_ADVICE = "check FA4_AOT_SERVER or set FA4_AOT_OFFLINE=1 to use the local sto
 
 class Transport:
     """One server, for one process start: every request and download has a total deadline (retries included,
-    FA4_AOT_FETCH_DEADLINE, read at call time unless `deadline` is given), and after one fails for want of
-    the server (unreachable, too slow, 5xx) the server is treated as down: later calls fail at once.
+    FA4_AOT_FETCH_DEADLINE, read at call time unless `deadline` is given). The server is treated as down (later
+    calls fail at once) when nothing listens there, or after DOWN_AFTER requests in a row failed for want of
+    it (too slow, 5xx, connections lost, each retried to its deadline); any answer resets that count.
     `advice` ends a "cannot reach" message: the default names the environment variables a client reads; a
     command given --server passes its own (the variables did not choose the server)."""
 
@@ -46,25 +56,55 @@ class Transport:
         self.deadline = deadline
         self.advice = advice
         self.down = ""  # why the server was given up on, once it was
+        self.failures = 0  # requests in a row that failed for want of the server
+        self._failures_lock = threading.Lock()  # install()'s fetch threads share one Transport
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT, transport=deadlines.transport())
 
     def close(self) -> None:
         self._client.close()
 
     def _end(self) -> float:
-        return time.monotonic() + (self.deadline if self.deadline is not None else config.fetch_deadline())
+        """When a request starting now must end: the fetch deadline from now, or sooner where the caller's own
+        deadline (deadline.capped, a strict miss's wait) ends first."""
+        end = time.monotonic() + (self.deadline if self.deadline is not None else config.fetch_deadline())
+        caller = deadlines.caller_end()
+        return end if caller is None else min(end, caller)
+
+    def _timeouts(self, end: float) -> httpx.Timeout:
+        """One attempt's timeouts: within the deadline `end`, and at most ATTEMPT_SHARE of the whole deadline."""
+        whole = self.deadline if self.deadline is not None else config.fetch_deadline()
+        return timeouts(end, max(1.0, whole * ATTEMPT_SHARE))
 
     def _check_up(self) -> None:
         if self.down:
             raise Unreachable(f"{self.url} is treated as down for the rest of this process ({self.down}); "
                               f"restart once it answers; {self.advice}")
 
-    def _give_up(self, why: str, cause: BaseException | None = None) -> Unreachable:
-        self.down = why
+    def _give_up(self, why: str, cause: BaseException | None = None, nobody_listens: bool = False) -> Unreachable:
+        """The error for a server given up on, marked down unless the caller's own deadline (deadline.capped) is
+        what ran out: a wait that ends says nothing of the fetches that follow it."""
+        caller = deadlines.caller_end()
+        if caller is not None and remaining(caller) < MIN_ATTEMPT:
+            error = Unreachable(f"{why}; the caller's own deadline ran out first")
+            error.__cause__ = cause
+            return error
+        self._failed(why, nobody_listens)
         error = Unreachable(f"{why}; raise FA4_AOT_FETCH_DEADLINE for a slow link; {self.advice}")
         error.__cause__ = cause
         return error
+
+    def _failed(self, why: str, nobody_listens: bool = False) -> None:
+        """Count a request that failed for want of the server; it is down when `nobody_listens` (connection
+        refused after the retries) or after DOWN_AFTER such failures with no answer between."""
+        with self._failures_lock:
+            self.failures += 1
+            if nobody_listens or self.failures >= DOWN_AFTER:
+                self.down = why
+
+    def _answered(self) -> None:
+        with self._failures_lock:
+            self.failures = 0
 
     def _request(self, method: str, path: str, ok: tuple[int, ...] = (200,), cap: int = MAX_JSON,
                  **kwargs: Any) -> httpx.Response:
@@ -76,16 +116,19 @@ class Transport:
         for attempt in itertools.count():
             response = None
             try:
-                with self._client.stream(method, path, timeout=timeouts(end), **kwargs) as response:
+                with deadlines.until(end), \
+                        self._client.stream(method, path, timeout=self._timeouts(end), **kwargs) as response:
                     self._read(response, end, cap)
             except (httpx.TimeoutException, httpx.TransportError) as e:
-                if is_last(attempt, self.retries, end):
-                    raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e})", e) from e
+                if is_last(attempt, self.retries, end, error=e):
+                    raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e})", e,
+                                        nobody_listens=isinstance(e, httpx.ConnectError)) from e
             else:
                 if response.status_code < 500:
+                    self._answered()
                     return checked(response, ok, self.url)
                 if is_last(attempt, self.retries, end, response):
-                    self.down = f"{method} {path} -> {response.status_code}"
+                    self._failed(f"{method} {path} -> {response.status_code}")
                     return checked(response, ok, self.url)
             backoff(attempt, end, response)
         raise AssertionError("unreachable")
@@ -97,15 +140,19 @@ class Transport:
 
     def _with_retries(self, what: str, end: float, attempt: Callable[[], _T]) -> _T:
         """`attempt()`'s result, tried again after a timeout, a connection error or a 5xx (ServerError), with
-        backoff, until the retries or the deadline `end` run out; then the server is given up on (Unreachable:
-        "<what> from <server> failed: <why>"). For streamed transfers, whose answer is read inside `attempt`."""
+        backoff, until the retries (is_last) or the deadline `end` run out; then the request fails (Unreachable:
+        "<what> from <server> failed: <why>", counted by _failed). For streamed transfers, whose answer is read
+        inside `attempt`."""
         for n in itertools.count():
             try:
-                return attempt()
+                result = attempt()
+                self._answered()
+                return result
             except (httpx.TimeoutException, httpx.TransportError, ServerError) as e:
                 answer = e.response if isinstance(e, ServerError) else None
-                if is_last(n, self.retries, end, answer):
-                    raise self._give_up(f"{what} from {self.url} failed: {e}", e) from e
+                if is_last(n, self.retries, end, answer, e):
+                    raise self._give_up(f"{what} from {self.url} failed: {e}", e,
+                                        nobody_listens=isinstance(e, httpx.ConnectError)) from e
             backoff(n, end, answer)
         raise AssertionError("unreachable")
 
@@ -114,7 +161,7 @@ class Transport:
         """The body of a 200 answer to `method path`, piece by piece as it arrives (_body, uncapped: objects stop
         at their listed size as they are stored). A 5xx raises ServerError (retried by _with_retries), any other
         answer RemoteError naming the server's reason."""
-        with self._client.stream(method, path, timeout=timeouts(end), **kwargs) as response:
+        with deadlines.until(end), self._client.stream(method, path, timeout=self._timeouts(end), **kwargs) as response:
             self._read_error(response, end)
             raise_for_5xx(response)
             checked(response, (200,), self.url)
@@ -151,17 +198,20 @@ def remaining(end: float) -> float:
     return end - time.monotonic()
 
 
-def timeouts(end: float) -> httpx.Timeout:
-    """Per-request timeouts that cannot outlast the deadline `end`."""
-    left = max(0.01, remaining(end))
+def timeouts(end: float, longest: float | None = None) -> httpx.Timeout:
+    """Per-request timeouts that cannot outlast the deadline `end`, nor `longest` seconds."""
+    left = max(0.01, min(remaining(end), longest if longest is not None else float("inf")))
     return httpx.Timeout(min(TIMEOUT.read or 30.0, left), connect=min(TIMEOUT.connect or 5.0, left))
 
 
-def is_last(attempt: int, retries: int, end: float, answer: httpx.Response | None = None) -> bool:
+def is_last(attempt: int, retries: int, end: float, answer: httpx.Response | None = None,
+            error: BaseException | None = None) -> bool:
     """Whether failed attempt `attempt` is the last: too little time is left, or the retries are used up. A busy
-    server's 503 uses none: a cluster coming up backs off and finishes within the deadline rather than fail."""
-    busy = answer is not None and answer.status_code == 503
-    return remaining(end) < MIN_ATTEMPT or (attempt >= retries and not busy)
+    server (502, 503, 504), a timeout or a lost connection uses none: a cluster coming up backs off and finishes
+    within the deadline rather than fail. A refused connection (nothing listens) and other 5xx use them."""
+    busy = answer is not None and answer.status_code in (502, 503, 504)
+    lost = error is not None and not isinstance(error, (httpx.ConnectError, ServerError))
+    return remaining(end) < MIN_ATTEMPT or (attempt >= retries and not (busy or lost))
 
 
 def backoff(attempt: int, end: float, answer: httpx.Response | None = None) -> None:
