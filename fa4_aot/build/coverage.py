@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ConfigError
+from ..spec import narrow_build
 from ..spec.calls import Call
 from ..trust import standing
 
@@ -226,7 +227,7 @@ RUNTIMES = ("fa4", "lean")
 def check_calls(sku: Any, store: Any, calls: list[Call], calls_file: Path, jobs: int = 1,
                 runtime: str = "fa4") -> list[Verdict]:
     """One verdict per call on `runtime`; the fix builds exactly the calls of the file."""
-    fix = f"fa4-aot build --sku {sku.name} --calls {calls_file}"
+    fix = narrow_build.for_calls_file(sku.name, calls_file)
     if runtime == "lean":
         from . import coverage_lean
 
@@ -245,8 +246,7 @@ def check_model(sku: Any, store: Any, model: Any, tps: tuple[int, ...], workload
     from ..matrix import modelwork
 
     items = modelwork.items(model, tps, workloads)
-    fixes = [f"fa4-aot build --sku {sku.name} --model {model_arg} --tp {item.tp} --workload {','.join(item.workloads)}"
-             for item in items]
+    fixes = [narrow_build.for_model(sku.name, model_arg, item.tp, item.workloads) for item in items]
     if runtime == "lean":
         from . import coverage_lean
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import config, fa4
 from ..errors import Fa4AotError, KernelMissing, KernelRefused, TrustError
 from ..remote import wait as build_wait
-from ..spec import hosts, kernel_keys
+from ..spec import hosts, kernel_keys, narrow_build
 from ..spec.devices import detect_device, device_class
 from ..spec.kernel_keys import canonical, dumps, kernel_key
 from ..spec.matching import select
@@ -188,8 +188,7 @@ class Installation:
             self.remote.report_miss(asdict(miss))
         if self.mode == "strict":
             server = f" nor on the server ({self.remote_error})" if self.remote else ""
-            fix = (f"{why}" if why else "Add a [[variants]] entry covering it to variants.toml and run "
-                   f"`fa4-aot build --sku {self.sku.name}`")
+            fix = why or f"Build it: {narrow_build.for_call(self.sku.name, call.to_dict() if call else None)}"
             raise KernelMissing(
                 f"kernel {kk[:16]}… ({family}) for SKU {self.sku.name} is not in {self.store.root}"
                 f"{server}; needed by: {what}. {fix}; or use fa4_aot.install(mode=\"fallback\")",

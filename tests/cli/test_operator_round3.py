@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from fa4_aot.cli import main
+from tests.conftest import ROOT, _has_cuda, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +72,30 @@ def test_i30_6_a_tp_the_model_refuses_is_an_error_naming_the_valid_ones(tmp_path
     assert result.exit_code == 1, result.output
     message = result.output.strip().splitlines()[-1]
     assert "tp 3 does not divide 32 query heads" in message and "--tp 1, 2, 4, 8, 16 or 32" in message, message
+
+
+def _fresh(code: str, tmp_path: Path, **env: str) -> str:
+    """`code` in a fresh interpreter without CUDA-independent FA4_AOT_* settings of this process: its output."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FA4_AOT_")}
+    done = subprocess.run([sys.executable, "-c", "import fa4_aot, fa4_aot.client\n" + code], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600, env={**clean, "FA4_AOT_CACHE": str(tmp_path), **env})
+    return done.stdout + done.stderr
+
+
+@pytest.mark.skipif(_has_cuda(), reason="the behaviour of a host without CUDA")
+def test_i30_8_kernel_missing_from_prepare_suggests_the_narrow_build(tmp_path: Path) -> None:
+    """prepare()'s KernelMissing said `fa4-aot build --sku h200` (the whole matrix, 57 min on 2 cores) where
+    coverage said the narrow build: both write the suggestion with one function, and the one it writes builds
+    exactly the missing call."""
+    out = _fresh("fa4_aot.client.prepare((1, 512, 16, 128), causal=True)", tmp_path / "store", FA4_AOT_SKU="h200")
+    assert "KernelMissing" in out, out[-3000:]
+    assert "`fa4-aot build --sku h200`" not in out, out[-3000:]
+    found = re.search(r"`echo '(\{.*?\})' >> (\S+) && fa4-aot build --sku h200 --calls \2`", out)
+    assert found, out[-3000:]
+    calls = tmp_path / found[2]
+    calls.write_text(found[1] + "\n")
+    planned = run_cli("build", "--sku", "h200", "--calls", str(calls), "--dry-run", "--json",
+                      cache=tmp_path / "store")
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    doc = json.loads(planned.stdout)
+    assert "causal" in found[1] and 0 < doc["kernels"] <= 4, doc
