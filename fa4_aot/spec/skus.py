@@ -76,6 +76,9 @@ class Constants:
         cluster = re.fullmatch(r"max_active_clusters\((\d+)\)", name)
         if cluster:  # one CTA per SM at maximum shared memory, as FA4's kernels run (see fa4/target.py)
             return self.sm_count // int(cluster.group(1))
+        tirx = re.fullmatch(r"(persistent_ctas|l2_swizzle)\((\d+)\)", name)
+        if tirx:  # the TIRx FA4 family's schedule (fa4_aot/tirx/problem.py names the kernel source they stand for)
+            return self._tirx(tirx.group(1), int(tirx.group(2)))
         if name in ("sm_count", "l2_bytes"):
             return int(getattr(self, name))
         if name == "l2_budget":
@@ -83,6 +86,15 @@ class Constants:
         if name == "prepare_l2_budget":
             return l2_budgets(self.l2_bytes)[1] if self.l2_budget else FA4_PREPARE_L2_BUDGET
         raise ValueError(f"unknown SKU constant {name!r}; upgrade fa4-aot to load kernels that consumed it")
+
+    def _tirx(self, name: str, n: int) -> int:
+        """persistent_ctas(T): CTAs of a persistent grid of T tasks, one CTA per SM (the kernel's MAX_CTAS = 148 is
+        the B200's SM count). l2_swizzle(S): how many heads of S bytes of K/V the head swizzle walks together, the
+        largest power of two whose K/V fits the L2 budget (the kernel's L2_SIZE = 50 MiB is FA4's budget), else 1."""
+        if name == "persistent_ctas":
+            return min(self.sm_count, n)
+        budget = self.value("l2_budget")
+        return 1 if n < 1 or budget < n else 1 << ((budget // n).bit_length() - 1)
 
     def values(self, names: Iterable[str]) -> dict[str, int]:
         return {name: self.value(name) for name in names}
