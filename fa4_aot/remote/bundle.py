@@ -77,6 +77,13 @@ def unbundle(reader: BundleReader, store: Store, accept: Callable[[Entry], None]
             continue
         with store.lock(digest):
             store.put_stream(digest, chunks, size=size, source=f"{url}/v1/bundles")
-    for entry in stored:
+    kept = []
+    for entry in stored:  # an entry names only objects the store now holds (the server may have left one out)
+        lacking = [d for d in {entry.object_digest, *entry.lib_digests(host_arch or "")} if not store.has_object(d)]
+        if lacking:
+            skipped[entry.kernel_key] = (f"{url}/v1/bundles sent kernel {entry.kernel_key} without the bytes of "
+                                         f"{', '.join(sorted(lacking))}; it was not stored (fetch it again)")
+            continue
         store.put_entry(entry)
-    return stored, skipped
+        kept.append(entry)
+    return kept, skipped

@@ -18,15 +18,16 @@ from ..spec.verdicts import Verdict
 from ..store import Entry, check_hex
 from ..store.recipes import MAX_BYTES as MAX_RECIPE
 from .answers import entry_of, listing_of, miss_of, verdict_of
+from .build_jobs import claimed_of
 from .certify_jobs import CertifyJob, job_of, jobs_of
-from .transport import Transport, decoded, shaped
+from .transport import AnswerTooLarge, Transport, decoded, detail, shaped
 
 MISS_REPORT_TIMEOUT = 2.0  # seconds: the most a miss report may cost, and it runs off the caller's thread
 # Answers larger than transport.MAX_JSON: the revocation list (about 50,000 ids; trusted clients read it at every
 # start), and every page of the miss list together (the server keeps at most 10,000 misses a SKU). Recipe files:
 # MAX_RECIPE, the most the server accepts.
 MAX_REVOCATIONS = 4 << 20
-MAX_MISSES = 256 << 20
+MAX_MISSES = 32 << 20  # JSON bytes of every page together; held parsed, a few times that (256 MiB: 810 MB held)
 MAX_VERDICTS = 256 << 20  # every page of a verdict listing together (a verdict is under 2 KiB: 100,000s of them)
 # A verdict publish: at most the server's 1000 verdicts a request, and about half its 1 MiB cap on a JSON body
 VERDICT_BATCH, VERDICT_BATCH_BYTES = 1000, 512 << 10
@@ -78,8 +79,13 @@ class Endpoints(Transport):
         found: list[dict[str, Any]] = []
         read = 0
         while True:
-            response = self._request("GET", f"/v1/misses?offset={len(found)}&limit={page}")
-            read += len(response.content)
+            try:  # a page is read with what is left of the bound, never a whole MAX_JSON more
+                response = self._request("GET", f"/v1/misses?offset={len(found)}&limit={page}",
+                                         cap=MAX_MISSES - read)
+            except AnswerTooLarge:
+                read = MAX_MISSES + 1
+            else:
+                read += len(response.content)
             if read > MAX_MISSES:
                 raise RemoteError(f"{self.url}/v1/misses sent more than {MAX_MISSES >> 20} MiB of misses and its "
                                   f"pages still come full ({len(found)} misses so far): is it an fa4-aot server? "
@@ -222,21 +228,28 @@ class Endpoints(Transport):
         query = f"?limit={int(limit)}" + (f"&status={status}" if status else "")
         return shaped(self._json("GET", f"/v1/builds{query}"), list, self.url)
 
-    def claim_build(self, builder: str, lease: float) -> dict[str, Any] | None:
-        """The next job for `builder` (leased for `lease` seconds), or None when none waits. Publish token."""
-        response = self._request("POST", "/v1/build-claims", ok=(200, 204),
-                                 json={"builder": builder, "lease_seconds": lease})
-        return None if response.status_code == 204 else shaped(decoded(response, self.url), dict, self.url)
+    def claim_build(self, builder: str, lease: float, skus: list[str] | None = None) -> dict[str, Any] | None:
+        """The next job of one of `skus` (those the builder can build) for `builder`, leased for `lease` seconds
+        (its `claim` renews and finishes it), or None when none waits. Publish token allowed the job's SKU.
+        RemoteError for an answer that is not a claimed build job (build_jobs.claimed_of)."""
+        body: dict[str, Any] = {"builder": builder, "lease_seconds": lease, **({"skus": skus} if skus else {})}
+        response = self._request("POST", "/v1/build-claims", ok=(200, 204), json=body)
+        if response.status_code == 204:
+            return None
+        return claimed_of(decoded(response, self.url), f"{self.url}/v1/build-claims")
 
-    def renew_build(self, job_id: int, builder: str, lease: float) -> bool:
-        """Extend `builder`'s lease of job `job_id`; False when the job is no longer its own (409)."""
-        response = self._request("POST", f"/v1/builds/{int(job_id)}/lease", ok=(200, 409),
-                                 json={"builder": builder, "lease_seconds": lease})
-        return response.status_code == 200
+    def renew_build(self, job: dict[str, Any], builder: str, lease: float) -> bool:
+        """Extend the lease of claimed `job`; False when its claim is no longer the job's (409)."""
+        body = {"builder": builder, "claim": job["claim"], "lease_seconds": lease}
+        return self._request("POST", f"/v1/builds/{int(job['id'])}/lease", ok=(200, 409), json=body).status_code == 200
 
-    def finish_build(self, job_id: int, result: dict[str, Any]) -> None:
-        """Record how `result["builder"]`'s job ended (status, detail, compile_seconds, built)."""
-        self._request("POST", f"/v1/builds/{int(job_id)}/finish", json=result)
+    def finish_build(self, job: dict[str, Any], result: dict[str, Any]) -> tuple[int, str]:
+        """Send how claimed `job` ended (`result`: builder, status, detail, compile_seconds, built): (200, '') when
+        recorded, (409, why) when its claim is no longer the job's, (422, why) when the server refuses the result
+        (done with nothing of it published: send it as failed). RemoteError when the server cannot take it."""
+        response = self._request("POST", f"/v1/builds/{int(job['id'])}/finish", ok=(200, 409, 422),
+                                 json={**result, "claim": job["claim"]})
+        return response.status_code, "" if response.status_code == 200 else detail(response)
 
     # -- on-demand certification (service/routes/certify.py; certify/certifier.py runs jobs, wait.py waits) -----
     def claim_certify(self, certifier: str, sku: str, device: str, lease: float) -> CertifyJob | None:

@@ -1,4 +1,5 @@
-"""The transport to one fa4-aot server: every request within a total deadline, retried with exponential backoff on
+"""The transport to one fa4-aot server: every request within a total deadline (deadline.py: connect, status line,
+headers and body alike, however slowly a server drips them), retried with exponential backoff on
 timeouts, connection errors and 5xx (a busy server's 503, a timeout or a dropped connection until the deadline,
 waiting at least a 503's Retry-After), its body read with a cap; the server treated as down once nothing listens
 there, or after DOWN_AFTER requests in a row failed for want of it (one slow answer under a cluster's load is
@@ -22,13 +23,14 @@ import httpx
 
 from .. import config
 from ..errors import RemoteAuthError, RemoteError, Unreachable
+from . import deadline as deadlines
 
 _T = TypeVar("_T")
 RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 MIN_ATTEMPT = 0.1  # seconds: with less left before the deadline, another attempt is not started
 # An attempt waits at most this share of the deadline for an answer, so that a slow one (a server busy with a
-# cluster's start) is tried again within the deadline rather than using all of it.
+# cluster's start) is tried again within the deadline rather than using all of it (issue 28).
 ATTEMPT_SHARE = 1 / 3
 DOWN_AFTER = 3  # requests in a row that failed for want of the server, each after its retries: then it is down
 # The most a client reads of an answer that is not an object (objects stop at their listed size): a JSON answer
@@ -55,22 +57,24 @@ class Transport:
         self.advice = advice
         self.down = ""  # why the server was given up on, once it was
         self.failures = 0  # requests in a row that failed for want of the server
-        self._failures_lock = threading.Lock()  # the ranks' and install()'s fetch threads share one Transport
+        self._failures_lock = threading.Lock()  # install()'s fetch threads share one Transport
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT, transport=deadlines.transport())
 
     def close(self) -> None:
         self._client.close()
 
-    def _budget(self) -> float:
-        return self.deadline if self.deadline is not None else config.fetch_deadline()
-
     def _end(self) -> float:
-        return time.monotonic() + self._budget()
+        """When a request starting now must end: the fetch deadline from now, or sooner where the caller's own
+        deadline (deadline.capped, a strict miss's wait) ends first."""
+        end = time.monotonic() + (self.deadline if self.deadline is not None else config.fetch_deadline())
+        caller = deadlines.caller_end()
+        return end if caller is None else min(end, caller)
 
     def _timeouts(self, end: float) -> httpx.Timeout:
         """One attempt's timeouts: within the deadline `end`, and at most ATTEMPT_SHARE of the whole deadline."""
-        return timeouts(end, max(1.0, self._budget() * ATTEMPT_SHARE))
+        whole = self.deadline if self.deadline is not None else config.fetch_deadline()
+        return timeouts(end, max(1.0, whole * ATTEMPT_SHARE))
 
     def _check_up(self) -> None:
         if self.down:
@@ -78,7 +82,13 @@ class Transport:
                               f"restart once it answers; {self.advice}")
 
     def _give_up(self, why: str, cause: BaseException | None = None, nobody_listens: bool = False) -> Unreachable:
-        """The error of a request that failed for want of the server, counted (_failed)."""
+        """The error for a server given up on, marked down unless the caller's own deadline (deadline.capped) is
+        what ran out: a wait that ends says nothing of the fetches that follow it."""
+        caller = deadlines.caller_end()
+        if caller is not None and remaining(caller) < MIN_ATTEMPT:
+            error = Unreachable(f"{why}; the caller's own deadline ran out first")
+            error.__cause__ = cause
+            return error
         self._failed(why, nobody_listens)
         error = Unreachable(f"{why}; raise FA4_AOT_FETCH_DEADLINE for a slow link; {self.advice}")
         error.__cause__ = cause
@@ -106,7 +116,8 @@ class Transport:
         for attempt in itertools.count():
             response = None
             try:
-                with self._client.stream(method, path, timeout=self._timeouts(end), **kwargs) as response:
+                with deadlines.until(end), \
+                        self._client.stream(method, path, timeout=self._timeouts(end), **kwargs) as response:
                     self._read(response, end, cap)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 if is_last(attempt, self.retries, end, error=e):
@@ -150,7 +161,7 @@ class Transport:
         """The body of a 200 answer to `method path`, piece by piece as it arrives (_body, uncapped: objects stop
         at their listed size as they are stored). A 5xx raises ServerError (retried by _with_retries), any other
         answer RemoteError naming the server's reason."""
-        with self._client.stream(method, path, timeout=self._timeouts(end), **kwargs) as response:
+        with deadlines.until(end), self._client.stream(method, path, timeout=self._timeouts(end), **kwargs) as response:
             self._read_error(response, end)
             raise_for_5xx(response)
             checked(response, (200,), self.url)
@@ -165,7 +176,7 @@ class Transport:
         for piece in response.iter_bytes():
             got += len(piece)
             if cap is not None and got > cap:
-                raise RemoteError(f"{what} answered more than {cap >> 20} MiB, the most a client reads of it; "
+                raise AnswerTooLarge(f"{what} answered more than {cap >> 20} MiB, the most a client reads of it; "
                                   f"nothing of it was used: is {self.url} an fa4-aot server (or a proxy in front)?")
             if remaining(end) <= 0:
                 raise self._give_up(f"{what} ran past its deadline ({got} bytes read)")
@@ -211,6 +222,10 @@ def backoff(attempt: int, end: float, answer: httpx.Response | None = None) -> N
     if after.isdigit():
         wait = max(wait, min(8.0, float(after)))
     time.sleep(max(0.0, min(wait, remaining(end))))
+
+
+class AnswerTooLarge(RemoteError):
+    """An answer longer than the most a client reads of it (the `cap` of Transport._request)."""
 
 
 class ServerError(Exception):

@@ -13,11 +13,13 @@ keeps the verdicts in its store, and takes the kernel only with a pass verdict f
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, Fa4AotError
+from ..errors import ConfigError, Fa4AotError, RemoteError
+from .deadline import capped
 
 if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured
     from ..spec.verdicts import Verdict
@@ -27,6 +29,7 @@ if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is co
 
 FINAL = ("done", "failed", "rejected")
 FIRST_POLL, MAX_POLL = 0.25, 2.0  # seconds between polls: from the first, growing 1.5x up to the most
+LAST_LOOK = 0.5  # seconds of the deadline left to the last poll (the request needs time to be answered)
 
 
 def seconds() -> float:
@@ -45,31 +48,42 @@ def seconds() -> float:
 
 def wait(remote: Remote, miss: dict[str, Any], deadline_s: float) -> tuple[dict[str, Any] | None, str]:
     """Report `miss` (a Miss document) and wait until its job is done or `deadline_s` seconds have passed.
-    Returns (the done job, '') or (the job or None, why the wait did not help); never raises for the server."""
+    Returns (the done job, '') or (the job or None, why the wait did not help); never raises for the server, and
+    ends by the deadline however slow the server is: each request gets at most what is left of it."""
     end = time.monotonic() + deadline_s
-    try:
-        answer = remote.request_build(miss)
-    except Fa4AotError as e:
-        return None, f"the server refused the miss report: {e}"
-    job = answer.get("build")
-    if not isinstance(job, dict):
-        return None, f"the server queued no build for it: {answer.get('detail') or 'no reason given'}"
-    try:
-        job = _poll(remote, job, end)
-    except Fa4AotError as e:
-        return job, f"build job {job.get('id')} could not be followed: {e}"
+    with capped(end):
+        try:
+            answer = remote.request_build(miss)
+        except Fa4AotError as e:
+            return None, f"the server refused the miss report: {e}"
+        job = answer.get("build")
+        if not isinstance(job, dict):
+            return None, f"the server queued no build for it: {answer.get('detail') or 'no reason given'}"
+        try:
+            job = _poll(remote, job, end)
+        except Fa4AotError as e:
+            return job, f"build job {str(job.get('id'))[:40]} could not be followed: {e}"
     return job, _problem(job, deadline_s)
 
 
+def job_id(job: dict[str, Any]) -> int:
+    """The id of build job `job`; RemoteError when it is not a whole number (a string, NaN, null, a list...)."""
+    value = job.get("id")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RemoteError(f"the server answered a build job whose id is {json.dumps(value)[:40]}, not a job number: "
+                          "is it an fa4-aot server of this version?")
+    return value
+
+
 def _poll(remote: Remote, job: dict[str, Any], end: float) -> dict[str, Any]:
-    pause = FIRST_POLL
-    while job.get("status") not in FINAL and time.monotonic() + pause < end:
-        time.sleep(pause)
-        job = remote.build(int(job["id"]))
+    """Poll `job` until it ends or `end`; its last look starts while some of the deadline is left (LAST_LOOK)."""
+    number, pause = job_id(job), FIRST_POLL
+    while job.get("status") not in FINAL and end - time.monotonic() > LAST_LOOK:
+        time.sleep(max(0.0, min(pause, end - time.monotonic() - LAST_LOOK)))
+        job = remote.build(number)
+        if job_id(job) != number:
+            raise RemoteError(f"the server answered build job {job_id(job)} when asked for job {number}")
         pause = min(MAX_POLL, pause * 1.5)
-    if job.get("status") not in FINAL and time.monotonic() < end:  # one last look at the deadline
-        time.sleep(max(0.0, end - time.monotonic()))
-        job = remote.build(int(job["id"]))
     return job
 
 
@@ -88,11 +102,13 @@ def _problem(job: dict[str, Any], deadline_s: float) -> str:
 def certified(remote: Remote, store: Store, keys: list[str], device: str, end: float) -> str:
     """Wait, until time.monotonic() reaches `end`, for the certify job of each of `keys` (kernels the store holds)
     to end, and keep the verdicts it recorded in `store`. Returns '' when each key has a pass verdict for device
-    class `device`, else why not (the verdict and its source, or the job's state); never raises for the server."""
-    for key in keys:
-        problem = _certified(remote, store, key, device, end)
-        if problem:
-            return problem
+    class `device`, else why not (the verdict and its source, or the job's state); never raises for the server,
+    and each request gets at most what is left until `end`."""
+    with capped(end):
+        for key in keys:
+            problem = _certified(remote, store, key, device, end)
+            if problem:
+                return problem
     return ""
 
 
@@ -115,13 +131,10 @@ def _certified(remote: Remote, store: Store, key: str, device: str, end: float) 
 
 def _poll_certify(remote: Remote, job: CertifyJob, end: float) -> CertifyJob:
     pause = FIRST_POLL
-    while not job.ended and time.monotonic() + pause < end:
-        time.sleep(pause)
+    while not job.ended and end - time.monotonic() > LAST_LOOK:
+        time.sleep(max(0.0, min(pause, end - time.monotonic() - LAST_LOOK)))
         job = remote.certify_job(job.id)
         pause = min(MAX_POLL, pause * 1.5)
-    if not job.ended and time.monotonic() < end:  # one last look at the deadline
-        time.sleep(max(0.0, end - time.monotonic()))
-        job = remote.certify_job(job.id)
     return job
 
 

@@ -28,7 +28,7 @@ from tests.remote.test_attack_client import H200, entry_for
 
 pytestmark = pytest.mark.bad_input("server answers")
 MIB = 1 << 20
-MAX_REVOCATIONS, MAX_MISSES = 4 * MIB, 256 * MIB  # remote/endpoints.py's caps, as the error messages name them
+MAX_REVOCATIONS, MAX_MISSES = 4 * MIB, 32 * MIB  # remote/endpoints.py's caps, as the error messages name them
 
 
 @pytest.fixture(autouse=True)
