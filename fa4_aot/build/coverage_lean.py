@@ -80,7 +80,8 @@ class Regions:
             if refused:
                 return Lookup((), unsupported=refused)
             regions = self.regions(each)
-            points = recipe_space.draw(recipe_space.space(each, self.sku), np.random.default_rng(SEED), POINTS)
+            points = recipe_space.pinned(recipe_space.draw(recipe_space.space(each, self.sku),
+                                                           np.random.default_rng(SEED), POINTS), each)
             points[HEADS][:] = each.heads_kv  # the signature's own head count, as FA4's plan of it
             open_, judge = np.ones(POINTS, dtype=bool), recipe_space.Judge(points)
             for region in regions:

@@ -24,7 +24,7 @@ from .. import fa4
 from ..errors import DiskFull
 from ..spec import kernel_keys, probes, recipe_space
 from ..spec.calls import Call
-from ..spec.recipe_format import HEADS, SIZE_NAMES, call_sizes, sizes_of_call
+from ..spec.recipe_format import HEADS, PAGE_SIZE, SIZE_NAMES, bound_sizes, call_sizes, sizes_of_call
 from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
@@ -114,12 +114,12 @@ def explore(worker: Worker, sig: Signature, recorded: dict[str, list[Region]],
     rng = np.random.default_rng(int(hashlib.sha256(kernel_keys.dumps(sig.to_dict()).encode()).hexdigest()[:15], 16))
     before, judged, clean = len(known), 0, 0
     refused: dict[str, list[Any]] = {}  # FA4's refusal -> the guards under which it refuses (not stored)
-    seeds = [{HEADS: sig.heads_kv, **p} for p in first]
+    seeds = [{**bound_sizes(sig), **p} for p in first]
     corners: dict[str, Any] | None = recipe_space.corners(sp)
     while clean < CLEAN_ROUNDS:
         count = ROUND << clean  # a round after a clean one is twice as large
-        points = _with_seeds(corners or recipe_space.draw(sp, rng, count, {n: _hints(known) for n in sp.names}),
-                             seeds)
+        points = _with_seeds(_one_token_pages(recipe_space.pinned(corners or recipe_space.draw(
+            sp, rng, count, {n: _hints(known) for n in sp.names}), sig)), seeds)
         seeds, corners, judged = [], None, judged + len(points[HEADS])
         judge = recipe_space.Judge(points)  # the regions share most guards: each distinct one is evaluated once
         open_ = ~judge.any_covers([*(r.guards for r in known), *refused.values()])
@@ -136,6 +136,16 @@ def explore(worker: Worker, sig: Signature, recorded: dict[str, list[Region]],
                     return Explored(len(known) - before, judged, tuple(refused))
             open_ &= ~judge.covered(guards)
     return Explored(len(known) - before, judged, tuple(refused))
+
+
+def _one_token_pages(points: dict[str, Any]) -> dict[str, Any]:
+    """Every other point of a paged signature at page size 1: torch's contiguity check of the pool (FA4's
+    maybe_contiguous) guards `page_size == 1` (a dimension of size 1 may have any stride), so a region recorded at
+    another page size never holds there, though FA4 launches the same kernels; exploring both serves every page
+    size FA4 serves with the signature's kernels (issue 29). Other points as they are."""
+    if PAGE_SIZE in points:
+        points[PAGE_SIZE] = np.where(np.arange(len(points[PAGE_SIZE])) % 2 == 1, 1, points[PAGE_SIZE])
+    return points
 
 
 def _only(at: dict[str, int]) -> list[Any]:
@@ -172,7 +182,7 @@ def _record(worker: Worker, sig: Signature, sizes: dict[str, int],
             recorded: dict[str, list[Region]]) -> Region:
     key = recipes.recipe_key(sig, worker.sku)
     region = fa4.record_recipe(sig, sizes, worker.sku)  # parsed: what clients would refuse fails here
-    if not region.holds({HEADS: sig.heads_kv, **sizes}):
+    if not region.holds({**bound_sizes(sig), **sizes}):
         raise ValueError(f"the region recorded at {sizes} does not hold there (a recorder fault)")
     _known(worker, key).append(region)
     recorded.setdefault(key, []).append(region)

@@ -162,7 +162,7 @@ def _held_points(sig: Signature, sku: Sku, regions: list[Region]) -> dict[int, l
     extra = _near_constants(regions)
     held: dict[int, list[dict[str, int]]] = {}
     for own in (True, False):
-        points = recipe_space.draw(sp, np.random.default_rng(SEED + own), POINTS, extra)
+        points = recipe_space.pinned(recipe_space.draw(sp, np.random.default_rng(SEED + own), POINTS, extra), sig)
         if own:
             points[HEADS][:] = sig.heads_kv
         keep = _within_bounds(sig, points)

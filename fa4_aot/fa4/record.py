@@ -4,9 +4,10 @@ FA4's FlashAttnFunc / FlashAttnVarlenFunc forward (and backward, for training) r
 batch and sequence lengths are torch symbols (a ShapeEnv). Every torch op FA4 issues (allocations, zero
 fills, views) is traced by a dispatch mode, and every compiled-kernel call it makes is captured by the
 compile-cache recorder with its full argument list; sizes in both stay symbolic. The KV head count is a size
-too (the query heads are the signature's GQA ratio times it), so every branch FA4 takes on a size or a head
-count (tile choice, q_stage, pack_gqa, 2-CTA, split heuristics, the compile key itself) becomes a ShapeEnv
-guard: the recipe holds exactly where those guards hold, so replaying it (fa4_aot/runtime/replay.py) is FA4's own
+too (the query heads are the signature's GQA ratio times it), and so are the values FA4 passes to its kernels at
+run time (a paged call's page size, a local window's sides: recipe_format.bound_sizes), so every branch FA4 takes
+on a size, a head count, a page size or a window (tile choice, q_stage, pack_gqa, 2-CTA, paged TMA, split
+heuristics, the compile key itself) becomes a ShapeEnv guard: the recipe holds exactly where those guards hold, so replaying it (fa4_aot/runtime/replay.py) is FA4's own
 decision.
 
 Run only in a process configured for the target SKU (target.configure), as the build workers are.
@@ -18,7 +19,7 @@ import math
 from typing import Any
 
 from ..spec.kernel_keys import canonical, kernel_key
-from ..spec.recipe_format import HEADS, RECIPE_FORMAT, SIZE_NAMES, size_names
+from ..spec.recipe_format import HEADS, PAGE_SIZE, RECIPE_FORMAT, SIZE_NAMES, WINDOW, bound_sizes, size_names
 from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Sku
@@ -32,7 +33,8 @@ from .versions import toolchain
 def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = True,
            defaults: tuple[str, ...] = ()) -> Region:
     """The recipe of `sig` for the region of sizes containing `sizes` (names: recipe_format.size_names(layout); the KV
-    head count defaults to the signature's, the query heads are always the signature's GQA ratio times it).
+    head count, page size and window default to the signature's (recipe_format.bound_sizes), the query heads are
+    always the signature's GQA ratio times the KV heads).
     With symbolic=False, FA4 runs at exactly `sizes`: what it does there, for comparing with a replay; the
     size arguments named in `defaults` (max_seqlen_q/k of seqused and paged calls) are then left to FA4.
     Raises Refused where FA4 refuses the call, with the guards under which it does; ValueError if what FA4 did
@@ -42,14 +44,14 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
 
     if sig.layout not in SIZE_NAMES:
         raise ValueError(f"layout {sig.layout!r} has no lean recipe (known: {', '.join(SIZE_NAMES)})")
-    sizes = {HEADS: sig.heads_kv, **sizes}
+    sizes = {**bound_sizes(sig), **sizes}
     session = Session(ShapeEnv(duck_shape=False, specialize_zero_one=False), 1.0 / math.sqrt(sig.head_dim), symbolic)
     try:
         inputs, fwd, bwd, outputs = _trace(sig, sizes, session, defaults)
     except Exception as e:
         raise Refused(e, _guards_or_none(session)) from e
     return Region.parse({
-        "format": RECIPE_FORMAT, "signature": sig.to_dict(), "guards": session.guards(),
+        "format": RECIPE_FORMAT, "signature": sig.to_dict(), "guards": session.guards() + _pinned(sig, sizes),
         "inputs": {name: session.ref(t) for name, t in inputs.items() if isinstance(t, torch.Tensor)},
         "tensors": len(session.keep), "meta": session.meta, "fwd": fwd, "bwd": bwd, "outputs": outputs,
         "softmax_scale": session.scale,
@@ -66,6 +68,21 @@ class Refused(Exception):
     def __init__(self, error: Exception, guards: list[Any] | None) -> None:
         super().__init__(f"{type(error).__name__}: {error}")
         self.guards = guards
+
+
+def _symbolic(sig: Signature, name: str, value: int) -> bool:
+    """Whether size `name` is a symbol of the recording: every size of the layout; a window side only for a local
+    window and only when not negative (a size symbol is >= 0; FA4 reads a negative side as it is, so such a region
+    is pinned to it: _pinned)."""
+    if name in WINDOW:
+        return sig.mask == "local" and value >= 0
+    return name != PAGE_SIZE or sig.layout == "paged"
+
+
+def _pinned(sig: Signature, sizes: dict[str, int]) -> list[Any]:
+    """Guards pinning the window sides recorded as constants (negative ones) to their values."""
+    return [["eq", ["sym", name], sizes[name]] for name in WINDOW
+            if sig.mask == "local" and not _symbolic(sig, name, sizes[name])]
 
 
 def _guards_or_none(session: Session) -> list[Any] | None:
@@ -86,7 +103,8 @@ def _trace(sig: Signature, sizes: dict[str, int], session: Session, defaults: tu
     seen: dict[tuple[str, str], Any] = {}
     with FakeTensorMode(shape_env=session.env), launching(interface), \
             caches.swapped(lambda family, _old: LaunchRecorder(family, session, seen)):
-        dims = {name: session.size(name, sizes[name]) for name in size_names(sig.layout)}
+        dims = {name: session.size(name, sizes[name]) if _symbolic(sig, name, sizes.get(name, 0)) else sizes.get(name)
+                for name in size_names(sig.layout)}
         inputs, fn, kwargs = _inputs(sig, dims, session, torch, defaults)
         ctx = _Ctx()
         with torch.no_grad():
@@ -129,7 +147,8 @@ def _inputs(sig: Signature, dims: dict[str, Any], session: Session, torch: Any,
     inputs = _layout_inputs(sig, dims, hq, tensor, torch.int32)
     kwargs: dict[str, Any] = {
         "softmax_scale": session.scale, "causal": sig.mask == "causal",
-        "window_size": tuple(sig.window) if sig.mask == "local" else (None, None), "softcap": sig.softcap,
+        "window_size": tuple(dims[w] for w in WINDOW) if sig.mask == "local" else (None, None),
+        "softcap": sig.softcap,
         "num_splits": sig.num_splits, "deterministic": sig.pass_ == "bwd_det", "return_lse": sig.pass_ == "fwd_lse",
     }
     kwargs.update({name: t for name, t in inputs.items() if name not in ("q", "k", "v")})
@@ -164,7 +183,7 @@ def _layout_inputs(sig: Signature, dims: dict[str, Any], hq: Any, tensor: Any, i
                 "v": tensor(dims["total_k"], hkv, dv), "cu_seqlens_q": tensor(b + 1, dt=int32),
                 "cu_seqlens_k": tensor(b + 1, dt=int32)}
     if sig.layout == "paged":
-        pool = (dims["num_pages"], sig.page_size, hkv)
+        pool = (dims["num_pages"], dims[PAGE_SIZE], hkv)
         return {"q": tensor(b, dims["seqlen_q"], hq, d), "k": tensor(*pool, d), "v": tensor(*pool, dv),
                 "page_table": tensor(b, dims["pages_per_seq"], dt=int32), "seqused_k": tensor(b, dt=int32)}
     sq, sk = dims["seqlen_q"], dims["seqlen_k"]  # dense, seqused

@@ -81,8 +81,9 @@ class Attention:
 
     def __init__(self, rt: Runtime, sig: Signature) -> None:
         self.rt, self.sig = rt, sig
-        # the file by GQA ratio (format 2), a store's file from before it by head counts (format 1), then for a
-        # forward-only call the training files whose forward FA4 runs for it (store.recipes.sources)
+        # the file by GQA ratio without page size or window (format 3), a store's files from before it by page
+        # size and window (format 2) and by head counts (format 1), then for a forward-only call the training files
+        # whose forward FA4 runs for it (store.recipes.sources)
         self.sources = recipes.sources(sig, rt.sku)
         self.key = self.sources[0][0]
         self._refetched = False
@@ -125,8 +126,10 @@ class Attention:
         self.regions = self._read()
 
     def sizes(self, sizes: dict[str, int]) -> dict[str, int]:
-        """A call's sizes with the signature's KV head count, a size of format-2 regions (recipe_format.HEADS)."""
-        return {**sizes, recipe_format.HEADS: self.sig.heads_kv}
+        """A call's sizes with those its signature fixes (recipe_format.bound_sizes: the KV head count, a paged
+        call's page size, a local window's sides), sizes of format-3 regions (format 2 reads the head count only:
+        its file's key names the rest)."""
+        return {**sizes, **recipe_format.bound_sizes(self.sig)}
 
     def region(self, sizes: dict[str, int]) -> Region:
         """The region whose guards hold at `sizes` (with the KV head count: Attention.sizes); KernelMissing

@@ -18,13 +18,19 @@ from typing import Any
 from . import symexpr
 from .calls import Call
 
-RECIPE_FORMAT = 2
+RECIPE_FORMAT = 3
 # Format 1 (builds before issue 17) held head counts as constants and its file's key named them. Format 2 holds
 # the KV head count as a size (HEADS; the query heads are the signature's GQA ratio times it), so FA4's choices
 # on head counts are guards like those on lengths, and its file's key names the GQA ratio only
-# (store.recipes.recipe_key). The lean runtime reads both.
-FORMATS = (1, 2)
+# (store.recipes.recipe_key). Format 3 (issue 29) holds the other values FA4 passes to its kernels at run time
+# as sizes too: a paged call's page size (PAGE_SIZE) and a local window's sides (WINDOW); FA4's compile key names
+# neither (only `page_table is not None`, `window_size_left is not None`, ... and what its host code derives from
+# them, e.g. `paged_kv_tma = page_size == tile_n`, which become guards), so its file's key names neither. The
+# lean runtime reads all three.
+FORMATS = (1, 2, 3)
 HEADS = "heads_kv"
+PAGE_SIZE = "page_size"
+WINDOW = ("window_left", "window_right")
 # What FA4's host path issues between its kernel launches, as the recorder's dispatch mode sees it (issue 18, D26:
 # a recipe file is data, never a way to reach any other torch op). The first five are every op in about 5,000
 # regions recorded on the h200 and the b200 (dense, varlen, seqused, paged; every pass, mask, sink, split and
@@ -51,7 +57,20 @@ SIZE_NAMES = {
 def size_names(layout: str, fmt: int = RECIPE_FORMAT) -> tuple[str, ...]:
     """The sizes a region of `layout` recorded in format `fmt` is a function of (KeyError for a layout without
     recipes)."""
-    return SIZE_NAMES[layout] + ((HEADS,) if fmt >= 2 else ())
+    bound = (((PAGE_SIZE,) if layout == "paged" else ()) + WINDOW) if fmt >= 3 else ()
+    return SIZE_NAMES[layout] + ((HEADS,) if fmt >= 2 else ()) + bound
+
+
+def bound_sizes(sig: Any) -> dict[str, int]:
+    """The sizes of a format-3 region that a call's signature (or Call) fixes: its KV head count, a paged call's
+    page size and a local window's sides. A call passes them with its lengths; the recorder records them as
+    symbols, so a region holds at every value where FA4 makes the same choices."""
+    found = {HEADS: sig.heads_kv}
+    if sig.layout == "paged":
+        found[PAGE_SIZE] = sig.page_size
+    if sig.mask == "local":
+        found.update(zip(WINDOW, map(int, sig.window), strict=True))
+    return found
 
 
 def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int, page_size: int = 0) -> dict[str, int]:
@@ -73,9 +92,10 @@ def sizes_of_call(layout: str, batch: int, seqlen_q: int, seqlen_k: int, page_si
 
 
 def call_sizes(call: Call) -> dict[str, int]:
-    """The sizes of `call` that a format-2 region's guards read: sizes_of_call's with the KV head count."""
+    """The sizes of `call` that a region's guards read: sizes_of_call's with those its signature fixes
+    (bound_sizes)."""
     return {**sizes_of_call(call.layout, call.batch, call.seqlen_q, call.seqlen_k, call.page_size),
-            HEADS: call.heads_kv}
+            **bound_sizes(call)}
 
 
 REQUIRED = frozenset({"format", "signature", "guards", "inputs", "tensors", "meta", "fwd", "bwd", "outputs",

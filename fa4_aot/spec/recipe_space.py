@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import probes
-from .recipe_format import HEADS
+from .recipe_format import HEADS, bound_sizes
 from .signature import Signature
 from .skus import Sku
 
@@ -139,6 +139,17 @@ def draw(sp: Space, rng: np.random.Generator, count: int,
     own = rng.integers(0, 2, count) == 0  # the signature's own head count half the time
     others = np.array(sp.heads, dtype=np.int64)[rng.integers(0, len(sp.heads), count)]
     points[HEADS] = np.where(own, sp.heads[0], others)
+    return points
+
+
+def pinned(points: dict[str, Any], sig: Signature) -> dict[str, Any]:
+    """`points` with a column for each size `sig` fixes other than the KV head count (a paged call's page size, a
+    local window's sides: recipe_format.bound_sizes), at the signature's value: a signature's space is explored at
+    its own values, and the regions recorded there hold at every other value where FA4 chooses alike."""
+    count = len(points[HEADS])
+    for name, value in bound_sizes(sig).items():
+        if name != HEADS:
+            points[name] = np.full(count, value, dtype=np.int64)
     return points
 
 

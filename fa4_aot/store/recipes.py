@@ -1,10 +1,12 @@
 """Recipes in the store: recipes/<ab>/<recipe key>.json holds every recorded region of one signature on one SKU.
 
 The recipe key is sha256 of the signature and the SKU's target facts; it needs no compiler to compute, so a lean
-GPU host finds its recipes without cutlass. It names head counts only through the GQA ratio, which is all of them
-FA4's kernels and dispatch read apart from sizes (issue 17): regions (recipe format 2) hold the KV head count as a
-size, guarded like the lengths, so one file serves a signature at every head count of its ratio. Files of format 1
-(builds before) are keyed by both head counts (`legacy_key`) and still read. Each region names the toolchain it
+GPU host finds its recipes without cutlass. It names only what FA4's compile key and host dispatch tell apart:
+head counts only through the GQA ratio (issue 17), and neither a paged call's page size nor a local window's sides
+(issue 29): regions (recipe format 3) hold the KV head count, the page size and the window as sizes, guarded like
+the lengths, so one file serves a signature at every head count of its ratio, every page size and every window.
+Files of format 2 (keyed by the page size and window too) and format 1 (by both head counts) are still read, under
+their own keys (`sources`). Each region names the toolchain it
 was recorded with; a build with another toolchain replaces the regions of the old one (its kernel keys differ
 anyway).
 """
@@ -21,6 +23,7 @@ from typing import Any, NamedTuple
 
 from ..errors import StoreError
 from ..spec import kernel_keys, symexpr
+from ..spec.recipe_format import FORMATS, RECIPE_FORMAT
 from ..spec.region import Region, parse_regions
 from ..spec.signature import Signature
 from ..spec.skus import Sku
@@ -29,9 +32,10 @@ from . import Store
 MAX_BYTES = 8 << 20  # a recipe file a server accepts: regions are a few KB each
 
 
-def recipe_key(sig: Signature, sku: Sku) -> str:
-    """The key of the file holding `sig`'s regions on `sku` (format 2: by GQA ratio)."""
-    return key_of(keyed_signature(sig.to_dict()), sku.target_facts())
+def recipe_key(sig: Signature, sku: Sku, fmt: int = RECIPE_FORMAT) -> str:
+    """The key of the file holding `sig`'s regions of format `fmt` on `sku` (format 3: by GQA ratio, mask without
+    window, layout without page size; format 2: by GQA ratio; format 1: `legacy_key`)."""
+    return key_of(keyed_signature(sig.to_dict(), fmt), sku.target_facts())
 
 
 def legacy_key(sig: Signature, sku: Sku) -> str:
@@ -57,36 +61,38 @@ class Source(NamedTuple):
 
 
 def sources(sig: Signature, sku: Sku) -> list[Source]:
-    """Every file whose regions may serve `sig` on `sku`, in the order to use them: its own file by GQA ratio, its
-    format-1 file by head counts, then those of the training signatures whose forward FA4 runs for it (their
-    regions' forward steps only)."""
+    """Every file whose regions may serve `sig` on `sku`, in the order to use them: its own file (format 3), its
+    format-2 file (by page size and window too) and its format-1 file (by head counts), then those of the
+    training signatures whose forward FA4 runs for it (their regions' forward steps only)."""
     found: dict[str, bool] = {}
     for pass_ in (sig.pass_, *_SERVED_BY.get(sig.pass_, ())):
         other = dataclasses.replace(sig, pass_=pass_)
-        for key in (recipe_key(other, sku), legacy_key(other, sku)):
+        for key in (recipe_key(other, sku), recipe_key(other, sku, 2), legacy_key(other, sku)):
             found.setdefault(key, pass_ != sig.pass_)
     return [Source(key, forward) for key, forward in found.items()]
 
 
-def keyed_signature(signature: Any) -> Any:
-    """What a format-2 key names of a signature (as Signature.to_dict writes it): every field but the head counts,
-    and FA4's `qhead_per_kvhead` in their place. A signature FA4 refuses (query heads not a multiple of KV heads)
-    is left as it is: no region is ever recorded for it."""
+def keyed_signature(signature: Any, fmt: int = RECIPE_FORMAT) -> Any:
+    """What a key of format `fmt` (2 or 3) names of a signature (as Signature.to_dict writes it): every field but
+    the head counts, and FA4's `qhead_per_kvhead` in their place; format 3 names neither the page size nor the
+    window either (regions hold them as sizes: recipe_format.bound_sizes). A signature FA4 refuses (query heads not
+    a multiple of KV heads) is left as it is: no region is ever recorded for it."""
     if not isinstance(signature, dict):
         return signature
     hq, hkv = signature.get("heads_q"), signature.get("heads_kv")
     if isinstance(hq, bool) or isinstance(hkv, bool) or not (isinstance(hq, int) and isinstance(hkv, int)) \
             or hkv <= 0 or hq % hkv:
         return signature
-    doc = {k: v for k, v in signature.items() if k not in ("heads_q", "heads_kv")}
+    dropped = ("heads_q", "heads_kv") + (("page_size", "window") if fmt >= 3 else ())
+    doc = {k: v for k, v in signature.items() if k not in dropped}
     doc["qhead_per_kvhead"] = hq // hkv
     return doc
 
 
 def region_key(region: dict[str, Any], target: dict[str, Any]) -> str:
     """The key a file holding `region` has on a SKU with facts `target` (by its format)."""
-    signature = region.get("signature")
-    return key_of(signature if region.get("format") == 1 else keyed_signature(signature), target)
+    signature, fmt = region.get("signature"), region.get("format")
+    return key_of(signature if fmt == 1 else keyed_signature(signature, fmt if fmt in FORMATS else 0), target)
 
 
 def key_of(signature: Any, target: dict[str, Any]) -> str:

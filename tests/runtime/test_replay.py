@@ -16,6 +16,7 @@ from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
 from fa4_aot.spec import recipe_format
 from fa4_aot.spec.region import Launch, Region, parse_regions
+from fa4_aot.spec.signature import Signature
 
 ROOT = Path(__file__).resolve().parents[2]
 SIG = {"layout": "dense", "pass_": "bwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
@@ -53,9 +54,10 @@ def regions(documents: list[dict]) -> list[Region]:
 
 
 def _sizes(case: int) -> dict:
-    """The sizes of PAIRS[case] with its KV head count, a size of the region (runtime.recipe_format.HEADS)."""
+    """The sizes of PAIRS[case] with those its signature fixes (KV head count, page size, window), sizes of the
+    region (recipe_format.bound_sizes)."""
     sig, sizes = PAIRS[case]
-    return {**sizes, recipe_format.HEADS: sig["heads_kv"]}
+    return {**sizes, **recipe_format.bound_sizes(Signature.from_dict(sig))}
 
 
 def _inputs(region: Region, sizes: dict, torch) -> dict:

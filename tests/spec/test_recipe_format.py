@@ -121,7 +121,7 @@ REFUSED = [  # (case, change to a real region, what the error names)
     ("deep expression", lambda r: r["guards"].append(_deep(100)), "nested deeper"),
     ("unknown region field", _edit(("code",), "x"), "unknown fields: code"),
     ("missing field", lambda r: r.pop("fwd"), "fields missing: fwd"),
-    ("another format", _edit(("format",), 3), "format 3"),
+    ("another format", _edit(("format",), 4), "format 4"),
     # format 1 (before issue 17) has no head-count size: its key names the head counts
     ("head count in a format-1 region", lambda r: r.update(format=1) or r["guards"].append(["ge", ["sym", "heads_kv"],
                                                                                             1]),

@@ -37,7 +37,11 @@ def test_draws_lie_in_the_space_and_name_every_size(layout: str) -> None:
     sp = recipe_space.space(sig, SKU)
     assert set(sp.names) == set(recipe_format.SIZE_NAMES[layout])
     points = recipe_space.draw(sp, np.random.default_rng(1), 5000)
-    assert set(points) == set(recipe_format.size_names(layout))
+    assert set(points) == {*recipe_format.SIZE_NAMES[layout], recipe_format.HEADS}
+    # the sizes the signature fixes (a paged call's page size; a local window's sides) at its values: pinned
+    fixed = set(recipe_space.pinned(dict(points), sig)) - set(points)
+    assert fixed == ({recipe_format.PAGE_SIZE} if layout == "paged" else set())
+    assert fixed <= set(recipe_format.size_names(layout))
     heads = points[recipe_format.HEADS]
     assert (heads == 8).mean() > 0.4 and set(heads) == {1, 8}  # split-KV: own and 1
     plain = recipe_space.draw(recipe_space.space(dataclasses.replace(sig, num_splits=1), SKU),
