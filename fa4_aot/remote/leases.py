@@ -23,7 +23,6 @@ class JobRunner:
     lease: float  # seconds a claim holds a job; renewed every third of it
     poll: float  # seconds to wait when no job is queued, or after the server failed
     done: int  # jobs this process finished
-    max_backoff: float = 60.0  # seconds: the longest wait after the server failed several times in a row
 
     def run_one(self) -> bool:
         """Claim and run one job; False when none was queued."""
@@ -31,26 +30,17 @@ class JobRunner:
 
     def run(self, stop: threading.Event, max_jobs: int | None = None) -> None:
         """Run jobs until `stop` is set (or `max_jobs` are finished); waits `poll` seconds when none is queued,
-        and after the server could not be reached or answered something malformed (a claim that is not a job:
-        logged, issue 28 D42) twice as long each time in a row, at most `max_backoff`."""
-        failures = 0
+        and as long again after the server could not be reached or answered something malformed."""
         while not stop.is_set() and (max_jobs is None or self.done < max_jobs):
             try:
-                ran, failures = self.run_one(), 0
+                ran = self.run_one()
             except Fa4AotError as e:
-                wait = self.backoff(failures)
-                failures += 1
-                log.warning("server %s: %s; retrying in %.1f s", self.remote.url, e, wait)
+                log.warning("server %s: %s; retrying in %.0f s", self.remote.url, e, self.poll)
                 self.remote.close()
                 self.remote = self.remote_factory()
-                stop.wait(wait)
-                continue
+                ran = False
             if not ran:
                 stop.wait(self.poll)
-
-    def backoff(self, failures: int) -> float:
-        """Pure: seconds to wait after `failures` + 1 failures in a row: `poll`, doubling, at most `max_backoff`."""
-        return float(min(self.poll * 2 ** min(failures, 30), self.max_backoff))
 
     @contextmanager
     def leased(self, job_id: int, renew: Callable[[Remote], bool]) -> Iterator[threading.Event]:

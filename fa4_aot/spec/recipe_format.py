@@ -110,9 +110,13 @@ MAX_TENSORS, MAX_STEPS, MAX_GUARDS, MAX_KERNELS, MAX_OUTS, MAX_NESTING = 1024, 4
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def check_region(region: Any) -> None:
+def check_region(region: Any, memo: dict[tuple[Any, ...], set[int]] | None = None) -> None:
     """ValueError unless `region` is a recipe region of a format in FORMATS holding only what FA4's host
-    path does (its size expressions over size_names of its layout and format)."""
+    path does (its size expressions over size_names of its layout and format). `memo` (one per document, kept only
+    while the document lives) skips a guard, meta, kernel or step object already admitted in the same context
+    (size names, tensor and kernel counts: the memo's keys; the ids of the objects admitted: its values). A
+    compact file's regions share each distinct value and list (spec/recipe_file.py), so a file costs a check per
+    distinct one, not per region."""
     if not isinstance(region, dict):
         raise ValueError("not an object")
     missing, extra = sorted(REQUIRED - set(region)), sorted(set(region) - REQUIRED - OPTIONAL)
@@ -128,21 +132,32 @@ def check_region(region: Any) -> None:
         raise ValueError(f"signature of layout {str(layout)[:40]!r} (recipes exist for {', '.join(SIZE_NAMES)})")
     values = _Values(frozenset(size_names(layout, region["format"])), _count(region["tensors"], MAX_TENSORS, "tensors"),
                      len(_list(region["kernels"], MAX_KERNELS, "kernels")))
-    for guard in _list(region["guards"], MAX_GUARDS, "guards"):
-        symexpr.check(guard, values.names)
+    seen = (memo if memo is not None else {}).setdefault((values.names, values.tensors, values.kernels), set())
+    _once(seen, lambda g: symexpr.check(g, values.names), _list(region["guards"], MAX_GUARDS, "guards"))
     if len(_list(region["meta"], MAX_TENSORS, "meta")) != values.tensors:
         raise ValueError(f"meta describes {len(region['meta'])} tensors, not {values.tensors}")
-    for meta in region["meta"]:
-        values.meta(meta)
+    _once(seen, values.meta, region["meta"])
     for where, known in (("inputs", INPUTS), ("outputs", OUTPUTS)):
         _slots_by_name(region[where], known, values, where)
-    for kernel in region["kernels"]:
-        _kernel(kernel)
-    for step in _list(region["fwd"], MAX_STEPS, "fwd") + _list(region["bwd"], MAX_STEPS, "bwd"):
-        values.step(step)
+    _runnable(region, layout)
+    _once(seen, _kernel, region["kernels"])
+    _once(seen, values.step, _list(region["fwd"], MAX_STEPS, "fwd"))
+    _once(seen, values.step, _list(region["bwd"], MAX_STEPS, "bwd"))
     _number(region["softmax_scale"], "softmax_scale")
     _flat(region.get("recorded_at", {}), int, "recorded_at")
     _flat(region.get("toolchain", {}), str, "toolchain")
+
+
+def _once(seen: set[int], check: Any, xs: list[Any]) -> None:
+    """`check` each of `xs` that `seen` (ids of the objects admitted in this context) does not hold; nothing
+    when it holds the list `xs` itself."""
+    if id(xs) in seen:
+        return
+    for x in xs:
+        if id(x) not in seen:
+            check(x)
+            seen.add(id(x))
+    seen.add(id(xs))
 
 
 class _Values:
@@ -248,6 +263,35 @@ def _slots_by_name(x: Any, known: frozenset[str], values: _Values, what: str) ->
     for slot in x.values():
         if slot is not None or what == "inputs":
             values.slot(slot)
+
+
+# The tensors the lean runtime hands a region of each layout by name (runtime/call_args.py), besides q, k, v
+LAYOUT_INPUTS = {"dense": (), "varlen": ("cu_seqlens_q", "cu_seqlens_k"), "seqused": ("seqused_k",),
+                 "paged": ("seqused_k", "page_table")}
+GRADS = ("dq", "dk", "dv")  # what the backward returns for q, k, v (and dsink for a learnable sink)
+
+
+def _runnable(region: dict[str, Any], layout: str) -> None:
+    """ValueError unless replay.bind and the runtime's forward and backward find every slot they read by name
+    (issue 28, D38: a region without `out` or `lse`, or a backward without `dout` or dq, passed the format and
+    ended in a KeyError inside the runtime)."""
+    inputs, outputs = region["inputs"], region["outputs"]
+    sink = isinstance(region["signature"], dict) and region["signature"].get("sink") is True
+    for name in ("q", "k", "v", *LAYOUT_INPUTS[layout], *(("learnable_sink",) if sink else ())):
+        if name not in inputs:
+            raise ValueError(f"inputs name no {name!r}, which the runtime passes a {layout} region"
+                             f"{' of a sink signature' if name == 'learnable_sink' else ''}")
+    if outputs.get("out") is None:
+        raise ValueError("outputs name no 'out' slot, the attention output every call returns")
+    if "lse" not in outputs:
+        raise ValueError("outputs name no 'lse' (null when FA4 makes none)")
+    if not region["bwd"]:
+        return
+    if "dout" not in inputs:
+        raise ValueError("backward steps but no 'dout' input for them to read")
+    for name in GRADS + (("dsink",) if "learnable_sink" in inputs else ()):
+        if outputs.get(name) is None:
+            raise ValueError(f"backward steps but no {name!r} output for the gradient they return")
 
 
 def _kernel(kernel: Any) -> None:

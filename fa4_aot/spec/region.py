@@ -85,14 +85,18 @@ class Region:
     toolchain: dict[str, str] | None = None  # what recorded it (a build replaces other toolchains' regions)
 
     @classmethod
-    def parse(cls, doc: Any) -> Region:
-        """The region a recipe document holds; ValueError naming what recipe_format refuses in it."""
-        check_region(doc)
+    def parse(cls, doc: Any, shared: _Shared | None = None) -> Region:
+        """The region a recipe document holds; ValueError naming what recipe_format refuses in it. `shared` (one
+        per document: parse_regions) checks and builds each step, meta and kernel object the document's regions
+        share once (a compact file's regions share every repeated one: spec/recipe_file.py)."""
+        shared = shared if shared is not None else _Shared()
+        check_region(doc, shared.checked)
+        values = shared.values
         return cls(
             format=doc["format"], signature=doc["signature"], guards=doc["guards"], inputs=doc["inputs"],
-            tensors=doc["tensors"], meta=tuple(TensorMeta(m[0], m[1], m[2]["dtype"]) for m in doc["meta"]),
-            fwd=tuple(_step(s) for s in doc["fwd"]), bwd=tuple(_step(s) for s in doc["bwd"]),
-            outputs=doc["outputs"], kernels=tuple(KernelUse(**k) for k in doc["kernels"]),
+            tensors=doc["tensors"], meta=values(_meta, doc["meta"]),
+            fwd=values(_step, doc["fwd"]), bwd=values(_step, doc["bwd"]),
+            outputs=doc["outputs"], kernels=values(_kernel, doc["kernels"]),
             softmax_scale=doc["softmax_scale"], recorded_at=doc.get("recorded_at"),
             toolchain=doc.get("toolchain"))
 
@@ -137,13 +141,43 @@ def parse_regions(regions: Any) -> list[Region]:
     """The regions of a recipe file's "regions" list; ValueError naming the first one recipe_format refuses."""
     if not isinstance(regions, list):
         raise ValueError("recipe regions are not a list")
-    found = []
+    found, shared = [], _Shared()
     for i, region in enumerate(regions):
         try:
-            found.append(Region.parse(region))
+            found.append(Region.parse(region, shared))
         except ValueError as e:
             raise ValueError(f"region {i}: {e}") from None
     return found
+
+
+class _Shared:
+    """What parsing one document's regions shares: the objects recipe_format admitted (check_region's memo) and
+    the typed value built from each document object, both by the object's id (the document outlives the parse)."""
+
+    def __init__(self) -> None:
+        self.checked: dict[tuple[Any, ...], set[int]] = {}
+        self.built: dict[int, Any] = {}
+
+    def value(self, build: Any, doc: Any) -> Any:
+        found = self.built.get(id(doc))
+        if found is None:
+            found = self.built[id(doc)] = build(doc)
+        return found
+
+    def values(self, build: Any, docs: list[Any]) -> tuple[Any, ...]:
+        """The typed values of a list of documents (one tuple per list object: regions share lists too)."""
+        found = self.built.get(id(docs))
+        if found is None:
+            found = self.built[id(docs)] = tuple(self.value(build, d) for d in docs)
+        return found
+
+
+def _meta(doc: list[Any]) -> TensorMeta:
+    return TensorMeta(doc[0], doc[1], doc[2]["dtype"])
+
+
+def _kernel(doc: Mapping[str, Any]) -> KernelUse:
+    return KernelUse(**doc)
 
 
 def _slots_in(args: Arg) -> set[int]:

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import operator
 from collections.abc import Callable, Iterator
-from functools import reduce
 from typing import Any, NamedTuple
 
 from ..errors import StoreError
-from ..spec import kernel_keys, symexpr
+from ..spec import kernel_keys, recipe_file, symexpr
 from ..spec.recipe_format import FORMATS, RECIPE_FORMAT
 from ..spec.region import Region, parse_regions
 from ..spec.signature import Signature
 from ..spec.skus import Sku
+from ..spec.symexpr import bounded
 from . import Store
 
 MAX_BYTES = 8 << 20  # a recipe file a server accepts: regions are a few KB each
@@ -103,16 +102,13 @@ def key_of(signature: Any, target: dict[str, Any]) -> str:
 
 def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
     """ValueError unless `data` is a recipe file a server may keep under `key` for a SKU with facts `target`:
-    at most MAX_BYTES of JSON {"key": key, "regions": [...]} whose every region's signature hashes, with
-    `target`, to `key` (so a file cannot sit under another signature's or SKU's key) and whose every region
-    holds only what recipe_format admits (FA4's host ops, bounded arithmetic)."""
+    at most MAX_BYTES, compact or JSON (spec/recipe_file.py), holding {"key": key, "regions": [...]} whose every
+    region's signature hashes, with `target`, to `key` (so a file cannot sit under another signature's or SKU's
+    key) and whose every region holds only what recipe_format admits (FA4's host ops, bounded arithmetic)."""
     if len(data) > MAX_BYTES:
         raise ValueError(f"recipe file of {len(data)} bytes is over the {MAX_BYTES}-byte limit")
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"recipe file is not JSON ({str(e)[:100]})") from None
-    if not isinstance(doc, dict) or doc.get("key") != key:
+    doc = recipe_file.decode(data)
+    if doc.get("key") != key:
         raise ValueError(f"recipe file does not hold key {key}")
     regions = doc.get("regions")
     if not isinstance(regions, list) or not regions or not all(isinstance(r, dict) for r in regions):
@@ -127,21 +123,37 @@ def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
 def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[Region]:
     """The recorded regions under `key` ([] when none). `check(key, bytes)` may refuse the file by raising
     (the client's trust policy: trust.policy.Trust.check_recipe) before a byte of it is parsed; StoreError for a file
-    that is not JSON, holds another key, or holds what recipe_format refuses (signed or not: a recipe runs
-    only FA4's host ops)."""
+    that is not a recipe file (spec/recipe_file.py), holds another key, or holds what recipe_format refuses (signed
+    or not: a recipe runs only FA4's host ops). Files are parsed once per process by their bytes' sha256
+    (`_parsed`): sources, builds and certification load the same file many times."""
     data = store.recipes(key)
     if data is None:
         return []
     if check is not None:
         check(key, data)
+    digest = hashlib.sha256(data).digest()
+    found = _parsed.get((key, digest))
+    if found is None:
+        found = _parsed[(key, digest)] = tuple(_parse(store, key, data))
+        while len(_parsed) > _PARSED_MAX:
+            del _parsed[next(iter(_parsed))]
+    return list(found)  # a list of its own: find() reorders the list it is given
+
+
+# (key, sha256 of the file's bytes) -> its regions (frozen values, shared), oldest first
+_parsed: dict[tuple[str, bytes], tuple[Region, ...]] = {}
+_PARSED_MAX = 4096
+
+
+def _parse(store: Store, key: str, data: bytes) -> list[Region]:
     try:
-        doc = json.loads(data)
+        doc = recipe_file.decode(data)
     except ValueError as e:
         raise StoreError(f"unreadable recipe file {key} in {store.root}: {e}; rerun `fa4-aot build` (it rewrites "
-                         "the file)") from e
-    if not isinstance(doc, dict) or doc.get("key") != key:
-        held = doc.get("key") if isinstance(doc, dict) else None
-        raise StoreError(f"recipe file {key} in {store.root} holds key {str(held)[:80]!r}; rerun `fa4-aot build`")
+                         "the file)") from None
+    if doc.get("key") != key:
+        raise StoreError(f"recipe file {key} in {store.root} holds key {str(doc.get('key'))[:80]!r}; rerun "
+                         "`fa4-aot build`")
     try:
         return parse_regions(doc.get("regions"))
     except ValueError as e:
@@ -165,8 +177,7 @@ def merge(store: Store, key: str, regions: list[Region]) -> int:
             if region.toolchain == tools and kernel_keys.dumps(region.guards) not in seen:
                 kept.append(region)
                 seen.add(kernel_keys.dumps(region.guards))
-        doc = {"key": key, "regions": [r.to_json() for r in kept]}
-        store.put_recipes(key, json.dumps(doc, sort_keys=True).encode())
+        store.put_recipes(key, recipe_file.encode(key, [r.to_json() for r in kept]))
     return len(kept)
 
 
@@ -204,15 +215,16 @@ _OPS: dict[str, Callable[..., Any]] = {
 
 
 def _compile(expr: Any) -> Callable[[dict[str, int]], Any]:
-    """A closure computing a symexpr expression (checked by recipe_format at load) as symexpr.evaluate does: the
-    common ops directly (their operands are sizes and bounded literals, so values stay far below symexpr's bound:
-    FA4's guards multiply at most a few sizes), pow and fractions through symexpr.evaluate itself."""
+    """A closure computing a symexpr expression (checked by recipe_format at load) as symexpr.evaluate does,
+    refusing what it refuses: every size and every partial sum and product is held to symexpr.bounded (issue 28,
+    D37: without it a checked product of 2**62s ran for seconds and held where evaluate refuses). The common ops
+    directly, pow and fractions through symexpr.evaluate itself."""
     if isinstance(expr, bool | int):
         return lambda sizes: expr
     op, args = expr[0], expr[1:]
     if op == "sym":
         name = args[0]
-        return lambda sizes: sizes[name]
+        return lambda sizes: bounded(sizes[name])
     if op in ("pow", "frac") or any(isinstance(a, list) and a[0] in ("pow", "frac") for a in args):
         return lambda sizes: symexpr.evaluate(expr, sizes)
     parts = [_compile(a) for a in args]
@@ -220,10 +232,8 @@ def _compile(expr: Any) -> Callable[[dict[str, int]], Any]:
         a, b = parts
         fn = _OPS[op]
         return lambda sizes: fn(a(sizes), b(sizes))
-    if op == "add":
-        return lambda sizes: sum(p(sizes) for p in parts)
-    if op == "mul":
-        return lambda sizes: reduce(operator.mul, (p(sizes) for p in parts))
+    if op in ("add", "mul"):
+        return _fold(operator.add if op == "add" else operator.mul, parts)
     if op in ("max", "min", "and", "or"):
         folds: dict[str, Callable[[list[Any]], Any]] = {"max": max, "min": min, "and": all, "or": any}
         fold = folds[op]
@@ -231,6 +241,20 @@ def _compile(expr: Any) -> Callable[[dict[str, int]], Any]:
     if op == "not":
         return lambda sizes: not parts[0](sizes)
     return lambda sizes: symexpr.evaluate(expr, sizes)
+
+
+def _fold(fn: Callable[[Any, Any], Any], parts: list[Callable[[dict[str, int]], Any]]
+          ) -> Callable[[dict[str, int]], Any]:
+    """A variadic add or mul, each partial result bounded as symexpr.evaluate bounds it."""
+    first, rest = parts[0], parts[1:]
+
+    def fold(sizes: dict[str, int]) -> Any:
+        value = first(sizes)
+        for p in rest:
+            value = bounded(fn(value, p(sizes)))
+        return value
+
+    return fold
 
 
 def keys_for(store: Store, target: dict[str, Any]) -> Iterator[tuple[str, bytes]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.config import host_arch
-from fa4_aot.spec import recipe_format
+from fa4_aot.spec import recipe_file, recipe_format
 from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Entry, Store, maintenance, recipes
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
@@ -138,7 +138,7 @@ def test_decode_build_records_seqused_and_paged_recipes_the_lean_runtime_binds(t
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)
     files = sorted(tmp_path.glob("recipes/*/*.json"))  # one recipe file per signature, its regions covering every size
-    regions = sum(len(json.loads(f.read_text())["regions"]) for f in files)
+    regions = sum(len(recipe_file.decode(f.read_bytes())["regions"]) for f in files)
     assert doc["failed"] == 0 and doc["lean_failures"] == [] and len(files) == 4 and doc["recipes"] == regions >= 4
     opened = subprocess.run([sys.executable, "-c", DECODE_OPEN, str(tmp_path)], capture_output=True, text=True,
                             cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})

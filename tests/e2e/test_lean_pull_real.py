@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.config import host_arch
+from fa4_aot.spec import recipe_file
 from fa4_aot.store import Store, recipes
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.helpers.servers import Launch
@@ -64,7 +65,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _regions(store: Path) -> int:
     """The regions of the store's one recipe file: what the lean runtime must load, locally or from a server."""
     (file,) = store.glob("recipes/*/*.json")
-    return len(json.loads(file.read_text())["regions"])
+    return len(recipe_file.decode(file.read_bytes())["regions"])
 
 
 def _open(store: Path, server: str = "") -> dict:

@@ -51,15 +51,16 @@ def test_lean_runtime_on_an_empty_cache_fetches_from_the_server_under_trusted_ke
 
 
 def test_a_recipe_file_the_server_swapped_is_refused(server, signed, tmp_path: Path):
+    from fa4_aot.spec import recipe_file
     from fa4_aot.store import Store
 
     store = Store(Path(signed["store"]))
     files = sorted((Path(signed["store"]) / "recipes").rglob("*.json"))
     originals = {f: f.read_bytes() for f in files}
     for data in originals.values():  # a compromised server: same key, other regions (one region dropped), a
-        doc = json.loads(data)          # well-formed file (recipe_format admits it) that no manifest lists
+        doc = recipe_file.decode(data)  # well-formed file (recipe_format admits it) that no manifest lists
         regions = doc["regions"][:-1] or doc["regions"]
-        store.put_recipes(doc["key"], json.dumps({**doc, "regions": regions}, indent=2).encode())
+        store.put_recipes(doc["key"], recipe_file.encode(doc["key"], regions))
     try:
         out = _lean({"FA4_AOT_CACHE": str(tmp_path / "empty"), "FA4_AOT_SERVER": server,
                      "FA4_AOT_TRUSTED_KEYS": signed["public"]})

@@ -44,9 +44,11 @@ def lean_store(root: Path, kernels: int = 2) -> tuple[Store, list[Entry], dict[s
 
 
 def region(signature: dict[str, Any], note: str = "") -> dict[str, Any]:
-    """The smallest region recipe_format admits: no steps, `note` in its toolchain (so files differ)."""
-    return {"format": 1, "signature": signature, "guards": [], "inputs": {}, "tensors": 0, "meta": [], "fwd": [],
-            "bwd": [], "outputs": {}, "kernels": [], "softmax_scale": 0.125, "toolchain": {"note": note}}
+    """The smallest region recipe_format admits: no steps, the slots the runtime reads (q, k, v in, out and
+    lse out), `note` in its toolchain (so files differ)."""
+    return {"format": 1, "signature": signature, "guards": [], "inputs": {"q": 0, "k": 1, "v": 2}, "tensors": 4,
+            "meta": [[[1], [1], {"dtype": "bfloat16"}]] * 4, "fwd": [], "bwd": [], "outputs": {"out": 3, "lse": None},
+            "kernels": [], "softmax_scale": 0.125, "toolchain": {"note": note}}
 
 
 def recipe_file(store: Store, n: int, extra: str = "") -> tuple[str, bytes]:
@@ -145,7 +147,7 @@ def test_d26_server_refuses_recipe_with_foreign_op_or_unbounded_power(server: Se
     url = f"/v1/skus/h200/recipes/{key}"
     step = {"op": "load_library.__call__.__call__", "args": [str(tmp_path / "evil.so")], "kwargs": {"kw": {}},
             "out": [0], "tuple": False}
-    foreign = {**region(signature), "tensors": 1, "meta": [[[1], [1], {"dtype": "int32"}]], "fwd": [step]}
+    foreign = {**region(signature), "fwd": [step]}
     power = {**region(signature), "guards": [["gt", ["pow", 10, 10**9], 1]]}
     with server.client("publish") as c:
         assert _publish(c, store, entry).status_code in (200, 201)

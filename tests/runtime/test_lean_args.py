@@ -119,8 +119,9 @@ def test_trusted_keys_let_the_lean_runtime_use_only_signed_recipes(tmp_path) -> 
     store = Store(tmp_path / "store")
     sig = api.signature("dense", "torch.bfloat16", 8, 64, 8, 64, causal=True)
     key = recipes.recipe_key(sig, sku)
-    region = {"format": 1, "signature": sig.to_dict(), "guards": [], "inputs": {}, "tensors": 0, "meta": [],
-              "fwd": [], "bwd": [], "outputs": {}, "kernels": [], "softmax_scale": 0.125}
+    region = {"format": 1, "signature": sig.to_dict(), "guards": [], "inputs": {"q": 0, "k": 1, "v": 2}, "tensors": 4,
+              "meta": [[[1], [1], {"dtype": "bfloat16"}]] * 4, "fwd": [], "bwd": [], "outputs": {"out": 3, "lse": None},
+              "kernels": [], "softmax_scale": 0.125}
     data = json.dumps({"key": key, "regions": [region]}).encode()
     store.put_recipes(key, data)
     private, public = signing_keys.generate(tmp_path / "keys", "k")
