@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from fa4_aot.spec.verdicts import DeviceClass
 
 from .build_schemas import BuilderName
+from .job_claims import ClaimId
 from .schemas import SkuName, Text
 from .verdict_schemas import VerdictIn
 
@@ -24,8 +25,6 @@ def _device_class(value: str) -> str:
 
 DeviceId = Annotated[str, Field(min_length=1, max_length=160, description="A device class id "
                                 "(nvidia-h200.132sm.driver-13.0.cuda-13.0)"), AfterValidator(_device_class)]
-ClaimId = Annotated[str, Field(min_length=16, max_length=128, pattern=r"^[A-Za-z0-9_-]+$",
-                               description="The claim id the claim was answered with")]
 Lease = Annotated[float, Field(default=60.0, ge=MIN_LEASE, le=MAX_LEASE, allow_inf_nan=False,
                                description="Seconds the job stays this certifier's without renewal (10 to 3600)")]
 

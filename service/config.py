@@ -31,6 +31,8 @@ class Settings(BaseSettings):
                                  "clients together; a miss past it is recorded but not queued (its answer says so).")
     build_queue_per_token: int = Field(default=64, gt=0, description="Build jobs one token (or one address, "
                                        "without a token) may have queued or running at once.")
+    db_busy_timeout: float = Field(default=30.0, gt=0, le=3600, description="Seconds a SQLite write waits for "
+                                   "another writer's lock; past it the request answers 503 with Retry-After.")
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")

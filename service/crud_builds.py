@@ -1,26 +1,31 @@
 """Build jobs in the database, keyword-only like crud.py (writes commit themselves; reads never raise for a
 missing row). A reported miss becomes at most one job per (SKU, key), however many clients report it; the queue
-is bounded per requester and in all; a builder claims the oldest queued job, or one whose lease ran out (its
-builder died), and renews the lease while it works. Each write that checks and changes the queue holds the
-table's write lock (db.lock_table), so concurrent reports and claims cannot pass a check together."""
+is bounded per requester and in all; a builder claims the oldest queued job of the SKUs it builds (and its token
+may publish), or one whose lease ran out (its builder died), and renews the lease while it works. Only the claiming
+token with the claim id its claim was answered with renews or finishes a job (issue 28, D30: job_claims.py, as the
+certify queue); a failure is transient and queued again with a backoff, FA4's refusal (rejected) is final (D35).
+Each write that checks and changes the queue holds the table's write lock (db.lock_table), so concurrent reports
+and claims cannot pass a check together."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from fa4_aot.spec.kernel_keys import dumps as canonical_json
 
-from . import db, models, schemas
+from . import crud, crud_recipes, db, job_claims, models, schemas
 from .build_schemas import BuildOut, BuildResult
-from .errors import Conflict, NotFound
+from .errors import NotFound
 
 ACTIVE = ("queued", "running")
-MAX_ATTEMPTS = 3  # claims of one job: past them its builders kept dying on it
+MAX_ATTEMPTS = 3  # claims of one job: past them its builders kept dying on it, or kept failing
 FINAL = ("done", "failed", "rejected")
+RETRY_BASE, RETRY_MAX = 30.0, 900.0  # seconds a failed job waits before its next claim: doubling, capped
+FAMILY_RECIPE = "recipe"  # a lean call's miss (fa4_aot/runtime/misses.py): its build publishes recipe files
 
 
 def now() -> datetime:
@@ -90,58 +95,105 @@ def get(session: Session, *, job_id: int) -> models.BuildJob:
     return job
 
 
-def claim(session: Session, *, builder: str, lease_seconds: float) -> models.BuildJob | None:
-    """The oldest queued job, or the oldest running one whose lease ran out, now running for `builder` until
-    its lease ends; None when there is none. A job whose builders died MAX_ATTEMPTS times (a call that kills its
-    compiler, say) fails instead of being claimed again."""
+def claim(session: Session, *, builder: str, token_id: int, skus: list[str] | None,
+          lease_seconds: float) -> tuple[models.BuildJob | None, str]:
+    """(the oldest claimable job of `skus` (any SKU when None): queued and past its retry's backoff, or running
+    with a lapsed lease; now running for `builder` under a new claim until its lease ends, and the claim id that
+    alone renews and finishes it); (None, '') when none. A job whose builders died MAX_ATTEMPTS times (a call that
+    kills its compiler, say) fails instead of being claimed again."""
     db.lock_table(session, models.BuildJob)
     t = now()
     while True:
-        job = session.scalar(
-            select(models.BuildJob)
-            .where(or_(models.BuildJob.status == "queued",
-                       and_(models.BuildJob.status == "running", models.BuildJob.lease_until < t)))
-            .order_by(models.BuildJob.id).limit(1))
+        job = session.scalar(_claimable(skus, t).order_by(models.BuildJob.id).limit(1))
         if job is None or job.attempts < MAX_ATTEMPTS:
             break
-        job.status, job.finished, job.lease_until = "failed", t, None
-        job.detail = (f"its builders stopped answering {job.attempts} times while building it (killed, or out of "
-                      "memory?); see their logs. DELETE /v1/misses/<key> forgets it: the next report queues it again")
+        _end(job, "failed", f"its builders stopped answering {job.attempts} times while building it (killed, or out "
+                            "of memory?); see their logs. DELETE /v1/misses/<key> forgets it: the next report queues "
+                            "it again", t)
     if job is None:
         session.commit()
-        return None
-    job.status, job.builder, job.attempts = "running", builder, job.attempts + 1
+        return None, ""
+    claim_id, claim_hash = job_claims.new()
+    job.status, job.builder, job.attempts, job.token_id = "running", builder, job.attempts + 1, token_id
+    job.claim_hash, job.not_before = claim_hash, None
     job.lease_until, job.started = t + timedelta(seconds=lease_seconds), job.started or t
     session.commit()
+    return job, claim_id
+
+
+def _claimable(skus: list[str] | None, t: datetime) -> Select[models.BuildJob]:
+    waited = or_(models.BuildJob.not_before.is_(None), models.BuildJob.not_before <= t)
+    query = select(models.BuildJob).where(
+        or_(and_(models.BuildJob.status == "queued", waited),
+            and_(models.BuildJob.status == "running", models.BuildJob.lease_until < t)))
+    return query if skus is None else query.where(models.BuildJob.sku.in_(skus))
+
+
+def held(session: Session, *, job_id: int, token_id: int, claim_id: str) -> models.BuildJob:
+    """Job `job_id` if it is running under this token's claim `claim_id`: Forbidden (403) when another token
+    claimed it, Conflict (409) when the claim is not the job's current one (a lapsed builder's, even of the same
+    name) or the job is not running."""
+    job = get(session, job_id=job_id)
+    job_claims.check_held(job, what=f"build job {job.id}", runner=f"builder {job.builder or 'none'}",
+                          token_id=token_id, claim_id=claim_id, claims="/v1/build-claims")
     return job
 
 
-def renew(session: Session, *, job_id: int, builder: str, lease_seconds: float) -> models.BuildJob:
-    """Extend `builder`'s lease of running job `job_id`. Conflict when the job is no longer its own (its lease
-    ran out and another builder claimed it, or it finished): the builder must drop it."""
+def renew(session: Session, *, job_id: int, token_id: int, claim_id: str, lease_seconds: float) -> models.BuildJob:
+    """Extend the lease of the job held under `claim_id` (see held()): the builder must drop it on 403/409."""
     db.lock_table(session, models.BuildJob)
-    job = _held(get(session, job_id=job_id), builder)
+    job = held(session, job_id=job_id, token_id=token_id, claim_id=claim_id)
     job.lease_until = now() + timedelta(seconds=lease_seconds)
     session.commit()
     return job
 
 
-def finish(session: Session, *, job_id: int, builder: str, result: BuildResult) -> models.BuildJob:
-    """Record the end of `builder`'s job `job_id`: done, failed or rejected with its detail and costs."""
+def finish(session: Session, *, job_id: int, token_id: int, result: BuildResult) -> models.BuildJob:
+    """Record how the claim's job ended: done or rejected (final), or failed, a transient failure (a full disk, a
+    server away while publishing): queued again after retry_delay() while attempts remain, else failed for good.
+    The caller checks that a done job's result is published (published())."""
     db.lock_table(session, models.BuildJob)
-    job = _held(get(session, job_id=job_id), builder)
-    job.status, job.detail, job.finished, job.lease_until = result.status, result.detail, now(), None
+    job = held(session, job_id=job_id, token_id=token_id, claim_id=result.claim)
+    t = now()
     job.compile_seconds, job.built = result.compile_seconds, result.built
+    if result.status != "failed":
+        _end(job, result.status, result.detail, t)
+    elif job.attempts >= MAX_ATTEMPTS:
+        _end(job, "failed", f"its builders failed {job.attempts} times; the last, {job.builder}, said: "
+                            f"{result.detail}. DELETE /v1/misses/<key> forgets it: the next report queues it again", t)
+    else:
+        delay = retry_delay(job.attempts)
+        job.status, job.lease_until, job.claim_hash, job.token_id = "queued", None, "", None
+        job.not_before = t + delay
+        job.detail = (f"attempt {job.attempts} by {job.builder} failed: {result.detail}; queued again, claimable "
+                      f"after {int(delay.total_seconds())} s")
     session.commit()
     return job
 
 
-def _held(job: models.BuildJob, builder: str) -> models.BuildJob:
-    if job.status != "running" or job.builder != builder:
-        session_state = f"{job.status}, builder {job.builder or 'none'}"
-        raise Conflict(f"build job {job.id} is not running for builder {builder!r} ({session_state}): its lease "
-                       "ran out and another builder took it, or it finished; drop it and claim another")
-    return job
+def retry_delay(attempts: int) -> timedelta:
+    """Pure: how long a job that failed `attempts` times waits before its next claim (doubling from RETRY_BASE)."""
+    return timedelta(seconds=min(RETRY_BASE * 2 ** max(attempts - 1, 0), RETRY_MAX))
+
+
+def published(session: Session, job: models.BuildJob) -> str:
+    """'' when what `job` asked for is served: its kernel's row (a kernel miss), or a recipe file of its SKU's
+    target (a lean call's miss, family "recipe"); else why it is not, and what a builder must do first."""
+    if job.family == FAMILY_RECIPE:
+        target = crud_recipes.target_of(session, sku=job.sku)
+        if session.scalar(select(models.Recipe.recipe_key).where(models.Recipe.target == target).limit(1)):
+            return ""
+        return (f"build job {job.id} is done only once the recipe file of SKU {job.sku} is published: push its "
+                "kernels and recipes (as `fa4-aot push` does) before finishing, or finish with status failed")
+    if crud.get_kernel(session, kernel_key=job.kernel_key) is not None:
+        return ""
+    return (f"build job {job.id} is done only once kernel {job.kernel_key} is published: push it (as `fa4-aot "
+            "push` does) before finishing, or finish with status failed")
+
+
+def _end(job: models.BuildJob, status: str, detail: str, t: datetime) -> None:
+    job.status, job.detail, job.finished, job.lease_until = status, detail, t, None
+    job.claim_hash, job.not_before = "", None
 
 
 def list_jobs(session: Session, *, status: str | None = None, offset: int = 0,
@@ -160,13 +212,15 @@ def depth(session: Session) -> dict[str, int]:
     return {status: found.get(status, 0) for status in ACTIVE + FINAL}
 
 
-def out(job: models.BuildJob, *, task: bool = False) -> BuildOut:
-    """The job as the API shows it; with `task`, also what a builder needs to run it (compile key, args)."""
+def out(job: models.BuildJob, *, task: bool = False, claim_id: str | None = None) -> BuildOut:
+    """The job as the API shows it; with `task`, also what a builder needs to run it (compile key, args);
+    `claim_id` only in the answers to its claimer."""
     doc = BuildOut(
         id=job.id, sku=job.sku, kernel_key=job.kernel_key, family=job.family, status=job.status,  # type: ignore[arg-type]
         reports=job.reports, attempts=job.attempts, builder=job.builder, created=job.created, started=job.started,
         finished=job.finished, lease_until=job.lease_until, detail=job.detail,
-        compile_seconds=job.compile_seconds, built=job.built, call=_loaded(job.call))
+        compile_seconds=job.compile_seconds, built=job.built, call=_loaded(job.call), claim=claim_id,
+        not_before=job.not_before)
     if task:
         doc.compile_key, doc.args = json.loads(job.compile_key), _loaded(job.args)
     return doc

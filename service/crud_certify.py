@@ -7,9 +7,7 @@ claims, with a `crash` verdict for their device class: the kernel may be what ki
 
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,9 +18,9 @@ from sqlalchemy.orm import Session
 from fa4_aot.spec.kernel_keys import dumps as canonical_json
 from fa4_aot.spec.verdicts import Verdict, worst
 
-from . import db, models
+from . import db, job_claims, models
 from .certify_schemas import CertifyJobOut, CertifyResult
-from .errors import Conflict, Forbidden, InvalidBody, NotFound
+from .errors import InvalidBody, NotFound
 
 ACTIVE = ("queued", "running")
 FINAL = ("done", "failed")
@@ -87,10 +85,10 @@ def claim(session: Session, *, sku: str, certifier: str, device: str, token_id: 
     if job is None:
         session.commit()
         return None, ""
-    claim_id = secrets.token_urlsafe(24)
+    claim_id, claim_hash = job_claims.new()
     job.lapses += int(job.status == "running")  # taken over: its certifier's lease ran out
     job.status, job.certifier, job.device, job.token_id = "running", certifier, device, token_id
-    job.claim_hash, job.attempts = _hash(claim_id), job.attempts + 1
+    job.claim_hash, job.attempts = claim_hash, job.attempts + 1
     job.lease_until, job.started = t + timedelta(seconds=lease_seconds), job.started or t
     session.commit()
     return job, claim_id
@@ -100,13 +98,8 @@ def held(session: Session, *, job_id: int, token_id: int, claim_id: str) -> mode
     """Job `job_id` if it is running under this token's claim `claim_id`: Forbidden (403) when another token
     claimed it, Conflict (409) when the claim is not the job's current one or the job is not running."""
     job = get(session, job_id=job_id)
-    if job.token_id is not None and job.token_id != token_id:
-        raise Forbidden(f"certify job {job.id} was claimed with another token; only the token that claimed it (with "
-                        "its claim id) may renew or finish it: claim a job of your own (POST /v1/certify-claims)")
-    if job.status != "running" or not secrets.compare_digest(job.claim_hash, _hash(claim_id)):
-        raise Conflict(f"certify job {job.id} is not running under this claim ({job.status}, certifier "
-                       f"{job.certifier or 'none'}): its lease ran out and another claim took it, or it ended; "
-                       "drop it and claim another")
+    job_claims.check_held(job, what=f"certify job {job.id}", runner=f"certifier {job.certifier or 'none'}",
+                          token_id=token_id, claim_id=claim_id, claims="/v1/certify-claims")
     return job
 
 
@@ -165,10 +158,6 @@ def _end(job: models.CertifyJob, status: str, detail: str, verdicts: list[Verdic
 
 def _requeue(job: models.CertifyJob, detail: str) -> None:
     job.status, job.detail, job.lease_until, job.claim_hash, job.token_id = "queued", detail, None, "", None
-
-
-def _hash(claim_id: str) -> str:
-    return hashlib.sha256(claim_id.encode()).hexdigest()
 
 
 def list_jobs(session: Session, *, status: str | None = None, sku: str | None = None, kernel_key: str | None = None,

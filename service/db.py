@@ -23,8 +23,9 @@ from fa4_aot.errors import DatabaseError
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`. SQLite gets a busy timeout, WAL and enforced foreign keys, and its folder is created.
+def make_engine(url: str, busy_timeout: float = 30.0) -> Engine:
+    """An engine for `url`. SQLite gets a busy timeout (`busy_timeout` seconds), WAL and enforced foreign keys,
+    and its folder is created.
 
     Raises DatabaseError for a URL that is neither SQLite nor PostgreSQL.
     """
@@ -32,7 +33,7 @@ def make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             _private_file(Path(parsed.database))
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": busy_timeout})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     if parsed.get_backend_name() == "postgresql":

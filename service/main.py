@@ -19,12 +19,13 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Store
 
-from . import db, docs, openapi, sync, watch
+from . import db, db_faults, docs, openapi, sync, watch
 from .config import Settings
 from .errors import ServiceError
 from .head import HeadAsGet
@@ -59,7 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="FlashAttention-4 kernels compiled ahead of time, per GPU SKU.")
     app.state.settings = settings
     app.state.store = Store(settings.cache_dir)
-    app.state.engine = db.make_engine(settings.database_url)
+    app.state.engine = db.make_engine(settings.database_url, busy_timeout=settings.db_busy_timeout)
     app.state.sessions = db.session_factory(app.state.engine)
     app.state.metrics = Metrics()
     app.state.bundle_budget = Budget(settings.bundle_bytes_in_flight)
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(SQLAlchemyError, db_faults.answer)
     app.add_exception_handler(405, openapi.method_not_allowed)
     for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, builds, certify,
                    revocations, audit, token, verdicts):

@@ -218,6 +218,10 @@ class BuildJob(Base):
     detail: Mapped[str] = mapped_column(Text, default="")  # why it failed or was rejected; what it published
     compile_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     built: Mapped[int] = mapped_column(Integer, default=0)  # kernels compiled for it
+    # the running job's claim (service/job_claims.py): only this token, with the claim id whose hash this is
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    claim_hash: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    not_before: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)  # a retry's backoff ends
 
 
 class Verdict(Base):

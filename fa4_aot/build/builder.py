@@ -13,6 +13,7 @@ which the server answers every later report with; it is not built again.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from .rebuild import build_misses
 
 log = logging.getLogger("fa4_aot.build.builder")
 MAX_DETAIL = 8000  # characters of a job's detail sent to the server (it accepts 16 KiB)
+FINISH_TRIES = 5  # sends of one job's result (after a server error, a refused done)
 
 
 @dataclass
@@ -43,7 +45,10 @@ class Outcome:
     built: int = 0
 
     def to_dict(self, builder: str) -> dict[str, Any]:
-        return {"builder": builder, "status": self.status, "detail": self.detail[:MAX_DETAIL],
+        # NUL and lone surrogates cannot be stored (PostgreSQL): the server refuses a detail with them (422), and an
+        # error text from FA4 or the OS may carry them
+        detail = self.detail.replace("\x00", "\\x00").encode("utf-8", "replace").decode()[:MAX_DETAIL]
+        return {"builder": builder, "status": self.status, "detail": detail,
                 "compile_seconds": round(self.compile_seconds, 3), "built": self.built}
 
 
@@ -94,21 +99,47 @@ class Builder(JobRunner):
         self.done = 0  # jobs this process finished
 
     def run_one(self) -> bool:
-        """Claim and run one job; False when none was queued."""
-        job = self.remote.claim_build(self.name, self.lease)
+        """Claim a job of the SKUs this builder's variants hold and run it; False when none was queued."""
+        job = self.remote.claim_build(self.name, self.lease, sorted(self.matrix.skus))
         if job is None:
             return False
         log.info("job %s: %s %s for %s (attempt %s)", job["id"], job["family"], job["kernel_key"][:16], job["sku"],
                  job["attempts"])
-        with self.leased(job["id"], lambda remote: remote.renew_build(job["id"], self.name, self.lease)) as lost:
+        with self.leased(job["id"], lambda remote: remote.renew_build(job, self.name, self.lease)) as lost:
             outcome = self.build(job)
+            if not lost.is_set():
+                self.report(job, outcome, lost)
         if lost.is_set():
             log.warning("job %s: lease lost to another builder; its result is dropped", job["id"])
-        else:
-            self.remote.finish_build(job["id"], outcome.to_dict(self.name))
-            log.info("job %s: %s (%s)", job["id"], outcome.status, outcome.detail[:300])
         self.done += 1
         return True
+
+    def report(self, job: dict[str, Any], outcome: Outcome, lost: threading.Event) -> None:
+        """Send `outcome` while the claim holds, again after a server error (its database busy or out of space
+        answers 503: issue 28, D41), so a job is not left running until its lease lapses. A done the server refuses
+        (what the job asked for is not published) is sent as failed, with the server's reason: queued again."""
+        for attempt in range(FINISH_TRIES):
+            try:
+                status, why = self.remote.finish_build(job, outcome.to_dict(self.name))
+            except Fa4AotError as e:
+                wait = self.backoff(attempt)
+                log.warning("job %s: could not send its result (%s); again in %.1f s", job["id"], e, wait)
+                if lost.wait(wait):
+                    return
+                self.remote.close()
+                self.remote = self.remote_factory()
+                continue
+            if status == 409:
+                lost.set()
+            elif status == 422 and outcome.status != "failed":
+                outcome = Outcome("failed", f"the server refused the result {outcome.status}: {why}",
+                                  outcome.compile_seconds, outcome.built)
+                continue
+            if status == 200:
+                log.info("job %s: %s (%s)", job["id"], outcome.status, outcome.detail[:300])
+            return
+        log.error("job %s: its result was not recorded after %d tries; its lease lapses and it is built again",
+                  job["id"], FINISH_TRIES)
 
     def build(self, job: dict[str, Any]) -> Outcome:
         """Build the job's miss into the builder's store and publish it; never raises for the build's sake."""

@@ -29,7 +29,7 @@ from .stopping import on_signals
 @click.option("--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to use ($RAY_ADDRESS).")
 @click.option("--ray-node-ip", envvar="FA4_AOT_RAY_NODE_IP", help="This host's address in the Ray cluster, when "
               "Ray cannot tell it ($FA4_AOT_RAY_NODE_IP).")
-@click.option("--lease", default=60.0, show_default=True, type=click.FloatRange(min=1, max=3600),
+@click.option("--lease", default=60.0, show_default=True, type=click.FloatRange(min=10, max=600),
               help="Seconds a claimed job stays this builder's without renewal; renewed every third of it. A builder "
                    "that dies loses its job to the next claim after this long.")
 @click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.05),

@@ -23,6 +23,7 @@ class JobRunner:
     lease: float  # seconds a claim holds a job; renewed every third of it
     poll: float  # seconds to wait when no job is queued, or after the server failed
     done: int  # jobs this process finished
+    max_backoff: float = 60.0  # seconds: the longest wait after the server failed several times in a row
 
     def run_one(self) -> bool:
         """Claim and run one job; False when none was queued."""
@@ -30,17 +31,26 @@ class JobRunner:
 
     def run(self, stop: threading.Event, max_jobs: int | None = None) -> None:
         """Run jobs until `stop` is set (or `max_jobs` are finished); waits `poll` seconds when none is queued,
-        and as long again after the server could not be reached or answered something malformed."""
+        and after the server could not be reached or answered something malformed (a claim that is not a job:
+        logged, issue 28 D42) twice as long each time in a row, at most `max_backoff`."""
+        failures = 0
         while not stop.is_set() and (max_jobs is None or self.done < max_jobs):
             try:
-                ran = self.run_one()
+                ran, failures = self.run_one(), 0
             except Fa4AotError as e:
-                log.warning("server %s: %s; retrying in %.0f s", self.remote.url, e, self.poll)
+                wait = self.backoff(failures)
+                failures += 1
+                log.warning("server %s: %s; retrying in %.1f s", self.remote.url, e, wait)
                 self.remote.close()
                 self.remote = self.remote_factory()
-                ran = False
+                stop.wait(wait)
+                continue
             if not ran:
                 stop.wait(self.poll)
+
+    def backoff(self, failures: int) -> float:
+        """Pure: seconds to wait after `failures` + 1 failures in a row: `poll`, doubling, at most `max_backoff`."""
+        return float(min(self.poll * 2 ** min(failures, 30), self.max_backoff))
 
     @contextmanager
     def leased(self, job_id: int, renew: Callable[[Remote], bool]) -> Iterator[threading.Event]:
