@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "service")]
 
 from bench.netutil import free_port, wait_up  # noqa: E402
-from bench.proctree import tree_cpu  # noqa: E402
+from bench.proctree import stop_tree, tree_cpu  # noqa: E402
 
 NGINX = """
 daemon off; worker_processes %(workers)d; pid %(tmp)s/nginx.pid; error_log %(tmp)s/error.log; user root;
@@ -160,22 +161,39 @@ def collect(clients: list[subprocess.Popen[str]], deadline: float) -> list[dict[
 
 
 def start_servers(tmp: Path, store_root: Path, workers: int) -> tuple[list[subprocess.Popen[Any]], Any, str, str]:
+    """fa4-aot serve (on a fresh PostgreSQL) and nginx, each in its own process group (stop_servers)."""
     from tests.helpers.servers import Postgres
 
+    if not shutil.which("nginx"):
+        sys.exit("nginx is not on PATH: apt-get install nginx")
     pg = Postgres()
     pg.start()
     ours_port, nginx_port = free_port(), free_port()
-    ours = subprocess.Popen([sys.executable, "-m", "fa4_aot", "serve", "--port", str(ours_port), "--db",
-                             pg.new_database(), "--workers", str(workers)], cwd=ROOT,
-                            env={**os.environ, "FA4_AOT_CACHE": str(store_root)},
-                            stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "wb"))  # noqa: SIM115
-    (tmp / "nginx.conf").write_text(NGINX % {"tmp": tmp, "port": nginx_port, "root": store_root, "workers": workers})
-    nginx = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
-                             stderr=open(tmp / "nginx.log", "wb"))  # noqa: SIM115
-    urls = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{nginx_port}"
-    for url in urls:
-        wait_up(f"{url}/healthz")
-    return [ours, nginx], pg, *urls
+    servers: list[subprocess.Popen[Any]] = []
+    try:
+        servers.append(subprocess.Popen(
+            [sys.executable, "-m", "fa4_aot", "serve", "--port", str(ours_port), "--db", pg.new_database(),
+             "--workers", str(workers)], cwd=ROOT, env={**os.environ, "FA4_AOT_CACHE": str(store_root)},
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "wb"), start_new_session=True))  # noqa: SIM115
+        (tmp / "nginx.conf").write_text(NGINX % {"tmp": tmp, "port": nginx_port, "root": store_root,
+                                                 "workers": workers})
+        servers.append(subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
+                                        stderr=open(tmp / "nginx.log", "wb"), start_new_session=True))  # noqa: SIM115
+        urls = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{nginx_port}"
+        for url, proc in zip(urls, servers, strict=True):
+            wait_up(f"{url}/healthz", proc)
+    except BaseException:
+        stop_servers(servers, pg)
+        raise
+    return servers, pg, *urls
+
+
+def stop_servers(servers: list[subprocess.Popen[Any]], pg: Any) -> None:
+    """Each server's master first (fa4-aot: SIGTERM, nginx: SIGQUIT), which stops its own workers; then its
+    process group, for anything left; then PostgreSQL."""
+    for proc in servers:
+        stop_tree(proc, signal.SIGQUIT if proc.args[0] == "nginx" else signal.SIGTERM)
+    pg.stop()
 
 
 def start_clients(n: int) -> list[subprocess.Popen[str]]:
@@ -221,27 +239,13 @@ def main() -> None:
     finally:
         for c in clients:
             c.kill()
-        for s in servers:
-            for pid in _children(s.pid):
-                os.kill(pid, 9)
-            s.kill()
-        pg.stop()
+            c.wait()
+        stop_servers(servers, pg)
         shutil.rmtree(tmp, ignore_errors=True)
     doc = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {os.uname().machine}, no GPU",
            "clients": args.clients, "kernels": args.kernels, "workers": args.workers, "runs": rows}
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1))
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def pg_pids(pg: Any, server: str) -> list[int]:
