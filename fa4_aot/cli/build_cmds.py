@@ -110,6 +110,9 @@ def _detect(matrix: Matrix, as_json: bool) -> None:
               help="Workloads for --model: train, prefill, decode.")
 @click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Build exactly these calls: JSON lines as FA4_AOT_RECORD writes them (see `fa4-aot coverage`).")
+@click.option("--family", type=click.Choice(["fa4", "tirx"]), default="fa4", show_default=True,
+              help="fa4: FA4's CuTe DSL kernels; tirx: the TIRx FA4 kernels of the variants file's [[tirx]] entries "
+                   "(--only picks entries), compiled in .venv-tirx (README \"TIRx kernels\").")
 @json_option("Print one JSON document on stdout: counts, kernel keys, failures (a list of them, one per SKU, when "
              "several SKUs are built); per-kernel JSON lines on stderr.")
 @quiet_option
@@ -117,7 +120,7 @@ def _detect(matrix: Matrix, as_json: bool) -> None:
 def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple[str, ...], jobs: int,
           executor: str, ray_address: str | None, ray_node_ip: str | None, push_url: str | None, dry_run: bool,
           from_misses: bool, server: str | None, token: str | None, model_arg: str | None, tp_arg: str,
-          workload_arg: str, calls_file: Path | None, as_json: bool, quiet: bool) -> None:
+          workload_arg: str, calls_file: Path | None, family: str, as_json: bool, quiet: bool) -> None:
     """Cross-compile FA4 kernels for one or more SKUs into the store (no GPU needed).
 
     Every [[variants]] entry is planned through FA4's own dispatch on fake tensors: at every batch and
@@ -132,6 +135,11 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         _build_misses(store, matrix, server, token, jobs, as_json)
         return
     targets = _targets(matrix, sku, executor, push_url)
+    if family == "tirx":
+        from .tirx_build import build_tirx
+
+        build_tirx(store, matrix, targets, list(only), as_json, quiet)
+        return
     chosen, work = matrix.select(list(only)), explicit_work(model_arg, tp_arg, workload_arg, calls_file)
     ex = executor_for(executor, jobs, ray_address, ray_node_ip, push_url, token)
     if not (as_json or quiet):

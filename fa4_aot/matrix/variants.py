@@ -46,8 +46,8 @@ def load(path: Path) -> Matrix:
     """Parse and validate a variants file. Raises ConfigError naming file, line, field and allowed values."""
     src = TomlSource(path)
     for key in src.data:
-        if key not in ("skus", "shapes", "variants"):
-            raise ConfigError(f"{path}: unknown top-level key {key!r}; allowed: skus, shapes, variants")
+        if key not in ("skus", "shapes", "variants", "tirx"):  # [[tirx]]: the TIRx family's (fa4_aot/tirx/entries.py)
+            raise ConfigError(f"{path}: unknown top-level key {key!r}; allowed: skus, shapes, variants, tirx")
     skus = parse_skus(src)
     shapes = {name: parse_shapes(src, name, table) for name, table in src.data.get("shapes", {}).items()}
     variants = [_entry(src, i, t, shapes) for i, t in enumerate(src.data.get("variants", []))]

@@ -193,11 +193,19 @@ def load(q_shape: tuple[int, int, int, int], k_shape: tuple[int, int, int, int] 
          causal: bool = False, dtype: Any = None, window_size: Any = (None, None), softcap: float = 0.0,
          learnable_sink: bool = False, num_splits: int = 1, layout: str = "dense", page_size: int = 0,
          training: bool = False, deterministic: bool = False, return_lse: bool = False,
-         cache_dir: Path | None = None) -> Loaded:
+         cache_dir: Path | None = None, family: str = "fa4") -> Any:
     """Load the recipe and every kernel of this signature at these sizes (q_shape = (batch, seqlen_q, heads,
     head_dim), k_shape likewise; for varlen, batch and the max lengths; for paged, seqlen_k is what the page
-    table spans, with `page_size`), then return a callable with FA4's semantics. Raises KernelMissing before
-    returning when the store lacks a recipe region or kernel."""
+    table spans, with `page_size`), then return a callable with FA4's semantics (a `Loaded`). Raises
+    KernelMissing before returning when the store lacks a recipe region or kernel. family="tirx": the TIRx FA4
+    kernel of exactly these static shapes (fp16, head dim 128, dense; fa4_aot/tirx/loading.py), a callable
+    attn(q, k, v) -> out."""
+    if family == "tirx":
+        from ..tirx.loading import load as load_tirx
+
+        return load_tirx(q_shape, k_shape, causal=causal, cache_dir=cache_dir)
+    if family != "fa4":
+        raise ValueError(f"unknown kernel family {family!r}; fa4_aot.load takes family='fa4' or 'tirx'")
     import torch
 
     if layout == "paged" and page_size <= 0:

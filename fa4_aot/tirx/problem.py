@@ -17,7 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec.skus import Constants
+from ..spec import kernel_keys
+from ..spec.skus import Constants, Sku
+from .toolenv import TOOLCHAIN
 
 FAMILY = "tirx_fa4"  # index entries' family: the key and `fa4-aot list` tell it from FA4's families
 KERNEL = "flash_attention4"  # the tirx-kernels kernel this family builds
@@ -134,3 +136,14 @@ def schedule(problem: Problem, constants: Constants) -> Schedule:
 def l2_size_for(problem: Problem, l2_swizzle: int) -> int:
     """An L2_SIZE for which make_kernel derives exactly `l2_swizzle` (what a build substitutes for its 50 MiB)."""
     return l2_swizzle * problem.kv_head_bytes
+
+
+def keys(problem: Problem, sku: Sku, sched: Schedule) -> tuple[str, str]:
+    """(base key, full key) of `problem`'s kernel for `sku`'s arch, CUDA major and host, with the constants of
+    `sched` (kernel_keys.key_of, as every family's; the toolchain is the pinned one, so a GPU host without TVM
+    computes the same keys)."""
+    def key(consumed: dict[str, int]) -> str:
+        return kernel_keys.key_of(FAMILY, problem.compile_key(), arch=sku.arch, cuda_major=sku.cuda_major,
+                                  toolchain=TOOLCHAIN, consumed=consumed, host=sku.host)
+
+    return key({}), key(sched.consumed)

@@ -209,7 +209,9 @@ LAYERS: dict[str, set[str]] = {
     "trust": BASE | {"spec", "store"},
     "remote": BASE | {"spec", "store", "trust"},
     "fa4": BASE | {"spec", "store"},
-    "runtime": BASE | {"spec", "store", "trust", "remote"},
+    "runtime": BASE | {"spec", "store", "trust", "remote", "tirx"},  # load(family="tirx") reaches tirx/loading.py
+    # the TIRx FA4 family: its problems, entries, TVM seam (a subprocess), store commits and launcher
+    "tirx": BASE | {"spec", "matrix", "store", "build"},
     # a serving node's setup: the FA4-backed path, and prefetching a model's kernels for either runtime
     "client": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime"},
     # the build also reads what the lean runtime would find (a lean miss is closed when the runtime is served)
@@ -217,7 +219,7 @@ LAYERS: dict[str, set[str]] = {
     # certification runs both runtimes on a GPU over what a build planned and recorded
     "certify": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build"},
     "cli": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build", "certify",
-                   "fa4_aot"},
+                   "tirx", "fa4_aot"},
     "fa4_aot": BASE | {"runtime", "client", "remote"},  # the package's face: lazy attributes over the parts
     "__main__": {"cli"},
 }
