@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import config
 from ..errors import Fa4AotError, KernelMissing
-from ..spec import hosts, recipe_format, sku_table
+from ..spec import hosts, narrow_build, recipe_format, sku_table
 from ..spec.devices import detect_device, device_class
 from ..spec.matching import select
 from ..spec.region import Region
@@ -61,9 +61,7 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
     store = Store(cache_dir or config.default_cache_dir())
     found = _runtimes.get(store.root)
     if found is None:
-        table = sku_table.table(config.default_variants_file())
-        sku, constants, _trace = select(table, detect_device(), forced=os.environ.get("FA4_AOT_SKU"),
-                                        cpu=hosts.detect())
+        sku, constants = _sku()
         remote = None
         if config.server_url() is not None:
             from ..remote.http import server_from_env
@@ -74,6 +72,18 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
         gate = Gate(store, sku.name, device_class(), trust)
         found = _runtimes[store.root] = Runtime(store, sku, constants, trust, fetcher, gate)
     return found
+
+
+def _sku() -> tuple[Sku, Constants]:
+    """This GPU's SKU and constants; on a host without CUDA, FA4_AOT_SKU's row with its own figures (read at call
+    time), so load() plans for that SKU and checks the store there, as install() does."""
+    import torch
+
+    forced, gpu = os.environ.get("FA4_AOT_SKU"), torch.cuda.is_available()
+    device = detect_device() if gpu or not forced else None  # no CUDA and no FA4_AOT_SKU: UnknownSku says to set it
+    table = sku_table.table(config.default_variants_file())
+    sku, constants, _trace = select(table, device, forced=forced, cpu=hosts.detect() if gpu else None)
+    return sku, constants
 
 
 class Attention:
@@ -146,12 +156,18 @@ class Attention:
             server = f" nor on the server ({fetcher.error})" if fetcher is not None and fetcher.error else ""
             raise KernelMissing(
                 f"no recorded recipe of {self.sig} for {fields} on SKU {self.rt.sku.name} in {self.rt.store.root}"
-                f"{server} ({len(self.regions)} region(s) recorded); add these sizes to a [shapes] grid of a "
-                f"[[variants]] entry and run `fa4-aot build --sku {self.rt.sku.name}` (and `fa4-aot push`), or "
-                "build the recorded miss (`fa4-aot build --from-misses`; with a builder, FA4_AOT_BUILD_WAIT=SECONDS "
-                "waits for it), or use fa4_aot.install() with FA4",
+                f"{server} ({len(self.regions)} region(s) recorded); build this call: {self._narrow_build(sizes)} "
+                "(and `fa4-aot push`), or build the recorded miss (`fa4-aot build --from-misses`; with a builder, "
+                "FA4_AOT_BUILD_WAIT=SECONDS waits for it), or use fa4_aot.install() with FA4",
                 sku=self.rt.sku.name, family="recipe", kernel_key="", compile_key="")
         return found
+
+    def _narrow_build(self, sizes: dict[str, int]) -> str:
+        """The build of the one call these sizes are (spec/narrow_build.py), not the SKU's whole matrix."""
+        seqlen_q = sizes.get("max_seqlen_q", sizes.get("seqlen_q", 1))
+        seqlen_k = sizes.get("max_seqlen_k", sizes.get("seqlen_k", seqlen_q))
+        call = self.sig.call(sizes.get("batch", 1), seqlen_q, seqlen_k)
+        return narrow_build.for_call(self.rt.sku.name, call.to_dict())
 
     def bound(self, sizes: dict[str, int], device: Any, scale: float | None) -> replay.Bound:
         key = (*sizes.values(), device, scale)

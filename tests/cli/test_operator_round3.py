@@ -99,3 +99,19 @@ def test_i30_8_kernel_missing_from_prepare_suggests_the_narrow_build(tmp_path: P
     assert planned.returncode == 0, planned.stderr[-2000:]
     doc = json.loads(planned.stdout)
     assert "causal" in found[1] and 0 < doc["kernels"] <= 4, doc
+
+
+@pytest.mark.skipif(_has_cuda(), reason="the behaviour of a host without CUDA")
+@pytest.mark.parametrize("code", [
+    "fa4_aot.load((1, 512, 16, 128), causal=True)",
+    "import torch\nq = torch.zeros(1, 512, 16, 128, dtype=torch.bfloat16)\nfa4_aot.flash_attn_func(q, q, q, causal=True)",
+])
+def test_i30_7_forced_sku_lets_the_lean_runtime_plan_on_a_cpu_host(tmp_path: Path, code: str) -> None:
+    """With FA4_AOT_SKU=h200 on a CPU host, load() and flash_attn_func raised UnknownSku "no CUDA device ... set
+    FA4_AOT_SKU" although it was set: they plan for the SKU and find the empty store lacks the recipe, and the
+    KernelMissing suggests the narrow build of that call (item 8)."""
+    out = _fresh(code, tmp_path / "store", FA4_AOT_SKU="h200")
+    assert "UnknownSku" not in out and "KernelMissing" in out, out[-3000:]
+    assert "on SKU h200" in out and "`fa4-aot build --sku h200`" not in out, out[-3000:]
+    assert re.search(r"`echo '\{.*\"seqlen_q\":512.*\}' >> calls.jsonl && fa4-aot build --sku h200 --calls", out), (
+        out[-3000:])
