@@ -25,8 +25,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=512 * 2**20, gt=0, description="Largest accepted object upload, in bytes.")
     bundle_bytes_in_flight: int = Field(default=1 << 30, gt=0, description="Bundle bytes being sent at once, per "
                                         "worker process; past it POST /v1/bundles answers 503 with Retry-After.")
+    bundle_send_stall: float = Field(default=30.0, gt=0, description="Seconds a bundle answer waits for its client "
+                                     "to take the next piece; then it is cut off and its bytes leave "
+                                     "FA4_AOT_BUNDLE_BYTES_IN_FLIGHT (a reader that stops reading holds none).")
     anonymous_misses_per_minute: int = Field(default=120, gt=0, description="New misses one client address may "
                                              "report a minute without a token (per worker process); then 429.")
+    anonymous_builds_per_hour: int = Field(default=60, gt=0, description="New build jobs that reports without a "
+                                           "token may queue per SKU in an hour, all addresses together; past it a "
+                                           "new anonymous miss is recorded but answered 429 with Retry-After.")
     build_queue_max: int = Field(default=1024, gt=0, description="Build jobs queued or running at once, all "
                                  "clients together; a miss past it is recorded but not queued (its answer says so).")
     build_queue_per_token: int = Field(default=64, gt=0, description="Build jobs one token (or one address, "

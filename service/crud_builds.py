@@ -1,11 +1,12 @@
 """Build jobs in the database, keyword-only like crud.py (writes commit themselves; reads never raise for a
 missing row). A reported miss becomes at most one job per (SKU, key), however many clients report it; the queue
-is bounded per requester and in all; a builder claims the oldest queued job of the SKUs it builds (and its token
-may publish), or one whose lease ran out (its builder died), and renews the lease while it works. Only the claiming
-token with the claim id its claim was answered with renews or finishes a job (issue 28, D30: job_claims.py, as the
-certify queue); a failure is transient and queued again with a backoff, FA4's refusal (rejected) is final (D35).
-Each write that checks and changes the queue holds the table's write lock (db.lock_table), so concurrent reports
-and claims cannot pass a check together."""
+is bounded per requester and in all; a builder claims a queued job of the SKUs it builds (and its token may
+publish), a token's before anonymous ones and round robin across reporters (build_order.py), or one whose lease
+ran out (its builder died), and renews the lease while it works. Only the claiming token with the claim id its
+claim was answered with renews or finishes a job (issue 28, D30: job_claims.py, as the certify queue); a failure
+is transient and queued again with a backoff, FA4's refusal (rejected) is final (D35). Each write that checks and
+changes the queue holds the table's write lock (db.lock_table), so concurrent reports and claims cannot pass a
+check together."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from fa4_aot.spec.kernel_keys import dumps as canonical_json
 
-from . import crud, crud_recipes, db, job_claims, models, schemas
+from . import build_order, crud, crud_recipes, db, job_claims, models, schemas
 from .build_schemas import BuildOut, BuildResult
 from .errors import NotFound
 
@@ -71,17 +72,6 @@ def _full(session: Session, requester: str, max_total: int, max_per_requester: i
     return ""
 
 
-def forget(session: Session, *, kernel_key: str) -> int:
-    """Delete the finished jobs of `kernel_key` (with its miss: an admin's retry of a failed build); returns how
-    many. Queued and running jobs stay."""
-    jobs = session.scalars(select(models.BuildJob).where(models.BuildJob.kernel_key == kernel_key,
-                                                         models.BuildJob.status.in_(FINAL))).all()
-    for job in jobs:
-        session.delete(job)
-    session.commit()
-    return len(jobs)
-
-
 def find(session: Session, *, sku: str, kernel_key: str) -> models.BuildJob | None:
     return session.scalar(select(models.BuildJob).where(models.BuildJob.sku == sku,
                                                         models.BuildJob.kernel_key == kernel_key))
@@ -97,14 +87,14 @@ def get(session: Session, *, job_id: int) -> models.BuildJob:
 
 def claim(session: Session, *, builder: str, token_id: int, skus: list[str] | None,
           lease_seconds: float) -> tuple[models.BuildJob | None, str]:
-    """(the oldest claimable job of `skus` (any SKU when None): queued and past its retry's backoff, or running
-    with a lapsed lease; now running for `builder` under a new claim until its lease ends, and the claim id that
-    alone renews and finishes it); (None, '') when none. A job whose builders died MAX_ATTEMPTS times (a call that
-    kills its compiler, say) fails instead of being claimed again."""
+    """(the next claimable job of `skus` (any SKU when None) in build_order.fair()'s order: queued and past its
+    retry's backoff, or running with a lapsed lease; now running for `builder` under a new claim until its lease
+    ends, and the claim id that alone renews and finishes it); (None, '') when none. A job whose builders died
+    MAX_ATTEMPTS times (a call that kills its compiler, say) fails instead of being claimed again."""
     db.lock_table(session, models.BuildJob)
     t = now()
     while True:
-        job = session.scalar(_claimable(skus, t).order_by(models.BuildJob.id).limit(1))
+        job = session.scalar(_claimable(skus, t).order_by(*build_order.fair()).limit(1))
         if job is None or job.attempts < MAX_ATTEMPTS:
             break
         _end(job, "failed", f"its builders stopped answering {job.attempts} times while building it (killed, or out "

@@ -15,7 +15,7 @@ from fa4_aot.spec.kernel_keys import dumps as canonical_json
 
 from . import db, models, schemas
 from .crud import record_audit
-from .errors import NotFound, TooMany
+from .errors import Conflict, NotFound, TooMany
 from .models import utcnow
 
 MAX_MISSES_PER_SKU = 10_000  # distinct kernel keys; a real matrix gap is a few hundred
@@ -76,10 +76,29 @@ def list_misses(session: Session, *, offset: int = 0, limit: int = 1000) -> list
 
 
 def delete_miss(session: Session, *, kernel_key: str, actor: str) -> None:
-    """Forget a miss (built since, or bogus); audited. Raises NotFound when none is recorded."""
+    """Forget a miss (built since, or bogus) and every build job of it that no builder holds: queued ones are
+    cancelled, ended ones (done, failed, rejected) removed, so the next report queues a new job (issue 28, D36:
+    a queued job used to outlive its miss, fail, and answer every later report with its failure). Audited.
+    Raises Conflict, naming the builder, when only a running job is left (DELETE again once it ends), and
+    NotFound when nothing of the key is left."""
+    db.lock_table(session, models.BuildJob)
     row = session.get(models.Miss, kernel_key)
-    if row is None:
-        raise NotFound(f"no miss recorded for kernel {kernel_key}; GET /v1/misses lists them")
-    session.delete(row)
-    record_audit(session, actor=actor, action="miss.delete", target=kernel_key, detail={"sku": row.sku})
+    jobs = session.scalars(select(models.BuildJob).where(models.BuildJob.kernel_key == kernel_key)).all()
+    running = [job for job in jobs if job.status == "running"]
+    removed = [job for job in jobs if job.status != "running"]
+    if row is None and not removed:
+        session.rollback()
+        if running:
+            job = running[0]
+            raise Conflict(f"kernel {kernel_key} has no miss left, but build job {job.id} of it is running on "
+                           f"builder {job.builder!r}; DELETE again once it ends (GET /v1/builds/{job.id})")
+        raise NotFound(f"nothing is recorded for kernel {kernel_key}: no miss and no build job; GET /v1/misses "
+                       "lists the misses")
+    for job in removed:
+        session.delete(job)
+    if row is not None:
+        session.delete(row)
+    record_audit(session, actor=actor, action="miss.delete", target=kernel_key,
+                 detail={"sku": row.sku if row is not None else removed[0].sku,
+                         "jobs": {str(job.id): job.status for job in removed}, "running": [job.id for job in running]})
     session.commit()

@@ -9,7 +9,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from fa4_aot.spec import exact
+from fa4_aot.spec import call_ranges, exact, kernel_keys
+from fa4_aot.spec.calls import Call
+from fa4_aot.spec.kernel_keys import dumps as canonical_json
 
 HEX64 = r"^[0-9a-f]{64}$"
 KEY_ID = r"^[0-9a-f]{16}$"
@@ -34,6 +36,7 @@ def _storable(value: str) -> str:
 Text = Annotated[str, AfterValidator(_storable)]
 MAX_JSON_DEPTH = 32  # compile keys nest 3 deep; JSON nested far deeper makes encoders recurse past Python's limit
 MAX_JSON_CHARS = 16 << 10  # a real compile key is under 2 KiB as JSON
+MAX_MISS_KEY_CHARS = 4 << 10  # a miss's compile key, stored with the miss and again with its build job
 
 
 def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> Any:
@@ -211,6 +214,15 @@ class CallIn(BaseModel):
     heads_kv: int = Field(gt=0, le=1 << 16)
     page_size: int = Field(default=0, ge=0, lt=1 << 31)
 
+    @model_validator(mode="after")
+    def _in_fa4s_ranges(self) -> CallIn:
+        """A call FA4 would refuse costs no compile (issue 28, D32): spec/call_ranges.py holds FA4's ranges."""
+        call_ranges.check(self.call())
+        return self
+
+    def call(self) -> Call:
+        return Call.from_dict(self.model_dump())
+
 
 def _call_record(value: Any) -> Any:
     """A miss's `args`: None, or a record fa4_aot.spec.exact.check accepts (bounded: at most 16 KiB as JSON)."""
@@ -232,6 +244,30 @@ class MissIn(BaseModel):
     args: Annotated[dict[str, Any] | None, AfterValidator(_call_record)] = Field(
         default=None, description="The exact FA4 arguments of that call (fa4_aot.spec.exact): what build --from-misses "
                                   "replays")
+
+
+    @model_validator(mode="after")
+    def _small_and_keyed_by_its_call(self) -> MissIn:
+        """A miss is stored twice (its row and its job's), so it holds no more than a real one needs; a lean miss
+        (family "recipe") is keyed by its call, as the client computes it (kernel_keys.call_key), and its compile
+        key is that call: a key of one call carrying another would make the job of the first build the second
+        (issue 28, D31)."""
+        if len(canonical_json(self.compile_key)) > MAX_MISS_KEY_CHARS:
+            raise ValueError(f"compile_key is longer than {MAX_MISS_KEY_CHARS} characters as JSON; a real FA4 compile "
+                             "key is under 2 KiB")
+        if self.family != kernel_keys.LEAN_FAMILY:
+            return self
+        if self.call is None or self.args is not None:
+            raise ValueError(f"a lean miss (family {kernel_keys.LEAN_FAMILY!r}) carries its call and no args, as "
+                             "fa4_aot.runtime.misses.miss_of makes it")
+        call = self.call.call().to_dict()
+        if canonical_json(self.compile_key) != canonical_json(call):
+            raise ValueError(f"a lean miss's compile_key must be its call ({canonical_json(call)})")
+        expected = kernel_keys.call_key(call, self.sku)
+        if self.kernel_key != expected:
+            raise ValueError(f"kernel_key {self.kernel_key} is not the key of this call on SKU {self.sku} "
+                             f"({expected}, fa4_aot.spec.kernel_keys.call_key): report the key of the call you send")
+        return self
 
 
 class MissOut(MissIn):

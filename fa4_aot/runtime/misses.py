@@ -9,7 +9,6 @@ missing one call reports one key, and the server builds it once.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -17,9 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import Fa4AotError
 from ..remote import wait as build_wait
-from ..spec import call_log
+from ..spec import call_log, kernel_keys
 from ..spec.calls import Call
-from ..spec.kernel_keys import dumps
 from ..spec.region import Region
 from ..spec.signature import Signature
 from ..store import Miss, recipes
@@ -30,7 +28,7 @@ if TYPE_CHECKING:
     from .fetch import Fetcher
     from .libraries import Libraries
 
-FAMILY = "recipe"
+FAMILY = kernel_keys.LEAN_FAMILY
 
 
 class Parts(Protocol):
@@ -62,8 +60,8 @@ def call_of(sig: Signature, sizes: dict[str, int]) -> Call:
 
 
 def key_of(call: Call, sku: str) -> str:
-    """The miss key of a lean call on a SKU: sha256 of their canonical JSON."""
-    return hashlib.sha256(dumps({"lean_call": call.to_dict(), "sku": sku}).encode()).hexdigest()
+    """The miss key of a lean call on a SKU (kernel_keys.call_key: the server recomputes it from the call)."""
+    return kernel_keys.call_key(call.to_dict(), sku)
 
 
 def miss_of(call: Call, sku: str) -> Miss:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
-from .. import crud_builds, crud_misses, crud_tokens
+from .. import build_budget, build_order, crud_builds, crud_misses, crud_tokens
 from ..build_schemas import MissAnswer
 from ..deps import AdminDep, CredentialsDep, SessionDep, require_read
 from ..openapi import ADMIN, READ
@@ -21,23 +21,29 @@ KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, descr
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=MissAnswer,
              responses={202: {"description": "Recorded; the build job that builds it, or why none was queued"},
-                        **errors(400, 401, 403, 404, 413, 429)},
+                        **errors(400, 401, 403, 404, 413, 422, 429)},
              dependencies=[Depends(require_read)], openapi_extra=READ)
 def report_miss(miss: MissIn, request: Request, session: SessionDep, credentials: CredentialsDep) -> Response:
     """Record that a client needed `kernel_key` and lacked it (count += 1), and answer with the build job that
     builds it (one per SKU and key, however many clients report it; a builder, `fa4-aot builder`, runs it), or
     why none was queued (the queue is bounded per token, FA4_AOT_BUILD_QUEUE_PER_TOKEN, and in all,
     FA4_AOT_BUILD_QUEUE_MAX). Open to readers; at most 64 KiB, only for SKUs the service holds (404 otherwise),
-    at most 10,000 distinct misses a SKU (429). Without a valid token, one client address may add at most
+    at most 10,000 distinct misses a SKU (429). A call outside FA4's own ranges, or a lean miss whose key is not
+    its call's, is refused (422). Without a valid token, one client address may add at most
     FA4_AOT_ANONYMOUS_MISSES_PER_MINUTE new misses a minute (429), so an anonymous flood cannot fill a SKU's
-    misses; reports of known misses are always counted."""
+    misses, and all such reports together may queue at most FA4_AOT_ANONYMOUS_BUILDS_PER_HOUR new build jobs per
+    SKU an hour (429 with Retry-After; the miss is recorded); builders take a token's jobs before anonymous ones
+    (service/build_order.py). Reports of known misses are always counted."""
     token = crud_tokens.find_token(session, plaintext=credentials.credentials) if credentials else None
     anonymous = token is None or token.revoked
     client = request.client.host if request.client else ""
     may_add = functools.partial(request.app.state.miss_rate.allow, client) if anonymous else None
     crud_misses.record_miss(session, miss=miss, may_add=may_add)
     settings = request.app.state.settings
-    requester = f"address:{client}" if token is None or token.revoked else token.name
+    if anonymous:
+        build_budget.check(session, sku=miss.sku, kernel_key=miss.kernel_key,
+                           per_hour=settings.anonymous_builds_per_hour)
+    requester = build_order.requester_of(None if anonymous or token is None else token.name, client)
     job, why = crud_builds.enqueue(session, miss=miss, requester=requester,
                                    max_total=settings.build_queue_max,
                                    max_per_requester=settings.build_queue_per_token)
@@ -54,10 +60,11 @@ def list_misses(session: SessionDep, offset: Annotated[int, Query(ge=0, lt=1 << 
 
 
 @router.delete("/{kernel_key}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response,
-               responses=errors(400, 401, 403, 404), openapi_extra=ADMIN)
+               responses=errors(400, 401, 403, 404, 409), openapi_extra=ADMIN)
 def delete_miss(kernel_key: KeyPath, session: SessionDep, token: AdminDep) -> Response:
-    """Forget one miss (admin token): a bogus report, or one built since; and its finished build jobs, so that
-    the next report of it queues a new one (a retry of a failed build)."""
+    """Forget one miss (admin token): a bogus report, or one built since; and its build jobs that no builder holds
+    (queued ones are cancelled, ended ones removed), so that the next report of it queues a new one (a retry of a
+    failed build). 409 names the builder when only a running job of it is left (DELETE again once it ends); 404
+    when nothing of it is left."""
     crud_misses.delete_miss(session, kernel_key=kernel_key, actor=crud_tokens.token_label(token))
-    crud_builds.forget(session, kernel_key=kernel_key)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
