@@ -85,12 +85,36 @@ def _verdicts(recording: _Recording, built: set[str], call: dict[str, Any]) -> d
     lean_verdict = "missing" if isinstance(lean, KernelMissing) else \
         "rejected" if isinstance(lean, Exception) else "served"
     why = ""
+    identity = _identity(recording, call)
     if lean_verdict != fa4_verdict:
         why = f"lean {lean_verdict} ({str(lean)[:300] if isinstance(lean, Exception) else ''}) where FA4 over " \
               f"install() is {fa4_verdict} ({str(fa4)[:200] if isinstance(fa4, Exception) else ''})"
     elif lean_verdict == "served":
         why = _difference(lean, fa4)
-    return {"call": call, "lean": lean_verdict, "fa4": fa4_verdict, "why": why}
+    return {"call": call, "lean": lean_verdict, "fa4": fa4_verdict, "why": why, **identity,
+            "kernels": None if isinstance(fa4, Exception) else [k for k, _a in fa4["launches"]]}
+
+
+def _identity(recording: _Recording, call: dict[str, Any]) -> dict[str, Any]:
+    """What the lean runtime tells the call apart by: {"file": its recipe key, "region": the guards of the region
+    holding at its sizes (None when none does)}."""
+    from fa4_aot.runtime import call_args
+    from fa4_aot.spec import kernel_keys
+    from fa4_aot.store import recipes
+
+    shapes, kw = call["shapes"], call["kwargs"]
+    q, k, v = shapes["q"], shapes["k"], shapes["v"]
+    sig = call_args.signature(
+        "paged" if "page_table" in call["ints"] else "seqused" if "seqused_k" in call["ints"] else
+        "varlen" if "cu_seqlens_q" in call["ints"] else "dense",
+        {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[call["dtype"]], q[-2], q[-1], k[-2], v[-1],
+        causal=kw["causal"], window_size=tuple(kw["window_size"]), softcap=kw["softcap"],
+        sink="learnable_sink" in shapes, num_splits=kw["num_splits"], training=call["train"],
+        deterministic=kw["deterministic"], return_lse=kw["return_lse"] or call["no_grad"],
+        page_size=k[1] if "page_table" in call["ints"] else 0)
+    attn = recording.rt.attention(sig)
+    region = recipes.find(list(attn.regions), attn.sizes(call["sizes"]))
+    return {"file": attn.key, "region": None if region is None else kernel_keys.dumps(region.guards)}
 
 
 if __name__ == "__main__":

@@ -46,12 +46,27 @@ def _check(found: list[dict[str, Any]]) -> None:
         f"  {json.dumps(f['call'])[:600]}\n    {f['why'][:800]}" for f in wrong[:8])
     served = sum(f["fa4"] == "served" for f in found)
     assert served > len(found) / 2, f"FA4 serves only {served} of {len(found)} calls: the test compares little"
+    _same_keys_same_file(found)
+
+
+def _same_keys_same_file(found: list[dict[str, Any]]) -> None:
+    """Over every pair of calls FA4 runs: the same kernels launched (FA4's compile keys) <=> the same recipe file
+    and, where both are served, one region holds for both only if they launch the same kernels. The lean runtime
+    tells calls apart no finer than FA4 (a file per set of compile keys at most) and never coarser (a region is
+    FA4's one choice)."""
+    ran = [f for f in found if f["kernels"] is not None]
+    for a in ran:
+        for b in ran:
+            if a["kernels"] == b["kernels"]:
+                assert a["file"] == b["file"], f"one set of FA4 kernels, two recipe files:\n  {a['call']}\n  {b['call']}"
+            if a["file"] == b["file"] and a["region"] is not None and a["region"] == b["region"]:
+                assert a["kernels"] == b["kernels"], f"one region, two FA4 choices:\n  {a['call']}\n  {b['call']}"
 
 
 def test_lean_paged_page_size_1_served_like_fa4() -> None:
     """Paged decode built at page sizes 16 and 128 (the TMA path: page size == FA4's tile_n), called at 1, 2, 16,
     64, 128 and 256."""
-    paged = _cls(layout="paged", kv_heads=[8], ratio=7)
+    paged = _cls(layout="paged", kv_heads=[8, 2], ratio=7)  # built at 8 KV heads, called at 8 and 2
     built = [{**paged, "page_size": 16}, {**paged, "page_size": 128}]
     calls = [({**paged, "page_size": page, "index": i}, 5) for i, page in enumerate((1, 2, 16, 64, 128, 256))]
     found = _probe(built, calls)
@@ -62,7 +77,7 @@ def test_lean_paged_page_size_1_served_like_fa4() -> None:
 def test_lean_window_not_planned_served_like_fa4() -> None:
     """A training signature built with the window (4095, 0), called (forward and backward) at other windows,
     shorter and longer than the sequence, with a right side too."""
-    local = _cls(mask="local", window=[4095, 0], pass_="bwd")
+    local = _cls(mask="local", window=[4095, 0], pass_="bwd", kv_heads=[4, 1])  # built at 4 KV heads
     windows = ((1023, 0), (4095, 0), (0, 0), (127, 0), (8191, 0), (300000, 0), (511, 511), (1023, 64))
     calls = [({**local, "window": list(w), "index": i}, 4) for i, w in enumerate(windows)]
     found = _probe([local], calls)
