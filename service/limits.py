@@ -73,21 +73,38 @@ class JsonBodyLimit:
 
 
 class Budget:
-    """A count of bytes in flight in one process (bundles being sent): `take(n)` reserves n bytes unless that
-    would pass `limit`, `give(n)` returns them. The event loop is the only caller, so no lock is needed."""
+    """A count of bytes in flight in one process (bundles being sent), per client address too: `take(n, client)`
+    reserves n bytes unless that would pass `limit`, or `client` already holds bytes and would pass its share
+    (limit // SHARES: its first answer may be as large as the limit); `give(n, client)` returns them. One
+    address's unread answers cannot hold the whole budget against every other client (issue 28, D39). The event
+    loop is the only caller, so no lock is needed; only addresses holding bytes are tracked."""
+
+    SHARES = 8
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        self.held: dict[str, int] = {}
 
-    def take(self, n: int) -> bool:
+    def refusal(self, n: int, client: str = "") -> str:
+        """Why `take(n, client)` would fail: "" when it would not, else "budget" or "share"."""
+        mine = self.held.get(client, 0)
         if self.used + n > self.limit:
+            return "budget"
+        return "share" if mine and mine + n > self.limit // self.SHARES else ""
+
+    def take(self, n: int, client: str = "") -> bool:
+        if self.refusal(n, client):
             return False
         self.used += n
+        self.held[client] = self.held.get(client, 0) + n
         return True
 
-    def give(self, n: int) -> None:
+    def give(self, n: int, client: str = "") -> None:
         self.used -= n
+        left = self.held.pop(client, 0) - n
+        if left > 0:
+            self.held[client] = left
 
 
 class ClientRate:

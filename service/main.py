@@ -29,6 +29,7 @@ from . import db, db_faults, docs, openapi, sync, watch
 from .config import Settings
 from .errors import ServiceError
 from .head import HeadAsGet
+from .headers import HeadLimit, uvicorn_options
 from .limits import Budget, ClientRate, JsonBodyLimit
 from .metrics import Metrics, MetricsMiddleware
 from .routes import (
@@ -67,6 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.miss_rate = ClientRate(settings.anonymous_misses_per_minute)
     app.add_middleware(JsonBodyLimit)
     app.add_middleware(HeadAsGet)
+    app.add_middleware(objects.ObjectFiles, store=app.state.store, settings=settings)  # plain object reads
+    app.add_middleware(HeadLimit)  # 431 for an oversized head under any HTTP implementation (headers.py)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts the 413s too
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(StoreError, _store_error)
@@ -87,19 +90,21 @@ def app_from_env() -> FastAPI:
 
 
 def serve(settings: Settings) -> None:
-    """Run the service until interrupted (blocks), on settings.host:settings.port. With several workers the
+    """Run the service until interrupted (blocks), on settings.host:settings.port, request heads capped whatever
+    HTTP implementation is installed (headers.uvicorn_options). With several workers the
     database is migrated and the store imported once here, then each worker builds its app from FA4_AOT_*
     variables (uvicorn starts workers as fresh processes)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+                    **uvicorn_options())
         return
     prepare(settings)
     os.environ.update({f"FA4_AOT_{name.upper()}": str(value) for name, value in settings.model_dump().items()
                        if value is not None and name not in ("host", "port", "workers")})
     os.environ["FA4_AOT_PREPARE_ON_START"] = "false"
     uvicorn.run("service.main:app_from_env", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level="info")
+                workers=settings.workers, log_level="info", **uvicorn_options())
 
 
 @asynccontextmanager

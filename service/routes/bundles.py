@@ -10,26 +10,31 @@ Like object reads, a bundle is read from the store's files, not the database: an
 its object is complete and its database row committed (publish writes the entry last), so a cluster coming up
 holds no database connection and no thread per request. The body streams from the files a chunk at a time, and
 each worker sends at most FA4_AOT_BUNDLE_BYTES_IN_FLIGHT bundle bytes at once (503 past it), so clients that do
-not read their answers cannot fill the server's memory (issue 18, D21). Kernel-sized files come from the page
+not read their answers cannot fill the server's memory (issue 18, D21). Nor can they hold that budget against
+everyone else (issue 28, D39): one address holds at most an eighth of it beyond its first answer, and an answer
+whose client takes nothing for FA4_AOT_BUNDLE_SEND_STALL seconds is cut off, its bytes given back. Kernel-sized files come from the page
 cache faster than a hop to the threadpool would cost, so the route reads them in the event loop (as GET
 /v1/objects does).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Entry, Store
 
 from ..deps import StoreDep, require_read
 from ..errors import Busy, TooLarge
+from ..limits import Budget
 from ..openapi import READ
 from ..schemas import BundleIn
 from . import READ_ERRORS, errors
@@ -38,6 +43,7 @@ router = APIRouter(prefix="/v1/bundles", tags=["kernels"])
 MEDIA_TYPE = "application/x-fa4-aot-bundle"
 MAX_BYTES = 256 << 20  # one response: a model's kernels are a few MB
 CHUNK = 1 << 20
+log = logging.getLogger("service")
 
 
 @router.post("", response_class=Response, dependencies=[Depends(require_read)], openapi_extra=READ,
@@ -54,25 +60,42 @@ async def post_bundle(body: BundleIn, request: Request, store: StoreDep) -> Resp
             "missing": [k for k in dict.fromkeys(body.kernel_keys) if k not in found]}
     line = (json.dumps(head, separators=(",", ":")) + "\n").encode()
     total = len(line) + sum(sizes.values())
-    budget = request.app.state.bundle_budget
-    if not budget.take(total):
-        raise Busy(f"{budget.used >> 20} MiB of bundles are in flight on this worker, the most it sends at once "
-                   "(FA4_AOT_BUNDLE_BYTES_IN_FLIGHT); retry after the Retry-After seconds",
-                   headers={"Retry-After": "1"})
-    return _Released(_stream(store, line, sizes), lambda: budget.give(total), media_type=MEDIA_TYPE,
+    budget, client = request.app.state.bundle_budget, request.client.host if request.client else ""
+    if not budget.take(total, client):
+        raise Busy(_busy(budget, total, client), headers={"Retry-After": "1"})
+    return _Released(_stream(store, line, sizes), lambda: budget.give(total, client),
+                     request.app.state.settings.bundle_send_stall, media_type=MEDIA_TYPE,
                      headers={"Cache-Control": "no-store", "Content-Length": str(total)})
 
 
-class _Released(StreamingResponse):
-    """A StreamingResponse that calls `release()` once it ends, sent, failed or cut off by the client."""
+def _busy(budget: Budget, total: int, client: str) -> str:
+    if budget.refusal(total, client) == "share":
+        return (f"{budget.held.get(client, 0) >> 20} MiB of bundles are in flight to this address ({client}), its "
+                f"share of what this worker sends at once (1/{budget.SHARES} of FA4_AOT_BUNDLE_BYTES_IN_FLIGHT): "
+                "read the answers already asked for, then retry after the Retry-After seconds")
+    return (f"{budget.used >> 20} MiB of bundles are in flight on this worker, the most it sends at once "
+            "(FA4_AOT_BUNDLE_BYTES_IN_FLIGHT); retry after the Retry-After seconds")
 
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: object) -> None:
+
+class _Released(StreamingResponse):
+    """A StreamingResponse that calls `release()` once it ends, sent, failed or cut off by the client, and cuts
+    the client off when it takes no piece for `stall` seconds (FA4_AOT_BUNDLE_SEND_STALL): a reader that stops
+    reading holds its bytes of the budget that long at most (issue 28, D39)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], stall: float,
+                 **kwargs: object) -> None:
         super().__init__(content, **kwargs)  # type: ignore[arg-type]
         self.release = release
+        self.stall = stall
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def bounded(message: Message) -> None:
+            await asyncio.wait_for(send(message), self.stall)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded)
+        except TimeoutError:  # the response is left incomplete: the server closes the connection
+            log.info("bundle answer cut off: %s took nothing for %g s", scope.get("client"), self.stall)
         finally:
             self.release()
 
