@@ -28,9 +28,6 @@ class Settings(BaseSettings):
     bundle_send_stall: float = Field(default=30.0, gt=0, description="Seconds a bundle answer waits for its client "
                                      "to take the next piece; then it is cut off and its bytes leave "
                                      "FA4_AOT_BUNDLE_BYTES_IN_FLIGHT (a reader that stops reading holds none).")
-    bundle_send_stall: float = Field(default=30.0, gt=0, description="Seconds a bundle answer waits for its client "
-                                     "to take the next piece; then it is cut off and its bytes leave "
-                                     "FA4_AOT_BUNDLE_BYTES_IN_FLIGHT (a reader that stops reading holds none).")
     anonymous_misses_per_minute: int = Field(default=120, gt=0, description="New misses one client address may "
                                              "report a minute without a token (per worker process); then 429.")
     anonymous_builds_per_hour: int = Field(default=60, gt=0, description="New build jobs that reports without a "
