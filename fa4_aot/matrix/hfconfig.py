@@ -26,22 +26,58 @@ ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deb
                  "dinov2", "beit", "clip_vision_model", "siglip_vision_model", "modernbert")
 SINK_TYPES = ("gpt_oss",)
 ALTERNATING_TYPES = ("gemma2",)
+MAX_CONFIG = 4 << 20  # bytes: a config.json is a few KiB (a multimodal one with its processor maps, some 100s)
+MAX_DEPTH = 32  # levels of nesting: configs nest a few (text_config, rope_scaling...)
 PATTERN_DEFAULTS = {"gemma3_text": 6}  # Gemma3TextConfig's default sliding_window_pattern (configs may omit it)
 
 
 def load(path: Path) -> Model:
-    """The model `path` (a config.json) describes. Raises ConfigError naming the file and what is missing."""
+    """The model `path` (a config.json) describes. Raises ConfigError naming the file and what is missing, also
+    for a file past MAX_CONFIG bytes (read no further: /dev/zero ends too), nested past MAX_DEPTH or holding NaN
+    or an infinite number (issue 28, D43)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(_read(Path(path)), parse_constant=_not_finite, parse_float=_finite)
+    except RecursionError:
+        raise ConfigError(f"cannot read Hugging Face config {path}: nested too deeply to be one") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read Hugging Face config {path}: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config.json holds a JSON object")
+    if _depth(data) > MAX_DEPTH:
+        raise ConfigError(f"cannot read Hugging Face config {path}: nested deeper than {MAX_DEPTH} levels")
     try:
         return parse(data, name=_name(path, data), source=str(path))
-    except (KeyError, ValueError, TypeError, ZeroDivisionError) as e:
+    except (KeyError, ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
         raise ConfigError(f"{path}: cannot derive attention facts: {e}; give a config.json with "
                           "num_attention_heads and head_dim or hidden_size") from e
+
+
+def _read(path: Path) -> str:
+    """The text of `path`, at most MAX_CONFIG bytes of it (ValueError past that)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG + 1)
+    if len(data) > MAX_CONFIG:
+        raise ValueError(f"larger than {MAX_CONFIG >> 20} MiB, far more than a config.json holds")
+    return data.decode()
+
+
+def _not_finite(word: str) -> float:
+    raise ValueError(f"{word} is not a number a config.json may hold")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is too large for a number of a config.json")
+    return value
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    """How deep `value` nests (stops counting past MAX_DEPTH)."""
+    if level > MAX_DEPTH or not isinstance(value, (dict, list)):
+        return level
+    items = value.values() if isinstance(value, dict) else value
+    return max((_depth(v, level + 1) for v in items), default=level + 1)
 
 
 def _name(path: Path, data: dict[str, Any]) -> str:

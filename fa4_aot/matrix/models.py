@@ -120,13 +120,32 @@ def _parse(src: TomlSource, name: str, t: dict[str, Any]) -> Model:
 
 
 
+def _check_name(name: str, path: Path | None) -> None:
+    """ConfigError unless `name` can be a catalog name or a path: not blank, no NUL, each part at most 255 bytes
+    and all of it at most 4096 (what a filesystem takes), so that an empty --model never means "no model"."""
+    parts = name.replace("\\", "/").split("/")
+    why = ("it is empty" if not name.strip() else "it holds a NUL character" if "\0" in name else
+           "it is longer than 4096 bytes" if len(name.encode(errors="replace")) > 4096 else
+           "a part of it is longer than 255 bytes" if any(len(p.encode(errors="replace")) > 255 for p in parts) else "")
+    if why:
+        raise ConfigError(f"invalid model name {name[:80]!r}{'...' if len(name) > 80 else ''}: {why}; give a name "
+                          f"of {path or CATALOG} (`fa4-aot models` lists them) or the path of a config.json")
+
+
 def resolve(name_or_config: str, path: Path | None = None) -> Model:
     """A catalog model by name, or the model a Hugging Face config.json describes (a path to the file, or to a
-    folder holding it). Raises ConfigError naming the catalog and the command that lists it."""
+    folder holding it). Raises ConfigError naming the catalog and the command that lists it, also for a name that
+    cannot be one (empty, a NUL, a part over 255 bytes: issue 28, D43) before any file is looked for."""
+    _check_name(name_or_config, path)
     given = Path(name_or_config).expanduser()
-    if given.is_dir():
-        given = given / "config.json"
-    if given.suffix == ".json" or given.is_file():
+    try:
+        if given.is_dir():
+            given = given / "config.json"
+        is_config = given.suffix == ".json" or given.is_file()
+    except OSError as e:
+        raise ConfigError(f"cannot look for model config {name_or_config!r}: {e.strerror}; give a catalog name "
+                          "(`fa4-aot models`) or the path of a config.json") from None
+    if is_config:
         return hfconfig.load(given)
     known = catalog(path)
     if name_or_config in known:

@@ -180,3 +180,73 @@ def test_round3_an_endless_miss_list_stops_far_below_the_old_cap() -> None:
         finally:
             tracemalloc.stop()
     assert peak < 160 << 20, f"the client held {peak >> 20} MiB reading a hostile miss list"
+
+
+# -- D43: pull --model ----------------------------------------------------------------------------------------
+def _pull(tmp_path: Path, server: RawServer, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from fa4_aot.cli import main
+
+    return CliRunner().invoke(main, ["--cache-dir", str(tmp_path / "node"), "pull", "--server", server.url,
+                                     "--sku", "h200", *args])
+
+
+def _skus_server() -> RawServer:
+    """A server holding SKU h200 with no kernel (a mirror of it fetches nothing and exits 0)."""
+    def answer(path: str, conn: socket.socket) -> None:
+        if path.startswith("/v1/skus/h200/manifest"):
+            conn.sendall(reply(200, json.dumps({"sku": "h200", "kernels": []}).encode()))
+        else:
+            conn.sendall(reply(200, json.dumps([{"sku": "h200", "name": "h200"}]).encode()))
+
+    return RawServer(answer)
+
+
+@pytest.mark.parametrize("name", ["", "   ", "a" * 300, "x\0y"], ids=["empty", "blank", "long", "nul"])
+def test_d43_pull_refuses_a_bad_model_name(tmp_path: Path, name: str) -> None:
+    """Before: --model '' mirrored the whole SKU and exited 0; a name over 255 bytes ended in a traceback
+    (ENAMETOOLONG from a filesystem check). Now each is a one-line error naming the fix, exit 1, nothing pulled."""
+    with _skus_server() as server:
+        result = _pull(tmp_path, server, "--model", name)
+    assert result.exit_code == 1, (result.exit_code, result.output, result.exception)
+    assert "model" in result.output and "Traceback" not in result.output, result.output
+    assert "fa4-aot models" in result.output, result.output
+
+
+def _config(tmp_path: Path, text: str) -> Path:
+    folder = tmp_path / "m"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(text)
+    return folder / "config.json"
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000 + "]" * 100_000,
+    '{"num_attention_heads": 32, "hidden_size": 4096, "attn_logit_softcapping": Infinity}',
+    '{"num_attention_heads": 32, "hidden_size": 4096, "attn_logit_softcapping": 1e400}',
+    '{"num_attention_heads": NaN, "hidden_size": 4096}',
+    '{"num_attention_heads": 32, "hidden_size": 4096, "x": ' + "[" * 5000 + "]" * 5000 + "}",
+], ids=["deep", "infinity", "overflow", "nan", "deep-field"])
+def test_d43_a_hostile_config_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    """Before: a deep config raised RecursionError, an Infinity softcap a traceback further on. Now ConfigError
+    names the file and what is wrong."""
+    from fa4_aot.errors import ConfigError
+    from fa4_aot.matrix import models
+
+    path = _config(tmp_path, text)
+    with pytest.raises(ConfigError, match="config"):
+        models.resolve(str(path))
+
+
+def test_d43_a_config_that_never_ends_is_read_with_a_bound(tmp_path: Path) -> None:
+    """Before: a config.json that is /dev/zero was read without end. Now at most MAX_CONFIG bytes are read."""
+    from fa4_aot.errors import ConfigError
+    from fa4_aot.matrix import models
+
+    folder = tmp_path / "z"
+    folder.mkdir()
+    (folder / "config.json").symlink_to("/dev/zero")
+    done, result = finished(lambda: models.resolve(str(folder)))
+    assert done, "reading /dev/zero as config.json did not end"
+    assert isinstance(result, ConfigError) and "config" in str(result), result
