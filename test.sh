@@ -6,7 +6,8 @@
 #   ./test.sh tests/store/test_store.py -x     # arguments go to pytest
 #
 # .venv: torch 2.13.0's CPU build and fa4-aot with its dev, server and farm extras. .venv-cu12: the CUDA 12
-# compiler's environment (docker/flavour-venv.sh), which the farm tests build the cu12 SKUs in. Torch alone comes
+# compiler's environment (docker/flavour-venv.sh), which the farm tests build the cu12 SKUs in. .venv-tirx: the
+# TIRx FA4 family's compiler (torch's CPU build and fa4-aot[tirx]; nvcc 13.0 must be on PATH). Torch alone comes
 # from the PyTorch CPU index (its +cpu build on any machine: build hosts need no CUDA), and only torch: an index
 # that cannot be reached then costs one look-up, not one per package. An environment is installed again only when
 # pyproject.toml, docker/flavour-venv.sh or this script changed since it was installed (a stamp in it), so a
@@ -35,5 +36,10 @@ if ! current .venv-cu12; then
   cpu_torch .venv-cu12
   FA4_AOT_FARM=1 docker/flavour-venv.sh 12 .venv-cu12
   echo "$want" > .venv-cu12/.fa4-aot-installed
+fi
+if ! current .venv-tirx; then  # the TIRx family's compiler (fa4_aot/tirx/toolenv.py finds it here)
+  cpu_torch .venv-tirx
+  .venv-tirx/bin/pip install -q "$torch" -e ".[tirx]"
+  echo "$want" > .venv-tirx/.fa4-aot-installed
 fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

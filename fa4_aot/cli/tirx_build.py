@@ -4,6 +4,7 @@ store (fa4_aot/tirx/producer.py); exits 1 when any failed."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -25,7 +26,7 @@ def build_tirx(store: Store, matrix: Matrix, targets: list[Sku], only: list[str]
             click.echo(f"{entry.name}: skipped {why}", err=True)
     work = [(p, e.name) for e in chosen for p in e.problems]
     reports = [producer.build(store, sku, work, progress=say) for sku in targets]
-    docs = [{"sku": r.sku, "built": len(r.built), "present": len(r.present), "failed": r.failed,
+    docs: list[dict[str, Any]] = [{"sku": r.sku, "built": len(r.built), "present": len(r.present), "failed": r.failed,
              "kernel_keys": r.built + r.present} for r in reports]
     lines = [f"{d['sku']}: {d['built']} TIRx kernel(s) built, {d['present']} present, {len(d['failed'])} failed"
              for d in docs] + [f"FAILED {f['problem']}: {f['error']}" for d in docs for f in d["failed"]]

@@ -38,7 +38,11 @@ def toolchain() -> dict[str, str]:
     assert spec is not None and spec.origin
     with open(spec.origin, "rb") as f:
         source_digest = hashlib.sha256(f.read()).hexdigest()
-    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
+    try:
+        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
+    except FileNotFoundError as e:
+        raise RuntimeError("nvcc is not on PATH: TIRx cubins are made by nvcc 13.0 (the CUDA 13.0 toolkit's); "
+                           "install it and put its bin folder on PATH") from e
     release = re.search(r"release (\d+\.\d+)", nvcc)
     return {"tirx-kernels": metadata.version("tirx-kernels"), "apache-tvm": metadata.version("apache-tvm"),
             "nvcc": release.group(1) if release else nvcc.strip(), "kernel-source": source_digest}
@@ -61,7 +65,7 @@ def kernel_module(max_ctas: int, l2_size: int) -> types.ModuleType:
     module.__dict__["_FA4_AOT_L2_SIZE"] = l2_size
     # dont_inherit: this module's `from __future__ import annotations` would stringify the kernel's annotations
     exec(compile(source.replace(_L2_LINE, _OUR_L2_LINE), spec.origin, "exec", dont_inherit=True), module.__dict__)
-    module.MAX_CTAS = max_ctas
+    module.__dict__["MAX_CTAS"] = max_ctas
     return module
 
 

@@ -38,7 +38,7 @@ def ceildiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Problem:
-    """The static sizes one kernel is traced for; str() and parse() round-trip, e.g. b1-q4096-k4096-h32-kv8-d128-causal."""
+    """The static sizes one kernel is traced for; str() and parse() round-trip (b1-q4096-k4096-h32-kv8-d128-causal)."""
 
     batch: int
     seqlen_q: int
@@ -76,8 +76,8 @@ class Problem:
         m = _FORM.fullmatch(text.strip())
         if not m:
             raise ValueError(f"invalid TIRx problem {text!r}: expected e.g. b1-q4096-k4096-h32-kv8-d128-causal")
-        *sizes, mask = m.groups()
-        return cls(*(int(s) for s in sizes), causal=mask == "causal")  # type: ignore[misc]
+        b, q, k, h, kv, d = (int(s) for s in m.groups()[:6])
+        return cls(b, q, k, h, kv, d, causal=m.group(7) == "causal")
 
     @property
     def gqa(self) -> int:

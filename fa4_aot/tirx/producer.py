@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from .. import config
 from ..build.commit import commit_kernel
 from ..errors import BuildError
-from ..spec import kernel_keys
 from ..spec.skus import Sku
 from ..store import Entry, Store
 from . import toolenv
@@ -73,7 +72,10 @@ def build(store: Store, sku: Sku, work: list[tuple[Problem, str]],
             continue
         entry = make_entry(problem, sku, sched, data, seconds, variant, full)
         entries = [entry, dataclasses.replace(entry, kernel_key=base)]
-        (report.built if commit_kernel(store, entries, data) != "corrupt" else report.failed).append(full)
+        if commit_kernel(store, entries, data) == "corrupt":
+            report.failed.append({"problem": str(problem), "error": "the stored bytes did not hash to their digest"})
+            continue
+        report.built.append(full)
         if progress:
             progress(f"{sku.name} {problem}: {entry.object_digest[:12]} ({seconds:.1f} s)")
     return report
