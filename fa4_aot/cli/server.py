@@ -229,7 +229,7 @@ def pull(store: Store, server: str, token: str | None, sku: str, model_arg: str 
     remote = _remote(server, token)
     held = server_skus(remote)
     check_sku(sku, held)
-    if model_arg is not None and sku not in held:  # its misses would be refused too: the server records them for its SKUs
+    if model_arg is not None and sku not in held:  # its misses would be refused too: the server records its SKUs
         raise Fa4AotError(f"{server} holds no kernel of SKU {sku} yet: build the model for it (`fa4-aot build --sku "
                           f"{sku} --model {model_arg} --tp {tp_arg}`) and `fa4-aot push` it there")
     if model_arg is not None:  # an empty --model is an error (models.resolve), never "the whole SKU"

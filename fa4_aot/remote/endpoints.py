@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..spec import kernel_keys
 from ..spec.verdicts import Verdict
 from ..store import Entry, check_hex
 from ..store.recipes import MAX_BYTES as MAX_RECIPE
+from . import deadline
 from .answers import entry_of, listing_of, miss_of, verdict_of
 from .build_jobs import claimed_of
 from .certify_jobs import CertifyJob, job_of, jobs_of
@@ -133,15 +135,17 @@ class Endpoints(Transport):
 
     def report_miss(self, doc: dict[str, Any]) -> None:
         """Tell the server about a kernel this client lacked. Best effort: runs on a daemon thread, gives up
-        after MISS_REPORT_TIMEOUT seconds, and never raises."""
+        after MISS_REPORT_TIMEOUT seconds in all (however slowly the server drips its answer), and never raises."""
 
         if self.down:
             return
 
         def send() -> None:
+            end = time.monotonic() + MISS_REPORT_TIMEOUT
             try:
-                httpx.post(f"{self.url}/v1/misses", json=doc, headers=self._client.headers,
-                           timeout=MISS_REPORT_TIMEOUT)
+                with httpx.Client(headers=self._client.headers, timeout=MISS_REPORT_TIMEOUT,
+                                  transport=deadline.transport()) as client, deadline.until(end):
+                    client.post(f"{self.url}/v1/misses", json=doc)
             except httpx.HTTPError:
                 pass
 

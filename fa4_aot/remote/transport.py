@@ -59,7 +59,8 @@ class Transport:
         self.failures = 0  # requests in a row that failed for want of the server
         self._failures_lock = threading.Lock()  # install()'s fetch threads share one Transport
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT, transport=deadlines.transport())
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT,
+                                    transport=deadlines.transport())
 
     def close(self) -> None:
         self._client.close()

@@ -12,9 +12,9 @@ holds no database connection and no thread per request. The body streams from th
 each worker sends at most FA4_AOT_BUNDLE_BYTES_IN_FLIGHT bundle bytes at once (503 past it), so clients that do
 not read their answers cannot fill the server's memory (issue 18, D21). Nor can they hold that budget against
 everyone else (issue 28, D39): one address holds at most an eighth of it beyond its first answer, and an answer
-whose client takes nothing for FA4_AOT_BUNDLE_SEND_STALL seconds is cut off, its bytes given back. Kernel-sized files come from the page
-cache faster than a hop to the threadpool would cost, so the route reads them in the event loop (as GET
-/v1/objects does).
+whose client takes nothing for FA4_AOT_BUNDLE_SEND_STALL seconds is cut off, its bytes given back.
+Kernel-sized files come from the page cache faster than a hop to the threadpool would cost, so the route reads
+them in the event loop (as GET /v1/objects does).
 """
 
 from __future__ import annotations

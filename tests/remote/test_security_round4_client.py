@@ -250,3 +250,15 @@ def test_d43_a_config_that_never_ends_is_read_with_a_bound(tmp_path: Path) -> No
     done, result = finished(lambda: models.resolve(str(folder)))
     assert done, "reading /dev/zero as config.json did not end"
     assert isinstance(result, ConfigError) and "config" in str(result), result
+
+
+def test_d33_a_miss_report_to_a_dripping_server_ends_by_its_timeout() -> None:
+    """Before: the best-effort miss report (httpx.post with a 2 s timeout per read) stayed on its thread as long as
+    the server dripped headers. Now the report, too, ends by MISS_REPORT_TIMEOUT in all."""
+    with dripping(b"HTTP/1.1 200 OK\r\nX-Drip: ") as server:
+        before = set(threading.enumerate())
+        Remote(server.url, deadline=60.0).report_miss(MISS)
+        reports = [t for t in set(threading.enumerate()) - before if t.name == "fa4-aot-miss-report"]
+        assert reports, "no miss report thread started"
+        reports[0].join(BOUND)
+        assert not reports[0].is_alive(), f"the miss report still ran {BOUND} s into its 2 s timeout"
