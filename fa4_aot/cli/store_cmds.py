@@ -211,18 +211,23 @@ def _installed_toolchain() -> dict[str, str]:
 @json_option()
 @pass_store
 def migrate(store: Store, dry_run: bool, as_json: bool) -> None:
-    """Re-file kernels built before per-SKU constants were keyed by need (issue 13) under today's keys.
+    """Re-file kernels built before per-SKU constants were keyed by need (issue 13) under today's keys, and
+    recipe regions keyed by page size and window (format 2, before issue 29) under today's recipe keys.
 
     Objects are kept; old signed manifests list the old keys, so sign each SKU again afterwards. Kernels built by
     another toolchain (other FA4, CuTe or fa4-aot patch source) cannot be re-filed: it says to rebuild them."""
+    from .. import config
+    from ..spec import sku_table
     from ..store.migrate import migrate as run
-    from ..store.migrate import rebuild_advice
+    from ..store.migrate import migrate_recipes, rebuild_advice
 
     result = run(store, dry_run=dry_run, tools=_installed_toolchain())
+    regions = migrate_recipes(store, sku_table.table(config.default_variants_file()).values(), dry_run=dry_run)
     verb = "would re-file" if dry_run else "re-filed"
-    lines = [f"{result.entries} entries: {verb} {result.migrated}, {result.current} already current"]
+    lines = [f"{result.entries} entries: {verb} {result.migrated}, {result.current} already current",
+             f"recipe regions of format 2: {verb} {regions} under today's recipe keys"]
     lines += [f"UNRECOGNISED {k}: its key matches neither the old nor today's formula (left alone; "
               "`fa4-aot verify` checks it)" for k in result.unrecognised]
     lines += [f"re-sign: fa4-aot sign --sku {name} --key KEYFILE" for name in result.skus if not dry_run]
     lines += rebuild_advice(result.other_toolchain, result.drift)
-    emit(as_json, result.to_dict(), "\n".join(lines))
+    emit(as_json, {**result.to_dict(), "recipe_regions": regions}, "\n".join(lines))

@@ -15,6 +15,12 @@ today's toolchain would be the lie the source digests exist to prevent. Such ent
 (their keys still prove their fields; verify, sign, push and serve take them), but no lookup of this
 installation finds them: `foreign()` counts them per SKU, and `rebuild_advice()` is what list, doctor and
 migrate say: build the SKU again, then drop them with `fa4-aot prune --toolchain old`.
+
+Recipe files (issue 29): a format-2 file is keyed by its signature's page size and window, which its regions hold
+as constants; a format-3 file is keyed without them and its regions hold them as sizes. `migrate_recipes` copies
+each format-2 region into its signature's format-3 file, pinned to its own page size and window (guards
+`page_size == P`, `window_left == L`, ...): it serves exactly the calls it served before, found under today's key
+next to the regions new builds record. The old files stay (the runtime reads them after the new ones).
 """
 
 from __future__ import annotations
@@ -24,7 +30,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..spec.kernel_keys import entry_keys, legacy_key, toolchain_drift
-from . import Entry, Store
+from ..spec.recipe_format import HEADS, RECIPE_FORMAT, bound_sizes
+from ..spec.region import Region
+from ..spec.signature import Signature
+from ..spec.skus import Sku
+from . import Entry, Store, recipes
 
 ABSENT = "absent"  # what fa4.toolchain() says for a package that is not installed
 
@@ -68,6 +78,40 @@ def migrate(store: Store, dry_run: bool = False, tools: dict[str, str] | None = 
             _refile(store, entry, base, full)
     result.skus = sorted(skus)
     return result
+
+
+def migrate_recipes(store: Store, skus: Iterable[Sku], dry_run: bool = False) -> int:
+    """Copy every format-2 region of `store` (a file whose key is its signature's on one of `skus`) into its
+    signature's format-3 file, pinned to its page size and window (see the module); the regions copied (with
+    `dry_run`, that would be). Idempotent (merge drops a region whose guards the file holds already); a format-3
+    file holding another toolchain's regions is left as it is (a merge would drop the other's). Raises StoreError
+    for a recipe file that does not read, naming it and the fix."""
+    targets = [(sku, sku.target_facts()) for sku in skus]
+    moved: dict[str, list[Region]] = {}
+    for found in store.scan_recipes():
+        if found.kind != "file":
+            continue
+        for region in recipes.load(store, found.name):
+            sku = next((s for s, t in targets if region.format == 2
+                        and recipes.region_key(region.to_json(), t) == found.name), None)
+            if sku is not None:
+                sig = Signature.from_dict(region.signature)
+                moved.setdefault(recipes.recipe_key(sig, sku), []).append(_pinned(region, sig))
+    count = 0
+    for key, regions in moved.items():
+        held = recipes.load(store, key)
+        if any(r.toolchain != regions[-1].toolchain for r in [*held, *regions]):
+            continue
+        count += len(regions)
+        if not dry_run:
+            recipes.merge(store, key, regions)
+    return count
+
+
+def _pinned(region: Region, sig: Signature) -> Region:
+    """A format-2 `region` of `sig` as a format-3 region holding at its own page size and window only."""
+    pins = [["eq", ["sym", name], value] for name, value in bound_sizes(sig).items() if name != HEADS]
+    return Region.parse({**region.to_json(), "format": RECIPE_FORMAT, "guards": [*region.guards, *pins]})
 
 
 def _refile(store: Store, entry: Entry, base: str, full: str) -> None:

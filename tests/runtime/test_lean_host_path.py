@@ -15,6 +15,7 @@ from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
 from fa4_aot.spec import recipe_format
 from fa4_aot.spec.region import Region, parse_regions
+from fa4_aot.spec.signature import Signature
 from tests.runtime.test_replay import recorded
 
 SIG = {"layout": "seqused", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
@@ -36,7 +37,7 @@ def regions() -> list[Region]:
 def _bound(region: Region, case: int, launches: list) -> replay.Bound:
     import torch
 
-    sizes = {**PAIRS[case][1], recipe_format.HEADS: PAIRS[case][0]["heads_kv"]}
+    sizes = {**PAIRS[case][1], **recipe_format.bound_sizes(Signature.from_dict(PAIRS[case][0]))}
     fakes = [lambda *a, i=i: launches.append((i, a)) for i in range(len(region.kernels))]
     return replay.bind(region, sizes, fakes, torch.device("cpu"), None)
 
@@ -44,7 +45,7 @@ def _bound(region: Region, case: int, launches: list) -> replay.Bound:
 def _inputs(region: Region, case: int, grad: bool) -> dict[str, Any]:
     import torch
 
-    sizes = {**PAIRS[case][1], recipe_format.HEADS: PAIRS[case][0]["heads_kv"]}
+    sizes = {**PAIRS[case][1], **recipe_format.bound_sizes(Signature.from_dict(PAIRS[case][0]))}
     found = {}
     for name, slot in region.inputs.items():
         meta = region.meta[slot]

@@ -86,3 +86,23 @@ def test_region_of_one_format_refused_under_another_formats_key() -> None:
     region["guards"].append(["ge", ["sym", "window_left"], 0])
     with pytest.raises(ValueError, match="size 'window_left' is not one of"):
         recipe_format.check_region(region)
+
+
+def test_migrate_recipes_files_format_2_regions_under_todays_keys_pinned(tmp_path: Path) -> None:
+    from fa4_aot.store.migrate import migrate_recipes
+
+    region = _region(mask="local", window=[1023, 0])
+    sig = Signature.from_dict(region["signature"])
+    store = _store(tmp_path, recipes.recipe_key(sig, SKU, 2), region)
+    assert recipes.load(store, recipes.recipe_key(sig, SKU)) == []
+    assert migrate_recipes(store, [SKU], dry_run=True) == 1
+    assert recipes.load(store, recipes.recipe_key(sig, SKU)) == []
+    assert migrate_recipes(store, [SKU]) == 1
+    migrate_recipes(store, [SKU])  # idempotent: the file holds the region once
+    (moved,) = recipes.load(store, recipes.recipe_key(sig, SKU))
+    assert moved.format == recipe_format.RECIPE_FORMAT
+    sizes = {k: v for k, v in region["recorded_at"].items() if k in recipe_format.SIZE_NAMES["dense"]}
+    assert moved.holds({**sizes, **recipe_format.bound_sizes(sig)})
+    other = dataclasses.replace(sig, window=(4095, 0))  # one file now, but the region was recorded at (1023, 0)
+    assert recipes.recipe_key(other, SKU) == recipes.recipe_key(sig, SKU)
+    assert not moved.holds({**sizes, **recipe_format.bound_sizes(other)})
