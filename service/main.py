@@ -28,6 +28,7 @@ from fa4_aot.store import Store
 from . import db, db_faults, docs, openapi, sync, watch
 from .config import Settings
 from .errors import ServiceError
+from .fast_reads import FastReads
 from .head import HeadAsGet
 from .headers import HeadLimit, uvicorn_options
 from .limits import Budget, ClientRate, JsonBodyLimit
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.miss_rate = ClientRate(settings.anonymous_misses_per_minute)
     app.add_middleware(JsonBodyLimit)
     app.add_middleware(HeadAsGet)
+    app.add_middleware(FastReads, store=app.state.store, settings=settings)  # a cluster's reads (fast_reads.py)
     app.add_middleware(objects.ObjectFiles, store=app.state.store, settings=settings)  # plain object reads
     app.add_middleware(HeadLimit)  # 431 for an oversized head under any HTTP implementation (headers.py)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts the 413s too

@@ -34,6 +34,11 @@ async def get_kernel(kernel_key: KeyPath, store: StoreDep) -> KernelOut:
     only once its object is complete, so a cluster fetching kernel by kernel holds no database connection and no
     thread per request (issue 18, D29). An entry whose object file is gone or of another size, or that cannot be
     used (unreadable, not proving its key), is not served."""
+    return served_kernel(store, kernel_key)
+
+
+def served_kernel(store: Store, kernel_key: str) -> KernelOut:
+    """get_kernel's answer (service/fast_reads.py answers plain GETs with it too); NotFound when not served."""
     try:
         entry = store.get_entry(kernel_key)
         served = entry is not None and store.object_size(entry.object_digest) == entry.size

@@ -1,7 +1,12 @@
-"""Objects: immutable bytes named by their sha256. Reads are cacheable forever; uploads are verified."""
+"""Objects: immutable bytes named by their sha256. Reads are cacheable forever; uploads are verified.
+
+A plain GET or HEAD of an object (no Range, no condition, reads open) is answered before FastAPI's routing by
+service/fast_reads.py, with the same status and headers as get_object, which answers every other read.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import IO, Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response, status
@@ -49,36 +54,36 @@ async def get_object(
     and verified (uploads are hashed before their rename), so the hot path needs no database round trip."""
     etag = f'"{digest}"'
     headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
-    size = _size(store, digest)
-    if etag_matches(if_none_match, etag):
-        return Response(status_code=304, headers=headers)
-    wanted = parse_range(range_ if if_range in (None, etag) else None, size) if size else None
-    first, last = wanted or (0, size - 1)
-    headers["Content-Length"] = str(last - first + 1)
-    if wanted:
-        headers["Content-Range"] = f"bytes {first}-{last}/{size}"
-    code = status.HTTP_206_PARTIAL_CONTENT if wanted else status.HTTP_200_OK
-    if request.method == "HEAD" or size == 0:
-        return Response(status_code=code, headers=headers, media_type="application/octet-stream")
     f = _open(store, digest)
-    if last - first + 1 <= INLINE_BYTES:
-        with f:  # a page-cache read of a kernel-sized object costs less than a hop to the threadpool
+    streamed = False
+    try:
+        size = os.fstat(f.fileno()).st_size  # the open file's: one open, and no size of another file
+        if etag_matches(if_none_match, etag):
+            return Response(status_code=304, headers=headers)
+        wanted = parse_range(range_ if if_range in (None, etag) else None, size) if size else None
+        first, last = wanted or (0, size - 1)
+        headers["Content-Length"] = str(last - first + 1)
+        if wanted:
+            headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        code = status.HTTP_206_PARTIAL_CONTENT if wanted else status.HTTP_200_OK
+        if request.method == "HEAD" or size == 0:
+            return Response(status_code=code, headers=headers, media_type="application/octet-stream")
+        if last - first + 1 <= INLINE_BYTES:  # a page-cache read of a kernel-sized object: no threadpool hop
             f.seek(first)
             return Response(f.read(last - first + 1), status_code=code, headers=headers,
                             media_type="application/octet-stream")
-    return StreamingResponse(read_chunks(f, first, last), status_code=code, headers=headers,
-                             media_type="application/octet-stream")
-
-
-def _size(store: Store, digest: str) -> int:
-    size = store.object_size(digest)
-    if size is None:
-        raise NotFound(f"no object {digest}; upload it with PUT /v1/objects/{digest}")
-    return size
+        streamed = True  # read_chunks closes it
+        return StreamingResponse(read_chunks(f, first, last), status_code=code, headers=headers,
+                                 media_type="application/octet-stream")
+    finally:
+        if not streamed:
+            f.close()
 
 
 def _open(store: Store, digest: str) -> IO[bytes]:
-    """The object's file, open for reading with no link followed (Store.open_object); NotFound when absent."""
+    """The object's file, open for reading with no link followed (Store.open_object; its size is the open
+    file's, so a file replaced between a size check and the open cannot be served short); NotFound when
+    absent."""
     try:
         return store.open_object(digest)
     except FileNotFoundError:
