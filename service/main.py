@@ -70,7 +70,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(JsonBodyLimit)
     app.add_middleware(HeadAsGet)
     app.add_middleware(FastReads, store=app.state.store, settings=settings)  # a cluster's reads (fast_reads.py)
-    app.add_middleware(objects.ObjectFiles, store=app.state.store, settings=settings)  # plain object reads
     app.add_middleware(HeadLimit)  # 431 for an oversized head under any HTTP implementation (headers.py)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts the 413s too
     app.add_exception_handler(ServiceError, _service_error)
