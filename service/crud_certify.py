@@ -34,12 +34,24 @@ def now() -> datetime:
 def enqueue(session: Session, *, kernel_key: str, sku: str, family: str) -> None:
     """Queue the certification of a published kernel, unless it has a job in any state (idempotent: INSERT ...
     ON CONFLICT DO NOTHING, so racing publishers of one kernel make one job)."""
+    enqueue_many(session, [(kernel_key, sku, family)])
+
+
+def enqueue_many(session: Session, kernels: list[tuple[str, str, str]]) -> None:
+    """enqueue for each (kernel key, SKU, family) of `kernels`, a few statements for thousands (a store the
+    server imports at startup), one commit."""
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(models.CertifyJob).values(
-        kernel_key=kernel_key, sku=sku, family=family, status="queued", attempts=0, lapses=0, certifier="",
-        device="", claim_hash="", created=now(), detail="", verdict="", verdicts="[]", seconds=0.0)
-    session.execute(stmt.on_conflict_do_nothing(index_elements=[models.CertifyJob.kernel_key]))
+    t = now()
+    for start in range(0, len(kernels), _ROWS_PER_INSERT):
+        rows = [dict(kernel_key=key, sku=sku, family=family, status="queued", attempts=0, lapses=0, certifier="",
+                     device="", claim_hash="", created=t, detail="", verdict="", verdicts="[]", seconds=0.0)
+                for key, sku, family in kernels[start:start + _ROWS_PER_INSERT]]
+        stmt = dialect.insert(models.CertifyJob).values(rows)
+        session.execute(stmt.on_conflict_do_nothing(index_elements=[models.CertifyJob.kernel_key]))
     session.commit()
+
+
+_ROWS_PER_INSERT = 500  # 15 columns a row: under SQLite's 32,766 bound parameters a statement
 
 
 def get(session: Session, *, job_id: int) -> models.CertifyJob:

@@ -19,7 +19,7 @@ from fa4_aot.store import Entry, Store, maintenance
 from fa4_aot.store import recipes as recipe_store
 from fa4_aot.trust import signing
 
-from . import crud, crud_recipes, crud_trust, crud_verdicts, models, schemas
+from . import crud, crud_certify, crud_recipes, crud_trust, crud_verdicts, models, schemas
 from .errors import Conflict, ServiceError
 
 log = logging.getLogger(__name__)
@@ -44,16 +44,28 @@ def import_store(session: Session, store: Store) -> ImportReport:
     report; this never raises for one bad entry, so one corrupt file cannot keep the service down.
     """
     report = ImportReport()
+    served = []
     for entry in _entries(store, report):
         try:
             _import_entry(session, store, entry, report)
+            served.append(entry)
         except (Conflict, ValueError) as e:
             report.skipped.append(f"{entry.kernel_key}: {e}")
     session.commit()
     _import_recipes(session, store, report)
     _import_manifests(session, store, report)
     report.verdicts = crud_verdicts.import_store(session, store, report.skipped)
+    _queue_certification(session, served)
     return report
+
+
+def _queue_certification(session: Session, entries: list[Entry]) -> None:
+    """Queue the certification (crud_certify) of the served kernels no device class has a verdict of: kernels a
+    build wrote into the store before `serve` are certified as those builders publish are (signposts excepted:
+    they name another key's kernel). A kernel with a job in any state keeps it."""
+    certified = set(session.scalars(select(models.Verdict.kernel_key).distinct()).all())
+    crud_certify.enqueue_many(session, [(e.kernel_key, e.sku, e.family) for e in entries
+                                        if not e.is_signpost and e.kernel_key not in certified])
 
 
 def _import_manifests(session: Session, store: Store, report: ImportReport) -> None:

@@ -33,7 +33,7 @@ from tests.helpers.certifiers import (
     token,
     verdict,
 )
-from tests.helpers.servers import ROOT, Server
+from tests.helpers.servers import H200, ROOT, Launch, Server
 
 
 def job_of(server: Server, key: str) -> dict[str, Any]:
@@ -197,3 +197,35 @@ def _epoch(iso: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_kernels_a_build_wrote_before_serve_are_queued_for_certification(launch: Launch, tmp_path: Path) -> None:
+    """Issue 27: `fa4-aot build` then `fa4-aot serve` over its store is how most kernels reach a server; those
+    the server imports at startup are certified as builders' uploads are, except kernels already certified."""
+    from fa4_aot.spec.verdicts import Verdict
+    from fa4_aot.store import Entry
+    from tests.conftest import proven
+
+    store = Store(tmp_path / "built")
+    sku = Sku(name="h200", **{k: v for k, v in H200.items() if k != "sku"})
+    entries = []
+    for i in range(3):
+        data = b"built-kernel-%d" % i
+        entry = proven(Entry(kernel_key="", object_digest=store.put_object(data), size=len(data),
+                             family="FlashAttentionForwardSm90", compile_key=["fwd", i], sku=sku.name, arch=sku.arch,
+                             sm_count=sku.sm_count, l2_bytes=sku.l2_bytes, cuda_major=sku.cuda_major,
+                             toolchain={"flash-attn-4": "4.0.0b36"}, variant="v", call="c", compile_seconds=0.0,
+                             host=sku.host))
+        store.put_entry(entry)
+        entries.append(entry)
+    store.put_verdicts([Verdict(kernel_key=entries[0].kernel_key, device=DEVICE, status="pass", checks=1,
+                                toolchain="t", when="2026-12-03T10:00:00Z")])
+    server = launch(cache_dir=store.root)
+    with server.client() as c:
+        jobs = c.get("/v1/certify-jobs", params={"sku": "h200"}).json()
+    assert sorted(j["kernel_key"] for j in jobs) == sorted(e.kernel_key for e in entries[1:])
+    assert {j["status"] for j in jobs} == {"queued"}
+    server.kill()
+    server.start()  # imported again at the next start: no second job
+    with server.client() as c:
+        assert len(c.get("/v1/certify-jobs", params={"sku": "h200"}).json()) == 2
