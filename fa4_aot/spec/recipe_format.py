@@ -110,13 +110,13 @@ MAX_TENSORS, MAX_STEPS, MAX_GUARDS, MAX_KERNELS, MAX_OUTS, MAX_NESTING = 1024, 4
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def check_region(region: Any, memo: dict[tuple[Any, ...], set[int]] | None = None) -> None:
+def check_region(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, int]]] | None = None) -> None:
     """ValueError unless `region` is a recipe region of a format in FORMATS holding only what FA4's host
     path does (its size expressions over size_names of its layout and format). `memo` (one per document, kept only
-    while the document lives) skips a guard, meta, kernel or step object already admitted in the same context
-    (size names, tensor and kernel counts: the memo's keys; the ids of the objects admitted: its values). A
-    compact file's regions share each distinct value and list (spec/recipe_file.py), so a file costs a check per
-    distinct one, not per region."""
+    while the document lives) holds, per size names, the guard, meta, kernel and step objects (and lists of them)
+    already admitted, by id, with the highest tensor slot and kernel index each names; those are only compared
+    with the region's counts. A compact file's regions share each distinct value and list (spec/recipe_file.py),
+    so a file costs a check per distinct one, not per region."""
     if not isinstance(region, dict):
         raise ValueError("not an object")
     missing, extra = sorted(REQUIRED - set(region)), sorted(set(region) - REQUIRED - OPTIONAL)
@@ -130,45 +130,63 @@ def check_region(region: Any, memo: dict[tuple[Any, ...], set[int]] | None = Non
     layout = region["signature"].get("layout") if isinstance(region["signature"], dict) else None
     if layout not in SIZE_NAMES:
         raise ValueError(f"signature of layout {str(layout)[:40]!r} (recipes exist for {', '.join(SIZE_NAMES)})")
-    values = _Values(frozenset(size_names(layout, region["format"])), _count(region["tensors"], MAX_TENSORS, "tensors"),
-                     len(_list(region["kernels"], MAX_KERNELS, "kernels")))
-    seen = (memo if memo is not None else {}).setdefault((values.names, values.tensors, values.kernels), set())
-    _once(seen, lambda g: symexpr.check(g, values.names), _list(region["guards"], MAX_GUARDS, "guards"))
-    if len(_list(region["meta"], MAX_TENSORS, "meta")) != values.tensors:
-        raise ValueError(f"meta describes {len(region['meta'])} tensors, not {values.tensors}")
-    _once(seen, values.meta, region["meta"])
+    values = _Values(frozenset(size_names(layout, region["format"])))
+    tensors = _count(region["tensors"], MAX_TENSORS, "tensors")
+    kernels = len(_list(region["kernels"], MAX_KERNELS, "kernels"))
+    seen = (memo if memo is not None else {}).setdefault(values.names, {})
+    _admit(seen, values, lambda g: symexpr.check(g, values.names), _list(region["guards"], MAX_GUARDS, "guards"))
+    if len(_list(region["meta"], MAX_TENSORS, "meta")) != tensors:
+        raise ValueError(f"meta describes {len(region['meta'])} tensors, not {tensors}")
+    named = [_admit(seen, values, values.meta, region["meta"]), _admit(seen, values, _kernel, region["kernels"]),
+             _admit(seen, values, values.step, _list(region["fwd"], MAX_STEPS, "fwd")),
+             _admit(seen, values, values.step, _list(region["bwd"], MAX_STEPS, "bwd"))]
+    values.top_slot = values.top_kernel = -1
     for where, known in (("inputs", INPUTS), ("outputs", OUTPUTS)):
         _slots_by_name(region[where], known, values, where)
+    named.append((values.top_slot, values.top_kernel))
+    _within(max(n[0] for n in named), tensors, max(n[1] for n in named), kernels)
     _runnable(region, layout)
-    _once(seen, _kernel, region["kernels"])
-    _once(seen, values.step, _list(region["fwd"], MAX_STEPS, "fwd"))
-    _once(seen, values.step, _list(region["bwd"], MAX_STEPS, "bwd"))
     _number(region["softmax_scale"], "softmax_scale")
     _flat(region.get("recorded_at", {}), int, "recorded_at")
     _flat(region.get("toolchain", {}), str, "toolchain")
 
 
-def _once(seen: set[int], check: Any, xs: list[Any]) -> None:
-    """`check` each of `xs` that `seen` (ids of the objects admitted in this context) does not hold; nothing
-    when it holds the list `xs` itself."""
-    if id(xs) in seen:
-        return
-    for x in xs:
-        if id(x) not in seen:
-            check(x)
-            seen.add(id(x))
-    seen.add(id(xs))
+def _admit(seen: dict[int, tuple[int, int]], values: _Values, check: Any, xs: list[Any]) -> tuple[int, int]:
+    """(highest tensor slot, highest kernel index) the objects of `xs` name (-1: none), each checked by `check`
+    unless `seen` holds it (by id) already; the list's own id is remembered too."""
+    found = seen.get(id(xs))
+    if found is None:
+        top_slot = top_kernel = -1
+        for x in xs:
+            named = seen.get(id(x))
+            if named is None:
+                values.top_slot = values.top_kernel = -1
+                check(x)
+                named = seen[id(x)] = (values.top_slot, values.top_kernel)
+            top_slot, top_kernel = max(top_slot, named[0]), max(top_kernel, named[1])
+        found = seen[id(xs)] = (top_slot, top_kernel)
+    return found
+
+
+def _within(top_slot: int, tensors: int, top_kernel: int, kernels: int) -> None:
+    if top_slot >= tensors:
+        raise ValueError(f"tensor slot {top_slot} is not one of the region's {tensors}")
+    if top_kernel >= kernels:
+        raise ValueError(f"launch of kernel {top_kernel}, not one of the region's {kernels}")
 
 
 class _Values:
-    """Checks the arguments of one region: its size names, its tensor count, its kernel count."""
+    """Checks arguments over size names `names`, noting the highest tensor slot and kernel index they name (a
+    region's counts bound those: check_region)."""
 
-    def __init__(self, names: frozenset[str], tensors: int, kernels: int) -> None:
-        self.names, self.tensors, self.kernels = names, tensors, kernels
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.top_slot = self.top_kernel = -1
 
     def slot(self, x: Any) -> None:
-        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < self.tensors:
-            raise ValueError(f"tensor slot {str(x)[:20]} is not one of the region's {self.tensors}")
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < MAX_TENSORS:
+            raise ValueError(f"tensor slot {str(x)[:20]} is not one of a region's at most {MAX_TENSORS}")
+        self.top_slot = max(self.top_slot, x)
 
     def meta(self, meta: Any) -> None:
         if not isinstance(meta, list) or len(meta) != 3 or not all(isinstance(m, list) for m in meta[:2]):
@@ -181,9 +199,10 @@ class _Values:
     def step(self, step: Any) -> None:
         if isinstance(step, dict) and set(step) == {"launch", "args"}:
             if isinstance(step["launch"], bool) or not isinstance(step["launch"], int) \
-                    or not 0 <= step["launch"] < self.kernels:
-                raise ValueError(f"launch of kernel {str(step['launch'])[:20]}, not one of the region's "
-                                 f"{self.kernels}")
+                    or not 0 <= step["launch"] < MAX_KERNELS:
+                raise ValueError(f"launch of kernel {str(step['launch'])[:20]}, not one of a region's at most "
+                                 f"{MAX_KERNELS}")
+            self.top_kernel = max(self.top_kernel, step["launch"])
         elif isinstance(step, dict) and set(step) == {"op", "args", "kwargs", "out", "tuple"}:
             if not isinstance(step["op"], str) or step["op"] not in ATEN_OPS:
                 raise ValueError(f"op {str(step['op'])[:80]!r} is not one FA4's host path uses "

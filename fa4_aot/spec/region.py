@@ -155,7 +155,7 @@ class _Shared:
     the typed value built from each document object, both by the object's id (the document outlives the parse)."""
 
     def __init__(self) -> None:
-        self.checked: dict[tuple[Any, ...], set[int]] = {}
+        self.checked: dict[frozenset[str], dict[int, tuple[int, int]]] = {}
         self.built: dict[int, Any] = {}
 
     def value(self, build: Any, doc: Any) -> Any:

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
+from fa4_aot.spec import recipe_file
 from fa4_aot.store import recipes as recipe_store
 
 from .. import crud, crud_recipes, crud_tokens, models, schemas
@@ -26,7 +27,9 @@ from . import READ_ERRORS, errors
 router = APIRouter(prefix="/v1/skus/{sku}/recipes", tags=["recipes"])
 SkuPath = Annotated[str, Path(pattern=SKU_NAME, max_length=64, description="SKU name, e.g. h200")]
 KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, description="recipe key")]
-_JSON = {"application/json": {"schema": {"type": "object"}}}
+# a compact file (spec/recipe_file.py, what builds write) or the JSON file of a build before it
+_JSON = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+         "application/json": {"schema": {"type": "object"}}}
 
 
 @router.get("", response_model=Recipes, responses=errors(*READ_ERRORS, 404), openapi_extra=READ,
@@ -40,14 +43,16 @@ def list_recipes(sku: SkuPath, session: SessionDep) -> Recipes:
 @router.get("/{key}", response_class=Response, responses={200: {"content": _JSON}, **errors(*READ_ERRORS, 404)},
             openapi_extra=READ, dependencies=[Depends(require_read)])
 def get_recipe(sku: SkuPath, key: KeyPath, session: SessionDep, store: StoreDep) -> Response:
-    """The recipe file's bytes, with ETag "<sha256 of the bytes>" (clients check it against signed manifests)."""
+    """The recipe file's bytes, with ETag "<sha256 of the bytes>" (clients check it against signed manifests):
+    application/octet-stream for a compact file, application/json for a JSON file of an earlier build."""
     row = crud_recipes.get_recipe(session, key=key, target=crud_recipes.target_of(session, sku=sku, read=True))
     data = store.recipes(key) if row is not None else None
     if data is None:
         raise NotFound(f"no recipe file {key} for SKU {sku}; GET /v1/skus/{sku}/recipes lists them, and "
                        f"`fa4-aot push --sku {sku}` from the build store publishes them")
     etag = f'"{hashlib.sha256(data).hexdigest()}"'
-    return Response(data, media_type="application/json", headers={"ETag": etag, "Cache-Control": "no-cache"})
+    media = "application/octet-stream" if recipe_file.is_compact(data) else "application/json"
+    return Response(data, media_type=media, headers={"ETag": etag, "Cache-Control": "no-cache"})
 
 
 @router.put("/{key}", response_model=RecipeOut, status_code=status.HTTP_201_CREATED,

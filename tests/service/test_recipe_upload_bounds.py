@@ -39,4 +39,5 @@ def test_d37_d38_server_refuses_recipes_the_runtime_cannot_run(server: Server, t
         assert c.get(f"/v1/skus/h200/recipes/{key}").status_code == 404
         compact = recipe_file.encode(key, [region(SIGNATURE)])
         assert c.put(f"/v1/skus/h200/recipes/{key}", content=compact).status_code == 201
-        assert c.get(f"/v1/skus/h200/recipes/{key}").content == compact
+        served = c.get(f"/v1/skus/h200/recipes/{key}")
+        assert served.content == compact and served.headers["content-type"] == "application/octet-stream"
