@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import host_arch
 from ..errors import Fa4AotError
 from ..matrix import models, modelwork
-from ..remote import lean_files
+from ..remote import lean_files, push_pull
 from ..runtime import misses
 from ..runtime.fetch import Fetcher
 from ..spec import kernel_keys
@@ -62,6 +62,7 @@ class Prefetched:
     unbuilt: list[str] = field(default_factory=list)  # signatures the server has no recipe file of
     missing: list[str] = field(default_factory=list)  # kernel keys a region names that the server lacks
     reported: int = 0  # misses reported to the server (build jobs, where a builder runs)
+    verdicts: int = 0  # certification verdicts of the model's kernels kept (newer than the store held)
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -134,6 +135,8 @@ def run(store: Store, remote: Remote, sku: Sku, model: models.Model, tps: tuple[
     result.kernels = len(wanted)
     fetcher = Fetcher(remote, trust, store)
     _fetch(store, remote, fetcher, sku, list(wanted), constants or sku.constants(), result)
+    held = set(wanted) | {full for full in (_full_key(store, b, constants or sku.constants()) for b in wanted) if full}
+    result.verdicts = push_pull.pull_verdicts(store, remote, sku.name, held, result.failures)
     for key in wanted:
         if store.get_entry(key) is None:
             result.missing.append(key)

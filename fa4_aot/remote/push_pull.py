@@ -127,7 +127,7 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
 
     _run(wanted, one, jobs, result, progress, count)
     result.recipes = lean_files.pull_recipes(store, remote, sku, trust, result.failures)
-    result.verdicts = _pull_verdicts(store, remote, sku, {k["kernel_key"] for k in listing["kernels"]},
+    result.verdicts = pull_verdicts(store, remote, sku, {k["kernel_key"] for k in listing["kernels"]},
                                      result.failures)
     for envelope in remote.signed_manifests(sku):  # kept unverified here: clients verify before loading
         signing.save(store, envelope)
@@ -135,10 +135,11 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
     return result
 
 
-def _pull_verdicts(store: Store, remote: Remote, sku: str, listed: set[str], failures: list[str]) -> int:
+def pull_verdicts(store: Store, remote: Remote, sku: str, listed: set[str], failures: list[str]) -> int:
     """Keep the server's verdicts of `sku`'s kernels (those in `listed` that the store now holds), read in one
     request per page; only those newer than the store's are written. Returns how many. Under a trust policy
-    clients believe signed verdicts only (trust/certified.py), so these serve the store's own users."""
+    clients believe signed verdicts only (trust/certified.py), so these serve the store's own users. `pull --sku`
+    and `pull --model` (client/prefetch.py) both keep them."""
     try:
         got = [v for v in remote.verdicts(sku=sku) if v.kernel_key in listed and store.has_entry(v.kernel_key)]
         fresh = newer_than_held(store, got)

@@ -20,6 +20,7 @@ from fa4_aot.config import default_variants_file, host_arch
 from fa4_aot.matrix import models, modelwork
 from fa4_aot.matrix.variants import load
 from fa4_aot.runtime import misses as lean_miss
+from fa4_aot.spec.verdicts import Verdict
 from fa4_aot.store import Store
 from fa4_aot.store import recipes as recipe_store
 from tests.conftest import ROOT, copy_store, run_cli
@@ -27,6 +28,7 @@ from tests.helpers.servers import Launch
 
 pytestmark = pytest.mark.slow
 MODEL = ["--model", "llama-3.1-8b", "--tp", "1"]
+DEVICE, OTHER_DEVICE = "nvidia-h200.132sm.driver-13.0.cuda-13.0", "nvidia-h200.132sm.driver-12.8.cuda-12.8"
 INSECURE = {"FA4_AOT_INSECURE": "1"}  # no trusted keys here: remote kernels are taken unsigned
 
 
@@ -72,6 +74,29 @@ def test_pull_model_fetches_exactly_its_kernel_set_in_one_bundle(built: tuple[Pa
     again = run_cli("pull", "--server", server.url, "--sku", "h200", *MODEL, "--workload", "prefill", "--json",
                     cache=node, env=INSECURE)
     assert again.returncode == 0 and json.loads(again.stdout)["fetched"] == 0 == json.loads(again.stdout)["bundles"]
+
+
+def test_pull_model_keeps_the_servers_certification_verdicts_of_its_kernels_only(
+        built: tuple[Path, set[str]], launch: Launch, tmp_path: Path) -> None:
+    """Issue 27: a node prefetched by model must know which of its kernels are certified (or failed) as a node
+    pulled by SKU does; verdicts of kernels outside the model stay on the server."""
+    root, keys = built
+    served = copy_store(root, tmp_path / "served")
+    others = sorted(e.kernel_key for e in Store(served).entries() if not e.is_signpost and e.kernel_key not in keys)
+    mine = sorted(keys)
+    Store(served).put_verdicts([Verdict(kernel_key=k, device=DEVICE, status="pass", checks=2, toolchain="t",
+                                        when="2026-12-03T10:00:00Z") for k in mine + others[:1]]
+                               + [Verdict(kernel_key=mine[0], device=OTHER_DEVICE, status="wrong", tensor="dq",
+                                          error=0.5, bound=0.01, toolchain="t", when="2026-12-03T10:00:00Z")])
+    server = launch(cache_dir=served)
+    node = tmp_path / "node"
+    done = run_cli("pull", "--server", server.url, "--sku", "h200", *MODEL, "--workload", "prefill", "--json",
+                   cache=node, env=INSECURE)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout)["verdicts"] == len(mine) + 1
+    pulled = Store(node)
+    assert set(pulled.verdict_keys()) == set(mine)
+    assert {(v.device, v.status) for v in pulled.verdicts(mine[0])} == {(DEVICE, "pass"), (OTHER_DEVICE, "wrong")}
 
 
 def test_what_the_server_lacks_is_reported_as_misses_and_the_pull_fails(built: tuple[Path, set[str]],
