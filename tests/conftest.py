@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["tests.helpers.server_fixtures", "tests.helpers.fault_suites"]
+pytest_plugins = ["tests.helpers.server_fixtures", "tests.helpers.fault_suites", "tests.helpers.interrupts"]
 _BAD_INPUT = pytest.StashKey[dict[str, set[str]]]()
 ROOT = Path(__file__).resolve().parent.parent
 TINY_VARIANTS = ROOT / "tests" / "data" / "tiny_variants.toml"
