@@ -37,10 +37,6 @@ def test_code_under_test_takes_the_signal(postgres):
             time.sleep(60)
         except KeyboardInterrupt:
             pass
-
-
-def test_slow(n=None):
-    time.sleep(3)
 '''
 
 
