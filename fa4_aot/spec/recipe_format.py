@@ -11,6 +11,7 @@ Anything else is refused with ValueError naming where it is.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -130,7 +131,7 @@ def check_region(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, in
     layout = region["signature"].get("layout") if isinstance(region["signature"], dict) else None
     if layout not in SIZE_NAMES:
         raise ValueError(f"signature of layout {str(layout)[:40]!r} (recipes exist for {', '.join(SIZE_NAMES)})")
-    values = _Values(frozenset(size_names(layout, region["format"])))
+    values = _Values(_names(layout, region["format"]))
     tensors = _count(region["tensors"], MAX_TENSORS, "tensors")
     kernels = len(_list(region["kernels"], MAX_KERNELS, "kernels"))
     seen = (memo if memo is not None else {}).setdefault(values.names, {})
@@ -148,7 +149,13 @@ def check_region(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, in
     _runnable(region, layout)
     _number(region["softmax_scale"], "softmax_scale")
     _flat(region.get("recorded_at", {}), int, "recorded_at")
-    _flat(region.get("toolchain", {}), str, "toolchain")
+    _admit(seen, values, lambda t: _flat(t, str, "toolchain"), [region.get("toolchain", {})])  # shared in a file
+
+
+@functools.cache
+def _names(layout: str, fmt: int) -> frozenset[str]:
+    """size_names as one frozenset per layout and format (its hash is computed once: check_region's memo key)."""
+    return frozenset(size_names(layout, fmt))
 
 
 def _admit(seen: dict[int, tuple[int, int]], values: _Values, check: Any, xs: list[Any]) -> tuple[int, int]:
