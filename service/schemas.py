@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from fa4_aot.spec import call_ranges, exact, kernel_keys
+from fa4_aot.spec import call_ranges, exact, hosts, kernel_keys
 from fa4_aot.spec.calls import Call
 from fa4_aot.spec.kernel_keys import dumps as canonical_json
 
@@ -84,7 +84,16 @@ class Health(BaseModel):
     db: str = Field(examples=["ok"])
 
 
-HostTargetName = Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_.-]*)?$", max_length=32, examples=["x86-64-v3"])]
+def _known_host(name: str) -> str:
+    """A host target fa4_aot/spec/hosts.py knows, or "" (entries built before host targets existed): host code
+    for an unknown one was never generated (issue 28, D45)."""
+    if name and name not in hosts.TARGETS:
+        raise ValueError(f"unknown host target {name!r}: known are {', '.join(hosts.TARGETS)} (fa4_aot/spec/hosts.py)")
+    return name
+
+
+HostTargetName = Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_.-]*)?$", max_length=32, examples=["x86-64-v3"]),
+                           AfterValidator(_known_host)]
 
 
 class SkuFacts(BaseModel):

@@ -18,6 +18,7 @@ import click
 from .. import config
 from ..errors import Fa4AotError
 from ..store import Store
+from .terminal import printable
 
 if TYPE_CHECKING:
     from ..matrix.variants import Matrix
@@ -40,7 +41,7 @@ class Fa4AotGroup(click.Group):
         try:
             return super().invoke(ctx)
         except Fa4AotError as e:
-            raise click.ClickException(str(e)) from e
+            raise click.ClickException(printable(str(e))) from e
 
 
 @dataclass
@@ -174,5 +175,6 @@ def load_matrix(path: Path | None) -> Matrix:
 
 
 def emit(as_json: bool, doc: Any, text: str) -> None:
-    """Print `doc` as one JSON document with --json, else the human text."""
-    click.echo(json.dumps(doc, indent=1, sort_keys=True) if as_json else text)
+    """Print `doc` as one JSON document with --json, else the human text, its control characters escaped
+    (terminal.printable: it quotes what servers said)."""
+    click.echo(json.dumps(doc, indent=1, sort_keys=True) if as_json else printable(text))

@@ -17,8 +17,9 @@ from sqlalchemy import update
 from fa4_aot.runtime import misses
 from fa4_aot.spec import kernel_keys
 from service import db, models
+from tests.conftest import run_cli
 from tests.helpers.builders import hold_sku, tiny
-from tests.helpers.servers import Server
+from tests.helpers.servers import Server, kernel_doc
 
 Launch = Any
 
@@ -38,10 +39,10 @@ def drain(server: Server) -> None:
             pass
 
 
-def fail_job(server: Server, job_id: int) -> None:
+def fail_job(server: Server, job_id: int, detail: str = "compiler died") -> None:
     with db.session_for(server.db_url) as session:
         session.execute(update(models.BuildJob).where(models.BuildJob.id == job_id)
-                        .values(status="failed", detail="compiler died", lease_until=None))
+                        .values(status="failed", detail=detail, lease_until=None))
         session.commit()
 
 
@@ -163,3 +164,26 @@ def test_d36_a_running_job_is_named_and_removed_once_it_ends(server: Server) -> 
         assert c.delete(f"/v1/misses/{doc['kernel_key']}").status_code == 204
         assert c.get(f"/v1/builds/{job['id']}").status_code == 404
         assert c.delete(f"/v1/misses/{doc['kernel_key']}").status_code == 404
+
+
+def test_d45_an_unknown_host_target_is_refused(server: Server) -> None:
+    data = b"d45 host target"
+    doc = kernel_doc(data, host="pdp-11")
+    with server.client("publish") as c:
+        assert c.put(f"/v1/objects/{doc['object_digest']}", content=data).status_code in (200, 201)
+        answer = c.post("/v1/kernels", json=doc)
+    assert answer.status_code == 422, answer.text
+    assert "pdp-11" in answer.text and "x86-64-v3" in answer.text and "neoverse-v2" in answer.text
+
+
+def test_d44_the_cli_prints_no_terminal_escapes_from_server_text(server: Server) -> None:
+    hold_sku(server)
+    with server.client() as c:
+        job = c.post("/v1/misses", json=miss(4401)).json()["build"]
+    fail_job(server, job["id"], detail="boom\x1b]0;owned\x07\x1b[2J\rhidden\u202eevil")
+    for args in (["--id", str(job["id"])], ["--status", "failed"]):
+        shown = run_cli("builds", "--server", server.url, *args)
+        assert shown.returncode == 0, shown.stderr
+        assert "boom" in shown.stdout and "hidden" in shown.stdout
+        assert not {"\x1b", "\x07", "\r", "\u202e"} & set(shown.stdout), repr(shown.stdout)
+        assert "\\x1b" in shown.stdout  # shown escaped, so an operator still sees it was there
