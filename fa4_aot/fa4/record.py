@@ -7,14 +7,15 @@ compile-cache recorder with its full argument list; sizes in both stay symbolic.
 too (the query heads are the signature's GQA ratio times it), and so are the values FA4 passes to its kernels at
 run time (a paged call's page size, a local window's sides: recipe_format.bound_sizes), so every branch FA4 takes
 on a size, a head count, a page size or a window (tile choice, q_stage, pack_gqa, 2-CTA, paged TMA, split
-heuristics, the compile key itself) becomes a ShapeEnv guard: the recipe holds exactly where those guards hold, so replaying it (fa4_aot/runtime/replay.py) is FA4's own
-decision.
+heuristics, the compile key itself) becomes a ShapeEnv guard: the recipe holds exactly where those guards hold,
+so replaying it (fa4_aot/runtime/replay.py) is FA4's own decision.
 
 Run only in a process configured for the target SKU (target.configure), as the build workers are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -51,7 +52,8 @@ def record(sig: Signature, sizes: dict[str, int], sku: Sku, symbolic: bool = Tru
     except Exception as e:
         raise Refused(e, _guards_or_none(session)) from e
     return Region.parse({
-        "format": RECIPE_FORMAT, "signature": sig.to_dict(), "guards": session.guards() + _pinned(sig, sizes),
+        "format": RECIPE_FORMAT, "signature": _at(sig, sizes).to_dict(),
+        "guards": session.guards() + _pinned(sig, sizes),
         "inputs": {name: session.ref(t) for name, t in inputs.items() if isinstance(t, torch.Tensor)},
         "tensors": len(session.keep), "meta": session.meta, "fwd": fwd, "bwd": bwd, "outputs": outputs,
         "softmax_scale": session.scale,
@@ -77,6 +79,16 @@ def _symbolic(sig: Signature, name: str, value: int) -> bool:
     if name in WINDOW:
         return sig.mask == "local" and value >= 0
     return name != PAGE_SIZE or sig.layout == "paged"
+
+
+def _at(sig: Signature, sizes: dict[str, int]) -> Signature:
+    """`sig` with the page size and window it was recorded at (a build explores a paged signature at page size 1
+    too): what a region's signature says is what it was recorded for (its file's key names neither)."""
+    if sig.layout == "paged":
+        sig = dataclasses.replace(sig, page_size=sizes[PAGE_SIZE])
+    if sig.mask == "local":
+        sig = dataclasses.replace(sig, window=(sizes[WINDOW[0]], sizes[WINDOW[1]]))
+    return sig
 
 
 def _pinned(sig: Signature, sizes: dict[str, int]) -> list[Any]:

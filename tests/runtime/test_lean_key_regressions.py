@@ -58,7 +58,8 @@ def _same_keys_same_file(found: list[dict[str, Any]]) -> None:
     for a in ran:
         for b in ran:
             if a["kernels"] == b["kernels"]:
-                assert a["file"] == b["file"], f"one set of FA4 kernels, two recipe files:\n  {a['call']}\n  {b['call']}"
+                assert a["file"] == b["file"], \
+                    f"one set of FA4 kernels, two recipe files:\n  {a['call']}\n  {b['call']}"
             if a["file"] == b["file"] and a["region"] is not None and a["region"] == b["region"]:
                 assert a["kernels"] == b["kernels"], f"one region, two FA4 choices:\n  {a['call']}\n  {b['call']}"
 
