@@ -50,7 +50,7 @@ SIZE_NAMES = {
     # q, k, v as dense plus seqused_k; max_seqlen_q/k as FA4 takes them (None means seqlen_q / seqlen_k)
     "seqused": ("batch", "seqlen_q", "seqlen_k", "max_seqlen_q", "max_seqlen_k"),
     # dense q, k and v as (num_pages, page_size, heads, dim) pools, page_table (batch, pages_per_seq), seqused_k;
-    # the page size a size of format 3 (PAGE_SIZE, bound_sizes); max_seqlen_k None means pages_per_seq * page_size
+    # the page size is a size of format 3 (PAGE_SIZE); max_seqlen_k None means pages_per_seq * page_size
     "paged": ("batch", "seqlen_q", "num_pages", "pages_per_seq", "max_seqlen_q", "max_seqlen_k"),
 }
 
