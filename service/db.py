@@ -46,9 +46,14 @@ def make_engine(url: str, busy_timeout: float = 30.0) -> Engine:
 
 def _private_file(path: Path) -> None:
     """Create the SQLite file (and a missing folder) owner-only before SQLite does under the umask: it holds
-    token hashes and the audit log. SQLite gives its -wal and -shm files the main file's mode."""
+    token hashes and the audit log. SQLite gives its -wal and -shm files the main file's mode. An existing file is
+    never opened here: closing any descriptor of it drops every POSIX lock this process holds on it, SQLite's
+    included, and another process closing its last connection would then delete the WAL still written into."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        pass
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

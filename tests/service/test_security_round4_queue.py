@@ -230,3 +230,22 @@ def test_d42_a_malformed_claim_answer_is_logged_and_the_builder_keeps_going(tmp_
     assert not errors and alive, errors
     assert raw.connections >= 8 and builder.done == 0
     assert any("claim" in r.getMessage() and "abc" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_writes_of_a_sqlite_server_stay_visible_after_another_process_closes_its_connection(launch: Launch) -> None:
+    """Found while writing these tests: each store import (watch.py) made an engine, whose _private_file opened and
+    closed the database file in the server's process, which drops every POSIX lock the process holds on it,
+    SQLite's included. The next process to close its last connection (here: the test's, as `fa4-aot token create`
+    on the server's host) then took itself for the last one, checkpointed and deleted the WAL that the server
+    kept writing into: every later write of the server was invisible to any other process, and lost."""
+    server = launch(store_poll="0.2")
+    if not server.db_url.startswith("sqlite"):
+        pytest.skip("SQLite's WAL files")
+    hold_sku(server)  # a kernel written into the store: the server imports it (watch.py) with a new engine
+    time.sleep(1.5)
+    first = queued(server, 43001)
+    with db.session_for(server.db_url) as session:  # another process opens and closes the database
+        assert session.get(models.BuildJob, first["id"]) is not None
+    second = queued(server, 43002)  # written after that process closed it
+    with db.session_for(server.db_url) as session:
+        assert session.get(models.BuildJob, second["id"]) is not None, "the server's write went to a deleted WAL"
