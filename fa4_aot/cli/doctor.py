@@ -11,7 +11,7 @@ import click
 
 from .. import __version__
 from ..errors import Fa4AotError
-from ..store import Store
+from ..store import Store, kernels
 from .common import emit, load_matrix, state
 
 if TYPE_CHECKING:
@@ -62,9 +62,8 @@ def _store(sku: str | None) -> Check:
                       f"build into it: `fa4-aot build --sku {sku or 'NAME'}`, or `fa4-aot pull --server URL`")
     store.check_root()
     counts: dict[str, int] = {}
-    for e in store.entries():
-        if not e.is_signpost:  # one kernel, one count (list, build and the server count alike)
-            counts[e.sku] = counts.get(e.sku, 0) + 1
+    for e in kernels(store.entries()):  # one kernel, one count (list, build, sign and push count alike)
+        counts[e.sku] = counts.get(e.sku, 0) + 1
     detail = f"{store.root}: " + (", ".join(f"{n} {k} kernel(s)" for k, n in sorted(counts.items())) or "empty")
     if not counts or (sku and not counts.get(sku)):
         return _check("store", "warn", detail,

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..spec.verdicts import by_device
-from ..store import Entry, Store, maintenance
+from ..store import Entry, Store, kernels, maintenance
 from ..store.maintenance import VerifyReport
 from ..trust import standing
 from .common import check_sku, emit, existing, json_option, pass_store
@@ -31,7 +31,7 @@ def list_(store: Store, sku: str | None, variant: str | None, family: str | None
     the CuTe runtime library included). The `verdict` column is the kernel's certification (`fa4-aot certify`):
     pass, the worst failing status (wrong:dq, crash, hang, refused) with +N other device classes, or - when
     unchecked; --json gives every device class's verdict."""
-    everything = [e for e in existing(store).entries() if not e.is_signpost]
+    everything = kernels(existing(store).entries())
     if sku is not None and sku not in {e.sku for e in everything}:
         check_sku(sku, {e.sku for e in everything})
     entries = [e for e in everything if (sku is None or e.sku == sku) and (variant is None or e.variant == variant)

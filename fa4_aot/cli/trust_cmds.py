@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..store import Store
+from ..store import Store, kernels
 from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
 
 
@@ -47,10 +47,12 @@ def sign(store: Store, sku: str, key_path: Path, expires_days: float, variants_f
     key = signing_keys.load_private(key_path)
     envelope = signing.sign(signing.manifest_of(store, target, expires_days), key, key_path.stem)
     path = signing.save(store, envelope)
+    listed = envelope["manifest"]["kernels"]  # index entries: kernels and their signposts
     doc = {"manifest_id": signing.manifest_id(envelope), "key_id": envelope["key_id"], "path": str(path),
-           "kernels": len(envelope["manifest"]["kernels"]), "expires": envelope["manifest"]["expires"]}
-    emit(as_json, doc, f"signed {doc['kernels']} {sku} kernel(s) with key {doc['key_id']}: manifest "
-                       f"{doc['manifest_id']} (expires {doc['expires']}) in {path}")
+           "kernels": len(kernels(e for e in store.entries() if e.kernel_key in listed)),
+           "index_entries": len(listed), "expires": envelope["manifest"]["expires"]}
+    emit(as_json, doc, f"signed {doc['kernels']} {sku} kernel(s) ({doc['index_entries']} index entries) with key "
+                       f"{doc['key_id']}: manifest {doc['manifest_id']} (expires {doc['expires']}) in {path}")
 
 
 @click.command()

@@ -97,6 +97,13 @@ class Entry:
         return cls(**json.loads(text))
 
 
+def kernels(entries: Iterable[Entry]) -> list[Entry]:
+    """THE kernels among index entries, for every count a command reports: the entries that are not signposts
+    (Entry.is_signpost). A kernel that consumed SKU constants has two index entries (its full key and its base
+    key's signpost) and is one kernel; two kernels may share one object, so objects are counted apart."""
+    return [e for e in entries if not e.is_signpost]
+
+
 class Index(Objects):
     """The Store's index (see the module); entries name objects, so the index stands on the objects."""
 
