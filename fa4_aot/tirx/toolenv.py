@@ -25,8 +25,9 @@ TOOLCHAIN = {
     "kernel-source": "1497c142ed643ee50fea84ed6126b0c91c1e99e252b72b4a70b90a50170126ab",
 }
 ENV_VAR = "FA4_AOT_PYTHON_TIRX"
-MAKE_ENV = ('python3 -m venv .venv-tirx && .venv-tirx/bin/pip install --extra-index-url '
-            'https://download.pytorch.org/whl/cpu torch==2.13.0 -e ".[tirx]"')
+MAKE_ENV = ('python3 -m venv .venv-tirx && .venv-tirx/bin/pip install --no-deps --extra-index-url '
+            'https://download.pytorch.org/whl/cpu torch==2.13.0 && .venv-tirx/bin/pip install torch==2.13.0 '
+            '-e ".[tirx]"')  # torch alone from the CPU index (README quick start, issue 30)
 
 
 def python() -> str:
