@@ -15,6 +15,7 @@ import pytest
 
 from fa4_aot.store import Store
 from service import crud_tokens, db
+from service.limits import JSON_BODY_LIMIT, MANIFEST_BODY_LIMIT
 from tests.helpers.servers import Launch, Server, kernel_doc, raw_request, row_counts
 
 B200 = {"sku": "b200", "arch": "sm_100a", "sm_count": 148, "l2_bytes": 132120576, "cuda_major": 13}
@@ -241,13 +242,13 @@ def test_d13_deep_or_chunked_oversized_json_is_refused_cleanly(server: Server) -
                                            "Content-Type": "application/json"})
     assert status in (400, 422) and json.loads(payload)["detail"], (status, payload)
 
-    def chunks() -> object:
-        for _ in range(20):
+    def chunks(limit: int) -> object:  # 100 KiB chunks, one more than fit under `limit`
+        for _ in range(limit // (100 << 10) + 1):
             yield b" " * (100 << 10)
 
     with server.client("publish") as c:
-        chunked = c.post("/v1/kernels", content=chunks(), headers={"Content-Type": "application/json"})
-        chunked_manifest = c.put("/v1/skus/d13/manifests", content=chunks(),
+        chunked = c.post("/v1/kernels", content=chunks(JSON_BODY_LIMIT), headers={"Content-Type": "application/json"})
+        chunked_manifest = c.put("/v1/skus/d13/manifests", content=chunks(MANIFEST_BODY_LIMIT),
                                  headers={"Content-Type": "application/json"})
     assert (chunked.status_code, chunked_manifest.status_code) == (413, 413)
     assert row_counts(server.db_url) == before
