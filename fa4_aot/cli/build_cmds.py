@@ -136,7 +136,9 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
         return
     targets = _targets(matrix, sku, executor, push_url)
     if family == "tirx":
-        from .tirx_build import build_tirx
+        from .tirx_build import build_tirx, refuse_options
+
+        refuse_options(dry_run=dry_run, model=model_arg, calls=calls_file, executor=executor != "local")
 
         build_tirx(store, matrix, targets, list(only), as_json, quiet)
         return

@@ -15,6 +15,15 @@ from ..tirx import entries, producer
 from .common import emit
 
 
+def refuse_options(**given: object) -> None:
+    """UsageError naming the FA4-only options given with --family tirx (they would be ignored otherwise)."""
+    used = [f"--{name.replace('_', '-')}" for name, value in given.items() if value]
+    if used:
+        raise click.UsageError(f"--family tirx builds the variants file's [[tirx]] entries here, one compile at a "
+                               f"time; {', '.join(used)} belong to FA4's builds: leave them out (list TIRx problems "
+                               "in a [[tirx]] entry instead of --model/--calls)")
+
+
 def build_tirx(store: Store, matrix: Matrix, targets: list[Sku], only: list[str], as_json: bool,
                quiet: bool) -> None:
     chosen = entries.select(entries.load(matrix.path), only, matrix.path)

@@ -65,3 +65,14 @@ def test_load_takes_only_known_families() -> None:
 
     with pytest.raises(ValueError, match="family='fa4' or 'tirx'"):
         fa4_aot.load((1, 256, 4, 128), family="triton")
+
+
+def test_build_family_tirx_refuses_fa4_options_and_other_archs(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    variants_file = str(Path(__file__).resolve().parents[1] / "data" / "tirx_variants.toml")
+    dry = run_cli("build", "--sku", "b200", "--family", "tirx", "--variants", variants_file, "--dry-run",
+                  cache=tmp_path)
+    assert dry.returncode == 2 and "--dry-run belong to FA4's builds" in dry.stderr, dry.stderr
+    other = run_cli("build", "--sku", "h200", "--family", "tirx", "--variants", variants_file, cache=tmp_path)
+    assert other.returncode == 1 and "SKU h200 is sm_90a" in other.stderr, other.stderr
