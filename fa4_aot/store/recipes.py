@@ -134,13 +134,13 @@ def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = No
     digest = hashlib.sha256(data).digest()
     found = _parsed.get((key, digest))
     if found is None:
+        if len(_parsed) >= _PARSED_MAX:  # cleared whole, as _compiled is: no iteration another thread may upset
+            _parsed.clear()
         found = _parsed[(key, digest)] = tuple(_parse(store, key, data))
-        while len(_parsed) > _PARSED_MAX:
-            del _parsed[next(iter(_parsed))]
     return list(found)  # a list of its own: find() reorders the list it is given
 
 
-# (key, sha256 of the file's bytes) -> its regions (frozen values, shared), oldest first
+# (key, sha256 of the file's bytes) -> its regions (frozen values, shared)
 _parsed: dict[tuple[str, bytes], tuple[Region, ...]] = {}
 _PARSED_MAX = 4096
 
