@@ -170,9 +170,10 @@ def test_d41_nul_in_a_detail_is_a_422_and_the_job_stays_finishable(launch: Launc
 
 
 def test_d41_a_locked_sqlite_database_is_a_503_with_retry_after(launch: Launch) -> None:
-    server = launch(db_busy_timeout="1")
+    server = launch(start=False, db_busy_timeout="1")
     if not server.db_url.startswith("sqlite"):
         pytest.skip("SQLite's write lock; PostgreSQL's locks wait (lock_timeout) rather than fail")
+    server.start()
     hold_sku(server)
     job = queued(server, 41002)
     with server.client("publish") as c:
@@ -238,9 +239,10 @@ def test_writes_of_a_sqlite_server_stay_visible_after_another_process_closes_its
     SQLite's included. The next process to close its last connection (here: the test's, as `fa4-aot token create`
     on the server's host) then took itself for the last one, checkpointed and deleted the WAL that the server
     kept writing into: every later write of the server was invisible to any other process, and lost."""
-    server = launch(store_poll="0.2")
+    server = launch(start=False, store_poll="0.2")
     if not server.db_url.startswith("sqlite"):
         pytest.skip("SQLite's WAL files")
+    server.start()
     hold_sku(server)  # a kernel written into the store: the server imports it (watch.py) with a new engine
     time.sleep(1.5)
     first = queued(server, 43001)
