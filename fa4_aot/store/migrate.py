@@ -132,6 +132,8 @@ def foreign(entries: Iterable[Entry], tools: dict[str, str]) -> tuple[dict[str, 
     counts: dict[str, int] = {}
     names: set[str] = set()
     for entry in entries:
+        if "flash-attn-4" not in entry.toolchain:  # another family's toolchain (TIRx: fa4_aot/tirx/toolenv.py)
+            continue
         drift = toolchain_drift(entry.toolchain, tools)
         if drift and not entry.is_signpost:
             counts[entry.sku] = counts.get(entry.sku, 0) + 1

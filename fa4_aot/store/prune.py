@@ -68,7 +68,8 @@ def select(entries: list[Entry], rules: Rules, now: float, sizes: Mapping[str, i
     a kernel and its base-key signpost share one object, and all libraries share the CuTe runtime."""
     def matches(e: Entry) -> bool:
         return ((rules.sku is None or e.sku == rules.sku)
-                and (rules.toolchain is None or e.toolchain != rules.toolchain)
+                # --toolchain old judges FA4's kernels; another family's (TIRx) names no flash-attn-4
+                and (rules.toolchain is None or (e.toolchain != rules.toolchain and "flash-attn-4" in e.toolchain))
                 and (rules.flash_attn is None or e.toolchain.get("flash-attn-4") == rules.flash_attn)
                 and (rules.older_than is None or now - _created(e) > rules.older_than))
 
