@@ -78,9 +78,11 @@ def record_object(session: Session, *, digest: str, size: int, actor: str) -> bo
 
 # -- SKUs and kernels -----------------------------------------------------------------------------
 def list_skus(session: Session) -> list[schemas.SkuSummary]:
-    # a kernel is one object: a kernel that consumed SKU constants has two rows (its full key and its base key's
-    # signpost) naming that object, so objects are counted, as the client's `list` counts kernels
-    count = func.count(func.distinct(models.Kernel.object_digest))
+    # kernels as every command counts them (fa4_aot.store.kernels: entries that are not signposts). A kernel that
+    # consumed SKU constants has two rows, its full key and its base key's signpost, equal in every column but the
+    # key; two kernels may share an object but not their compile key, toolchain and object all at once
+    kernel = models.Kernel
+    count = func.count(func.distinct(kernel.object_digest + " " + kernel.compile_key + " " + kernel.toolchain))
     rows = session.execute(
         select(models.Sku, count).outerjoin(models.Kernel, models.Kernel.sku == models.Sku.name)
         .group_by(models.Sku.name).order_by(models.Sku.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -9,15 +10,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
 from click.testing import CliRunner
 
 from fa4_aot.cli import main
-from tests.conftest import ROOT, TINY_VARIANTS, _has_cuda, copy_store, run_cli
+from tests.conftest import ROOT, TINY_VARIANTS, _has_cuda, copy_store, proven, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -150,9 +152,8 @@ def test_i30_11_sigterm_while_compiling_stops_quietly(tmp_path: Path) -> None:
 def test_i30_4_one_kernel_count_across_list_doctor_and_sign(tiny_h200_full_fwd: Path, tmp_path: Path) -> None:
     """One store, three counts: list/build/doctor/push counted kernels (44 for Llama-3.1-8B), sign counted index
     entries, signposts included (76). Every command counts with store.kernels; sign names its entries apart.
-    (/v1/skus and pull counted objects (26): not yet changed, see the issue.)"""
+    (pull counts objects (26): not yet changed, see the issue.)"""
     from fa4_aot.store import Store
-
     from tests.cli.test_cli_operator import _kernel_with_signpost_and_library
 
     store = copy_store(tiny_h200_full_fwd, tmp_path / "store")  # a real kernel, and one filed with its signpost
@@ -172,3 +173,23 @@ def test_i30_4_one_kernel_count_across_list_doctor_and_sign(tiny_h200_full_fwd: 
     assert f"{held} h200 kernel(s)" in store_check["detail"], store_check
     assert json.loads(signed.output)["kernels"] == held, signed.output
     assert json.loads(signed.output)["index_entries"] == len(entries)
+
+
+def test_i30_4_v1_skus_counts_kernels_as_the_commands_do(tiny_h200_full_fwd: Path, tmp_path: Path,
+                                                         launch: Callable[..., Any]) -> None:
+    """GET /v1/skus counted distinct objects (26 for a store `list` and `build` said held 44 kernels): kernels
+    that share an object counted once. It counts kernels now, signposts aside, as store.kernels does."""
+    import httpx
+
+    from fa4_aot.store import Store, kernels
+    from tests.cli.test_cli_operator import _kernel_with_signpost_and_library
+
+    store = copy_store(tiny_h200_full_fwd, tmp_path / "store")
+    shared = _kernel_with_signpost_and_library(Store(store), "one", b"runtime" * 100)
+    twin = proven(dataclasses.replace(shared, compile_key=["twin"], call="fwd twin"))  # same object, other kernel
+    Store(store).put_entry(twin)
+    held = len(kernels(Store(store).entries()))
+    assert held == 3 and len({e.object_digest for e in Store(store).entries()}) == 2
+    server = launch(store)
+    rows = {r["name"]: r for r in httpx.get(f"{server.url}/v1/skus", timeout=30).json()}
+    assert rows["h200"]["kernels"] == held, rows["h200"]
