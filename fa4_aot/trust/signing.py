@@ -82,7 +82,7 @@ def verdicts_of(store: Store, kernel_keys: list[str]) -> dict[str, dict[str, Any
             for key in kernel_keys if key in held}
 
 
-_UNSAID = {"detail": "", "tensor": "", "error": None, "bound": None, "calls": []}  # Verdict's defaults
+_UNSAID: dict[str, Any] = {"detail": "", "tensor": "", "error": None, "bound": None, "calls": []}  # Verdict's defaults
 
 
 def verdict_listing(v: Verdict) -> dict[str, Any]:
