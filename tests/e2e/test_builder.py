@@ -149,9 +149,9 @@ def test_broken_and_malicious_misses_cost_one_bounded_answer(launch: Any, tmp_pa
     good = asdict(lean_miss.miss_of(tiny(batch=9), "h200"))
     with server.client("publish") as c:
         assert c.post("/v1/misses", json=good).status_code == 202
-        # unknown SKU: 404 and no job
-        unknown = {**good, "sku": "nosuch"}
-        assert c.post("/v1/misses", json=unknown).status_code == 404
+        # unknown SKU (the miss's own key for it): 404 and no job; the h200 key under another SKU is forged: 422
+        assert c.post("/v1/misses", json=asdict(lean_miss.miss_of(tiny(batch=9), "nosuch"))).status_code == 404
+        assert c.post("/v1/misses", json={**good, "sku": "nosuch"}).status_code == 422
         # an oversized call: refused before it is read (413), no job
         assert c.post("/v1/misses", json={**good, "args": {"x": "y" * 200_000}}).status_code == 413
         # a flood from one token: past its 2 queued jobs each miss is recorded, answered once, and queues nothing
