@@ -219,6 +219,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.client:
         return client_loop()
+    # SIGTERM (e.g. from `timeout`) ends the run through the finally below: servers stopped, rows so far written
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="fa4-aot-cluster-"))
     keys = make_store(tmp / "store", args.kernels)
     servers, pg, ours, nginx = start_servers(tmp, tmp / "store", args.workers)
@@ -242,10 +244,10 @@ def main() -> None:
             c.wait()
         stop_servers(servers, pg)
         shutil.rmtree(tmp, ignore_errors=True)
-    doc = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {os.uname().machine}, no GPU",
-           "clients": args.clients, "kernels": args.kernels, "workers": args.workers, "runs": rows}
-    if args.out:
-        args.out.write_text(json.dumps(doc, indent=1))
+        doc = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {os.uname().machine}, no GPU",
+               "clients": args.clients, "kernels": args.kernels, "workers": args.workers, "runs": rows}
+        if args.out:
+            args.out.write_text(json.dumps(doc, indent=1))
 
 
 def pg_pids(pg: Any, server: str) -> list[int]:

@@ -3,8 +3,11 @@
 Both serve the store's objects under the same URL shape (/v1/objects/<digest>); wrk (Debian package
 `wrk`) requests random objects of the store at 1, 16, 64 and 256 concurrent connections for each. Then
 the time for `fa4-aot pull` to mirror the whole SKU into an empty cache. Everything runs on 127.0.0.1.
+With --kernels N the store is N synthetic h200 kernels (bench/cluster_start.make_store: random bytes of the real
+objects' sizes; serving never looks inside) in a temporary folder, for a host with no build; else FA4_AOT_CACHE's.
 
-    python bench/serve_load.py --sku h200 [--seconds 8] [--workers 1] [--out FILE]   (needs nginx and wrk)
+    python bench/serve_load.py --sku h200 [--kernels 40] [--seconds 8] [--workers 1] [--out FILE]
+    (needs nginx and wrk)
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.netutil import free_port, wait_up  # noqa: E402
+from bench.proctree import stop_tree  # noqa: E402
 from fa4_aot import config  # noqa: E402
 from fa4_aot.store import Store  # noqa: E402
 
@@ -75,16 +80,24 @@ def main() -> None:
     parser.add_argument("--sku", default="h200")
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--workers", type=int, default=1, help="processes for each server (nginx workers too)")
+    parser.add_argument("--kernels", type=int, default=0, help="serve this many synthetic h200 kernels from a "
+                        "temporary store instead of FA4_AOT_CACHE's (--sku h200)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     for tool in ("nginx", "wrk"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not on PATH: apt-get install {tool}")
-    store = Store(config.default_cache_dir())
+    tmp = Path(tempfile.mkdtemp(prefix="fa4-aot-bench-"))
+    if args.kernels:
+        from bench.cluster_start import make_store
+
+        make_store(tmp / "store", args.kernels)
+        args.sku = "h200"
+    store = Store(tmp / "store" if args.kernels else config.default_cache_dir())
     digests = sorted({e.object_digest for e in store.entries(args.sku)})
     if not digests:
-        sys.exit(f"no {args.sku} kernels in {store.root}: run `fa4-aot build --sku {args.sku}` first")
-    tmp = Path(tempfile.mkdtemp(prefix="fa4-aot-bench-"))
+        sys.exit(f"no {args.sku} kernels in {store.root}: run `fa4-aot build --sku {args.sku}` first, or pass "
+                 "--kernels N for a synthetic store")
     (tmp / "paths").write_text("".join(f"/v1/objects/{d}\n" for d in digests))
     script = tmp / "random.lua"
     script.write_text(LUA % (tmp / "paths"))
@@ -110,9 +123,11 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     nginx = subprocess.Popen(
-        ["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")], stderr=subprocess.PIPE, text=True
+        ["nginx", "-p", str(tmp), "-c", str(tmp / "nginx.conf")], stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )
     try:
         wait_up(f"http://127.0.0.1:{ours_port}/healthz", ours)
@@ -139,12 +154,16 @@ def main() -> None:
             ],
             capture_output=True,
             text=True,
-            check=True,
+            # a synthetic store has no signed manifest: its pull trusts the server, as an unsigned store needs
+            env={**os.environ, **({"FA4_AOT_INSECURE": "1"} if args.kernels else {})},
         )
         pull_s = time.perf_counter() - started
-    finally:
-        ours.terminate()
-        nginx.terminate()
+        if pull.returncode:
+            sys.exit(f"fa4-aot pull failed ({pull.returncode}): {pull.stderr[-2000:]}\nrows: {json.dumps(rows)}")
+    finally:  # each master first, then its group (workers killed first are replaced by their master)
+        stop_tree(ours, signal.SIGTERM)
+        stop_tree(nginx, signal.SIGQUIT)
+        shutil.rmtree(tmp, ignore_errors=True)
     report(rows, json.loads(pull.stdout), pull_s, len(digests), args)
 
 
