@@ -1,7 +1,14 @@
 """Rebuilding what clients missed (`fa4-aot build --from-misses`, and the on-demand builder): each reported miss
-becomes the work item that makes its kernel again (its exact FA4 arguments, else its Call; a lean miss: its Call,
-whose build records the recipe regions), built per SKU like any other work, and every miss the build did not
-close is a failure in its SKU's report, unless the known-bad registry refused its call (the report's refusals)."""
+becomes the work item that makes its kernel again (its exact FA4 arguments, else its Call; a lean miss: its Call
+and its whole signature, whose build records the recipe regions of every size and makes every kernel they name),
+built per SKU like any other work, and every miss the build did not close is a failure in its SKU's report,
+unless the known-bad registry refused its call (the report's refusals).
+
+Why a lean miss builds its whole signature (issue 30, point 2): the recipe file its build records names the
+kernels of every size, and a client holding that file (`pull --model`, a lean runtime at other sizes) can only
+ask for the rest one call at a time. Built with its call alone, a model's set took a round of misses per region;
+built whole, one miss per signature completes it. The cost: a client waiting for that miss waits for all the
+signature's kernels (a few more compiles), not just those of its call."""
 
 from __future__ import annotations
 
@@ -36,22 +43,33 @@ def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], job
                  progress: Callable[..., None] | None = None, executor: Executor | None = None) -> list[Report]:
     """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows: a miss that carries the exact
     FA4 arguments of its call (`args`, spec/exact.py) is replayed through FA4 with them, an older one re-plans the Call
-    it carries; a lean runtime's miss (family "recipe", runtime/misses.py) plans its Call, which records its recipe
-    regions with its kernels and libraries. A missed kernel the rebuild does not produce (no call recorded, or
-    the call no longer selects it), or a lean call no region then serves, is a failure in its SKU's report, so
-    nothing is left out silently. `executor` (default: a local pool of `jobs`) is left open for its owner."""
+    it carries; a lean runtime's miss (family "recipe", runtime/misses.py) plans its Call and its whole
+    signature, which records its recipe regions with every kernel and library they name. A missed kernel the
+    rebuild does not produce (no call recorded, or the call no longer selects it), or a lean call no region then
+    serves, is a failure in its SKU's report, so nothing is left out silently. `executor` (default: a local
+    pool of `jobs`) is left open for its owner."""
     by_sku: dict[str, dict[str, dict[str, Any]]] = {}
     for miss in misses:
         if miss.get("sku") in matrix.skus:
             by_sku.setdefault(miss["sku"], {})[miss["kernel_key"]] = miss
     reports = []
     for name, wanted in sorted(by_sku.items()):
-        items = [_item(m) for m in wanted.values()]
-        work: Work = list(dict.fromkeys(("from-misses", c) for c in items if c is not None))
+        items = [each for m in wanted.values() for each in _work_items(m)]
+        work: Work = list(dict.fromkeys(("from-misses", c) for c in items))
         report = build_calls(matrix.sku(name), store, work, jobs=jobs, progress=progress, executor=executor)
         _unreproduced(report, wanted, store, matrix.sku(name))
         reports.append(report)
     return reports
+
+
+def _work_items(miss: dict[str, Any]) -> list[Call | ExactCall | Signature]:
+    """The work items that close `miss`: its item (see _item), and for a lean miss its call's whole signature
+    (see the module); none for a miss without a readable call."""
+    item = _item(miss)
+    if item is None:
+        return []
+    whole = [Signature.of(item)] if miss.get("family") == lean_miss.FAMILY and isinstance(item, Call) else []
+    return [item, *whole]
 
 
 def _item(miss: dict[str, Any]) -> Call | ExactCall | None:

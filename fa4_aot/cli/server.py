@@ -264,6 +264,7 @@ def _pull_model(store: Store, remote: Remote, sku: str, model_arg: str, tp_arg: 
         raise Fa4AotError(f"{model.name} has no signature at TP {tp_arg}: nothing to pull")
     lines = [f"unbuilt on the server: {label}" for label in r.unbuilt]
     lines += [f"missing on the server: kernel {key[:16]}" for key in r.missing]
+    lines += [f"unsigned on the server: recipe file {key}" for key in r.unsigned] + ([r.refusal] if r.refusal else [])
     lines += [f"FAILED {f}" for f in dict.fromkeys(r.failures)]
     lines.append(f"{model.name} on {sku} at TP {','.join(map(str, tps))}: {r.signatures} signature(s), {r.kernels} "
                  f"kernel(s); fetched {r.fetched} kernel(s) in {r.bundles} bundle(s) ({r.bytes} bytes), "

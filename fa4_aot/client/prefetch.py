@@ -12,10 +12,15 @@ stands for, so both come in that bundle; a kernel built only for other SKU const
 passes the client's trust policy (trust/policy.py), as the lean runtime's fetches do (runtime.fetch.Fetcher).
 
 What the server lacks becomes misses, reported through POST /v1/misses, which the on-demand builder turns into
-build jobs (issue 21, points 1-2): a signature with no recipe file on the server is reported as a lean-runtime
-miss of one call of it (runtime/misses.py: the builder plans that call, recording its regions, kernels and
-libraries), a kernel a region names and the server lacks as a kernel miss. A call at other sizes that still
-misses later is reported by the runtime itself when it happens.
+build jobs (issue 21, points 1-2): a signature with no recipe file on the server, or whose regions name kernels
+the server lacks, is reported as ONE lean-runtime miss of a call of it (runtime/misses.py), and the builder builds
+that call's whole signature (build/rebuild.py: every region, kernel and library), so one round of misses completes
+the set (issue 30, point 2). Kernel misses, one per lacking kernel with a call at MISS_SEQLEN, did not: the
+builder re-plans a kernel miss's call, and at that size FA4 selects none of the kernels of other regions.
+
+What the server HAS but the trust policy refuses (FA4_AOT_TRUSTED_KEYS, and a recipe file or kernel no valid
+signed manifest lists: an unsigned builder's) is no miss: a build would make the same unsigned files again. It is
+named apart (`unsigned`, `refusal`) with the fix: sign on the server's side (issue 30, point 3).
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import host_arch
-from ..errors import Fa4AotError
+from ..errors import Fa4AotError, TrustError
 from ..matrix import models, modelwork
 from ..remote import lean_files, push_pull
 from ..runtime import misses
 from ..runtime.fetch import Fetcher
 from ..spec import kernel_keys
-from ..spec.region import KernelUse, Region
+from ..spec.region import Region
 from ..spec.signature import Signature
 from ..spec.skus import Constants, Sku
 from ..store import Miss, Store
@@ -61,13 +66,16 @@ class Prefetched:
     bytes: int = 0
     unbuilt: list[str] = field(default_factory=list)  # signatures the server has no recipe file of
     missing: list[str] = field(default_factory=list)  # kernel keys a region names that the server lacks
+    # recipe files and kernels the server has that the trust policy refused (no valid signed manifest lists them)
+    unsigned: list[str] = field(default_factory=list)
+    refusal: str = ""  # why, and how to fix it (the first refusal's words), when `unsigned` is not empty
     reported: int = 0  # misses reported to the server (build jobs, where a builder runs)
     verdicts: int = 0  # certification verdicts of the model's kernels kept (newer than the store held)
     failures: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
-        return not (self.unbuilt or self.missing or self.failures)
+        return not (self.unbuilt or self.missing or self.unsigned or self.failures)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tps": list(self.tps), "complete": self.complete}
@@ -123,26 +131,30 @@ def run(store: Store, remote: Remote, sku: Sku, model: models.Model, tps: tuple[
         labels.setdefault(item.signature, item.label)
     result.signatures = len(labels)
     listed = remote.recipes(sku.name)
-    wanted: dict[str, tuple[KernelUse, Signature]] = {}  # base key -> (the region's kernel, its signature)
+    wanted: dict[str, tuple[Signature, Region]] = {}  # base key -> (a signature and region that launch it)
     for sig, label in labels.items():
         regions = _regions(store, remote, sku, sig, listed, trust, result)
-        if regions is None:
+        if regions is None and not any(s.key in result.unsigned for s in recipe_store.sources(sig, sku)):
             result.unbuilt.append(label)
             _report(remote, misses.miss_of(_call(sig), sku.name), result)
         for region in regions or []:
             for k in region.kernels:
-                wanted.setdefault(k.kernel_key, (k, sig))
+                wanted.setdefault(k.kernel_key, (sig, region))
     result.kernels = len(wanted)
     fetcher = Fetcher(remote, trust, store)
-    _fetch(store, remote, fetcher, sku, list(wanted), constants or sku.constants(), result)
+    on_server = _fetch(store, remote, fetcher, sku, list(wanted), constants or sku.constants(), result)
     held = set(wanted) | {full for full in (_full_key(store, b, constants or sku.constants()) for b in wanted) if full}
     result.verdicts = push_pull.pull_verdicts(store, remote, sku.name, held, result.failures)
-    for key in wanted:
-        if store.get_entry(key) is None:
-            result.missing.append(key)
-            k, sig = wanted[key]
-            _report(remote, Miss(kernel_key=key, family=k.family, compile_key=k.compile_key, sku=sku.name,
-                                 call=_call(sig).to_dict()), result)
+    lacking: dict[Signature, Region] = {}  # per signature, the first region naming a kernel the server lacks
+    for key, (sig, region) in wanted.items():
+        if store.get_entry(key) is not None:
+            continue
+        if key in on_server:  # held there, not fetched: refused (trust) or failed, both in `failures`
+            continue
+        result.missing.append(key)
+        lacking.setdefault(sig, region)
+    for sig, region in lacking.items():  # one miss a signature: its build makes every kernel of it (see module)
+        _report(remote, misses.miss_of(_call(sig, region), sku.name), result)
     return result
 
 
@@ -157,6 +169,10 @@ def _regions(store: Store, remote: Remote, sku: Sku, sig: Signature, listed: dic
             try:
                 if lean_files.fetch_recipe(store, remote, sku.name, key, trust, listed[key]):
                     result.recipes += 1
+            except TrustError as e:  # the server has it, unsigned for this policy: no miss (see the module)
+                result.unsigned.append(key)
+                result.refusal = result.refusal or unsigned_fix(sku.name, e)
+                continue
             except Fa4AotError as e:
                 result.failures.append(f"recipe {key}: {e}")
                 continue
@@ -166,10 +182,18 @@ def _regions(store: Store, remote: Remote, sku: Sku, sig: Signature, listed: dic
     return None
 
 
+def unsigned_fix(sku: str, e: TrustError) -> str:
+    """What a refused recipe file or kernel of the server means, and the fix on the server's side."""
+    return (f"the server has files of {sku} that no manifest signed by a key in FA4_AOT_TRUSTED_KEYS lists (its "
+            f"builder or build did not sign them): run its `fa4-aot builder` with --signing-key, or run `fa4-aot "
+            f"sign --sku {sku}` on the server's store (and push it), then pull again. The first refusal: {e}")
+
+
 def _fetch(store: Store, remote: Remote, fetcher: Fetcher, sku: Sku, base_keys: list[str], constants: Constants,
-           result: Prefetched) -> None:
+           result: Prefetched) -> set[str]:
     """Fetch the kernels of `base_keys` the store cannot load on this host: with each signpost, the kernel the
-    server's SKU listing files under its object (one bundle); then any build for `constants` still lacking."""
+    server's SKU listing files under its object (one bundle); then any build for `constants` still lacking.
+    Returns the keys the server's SKU listing holds (empty when nothing was lacking: it is not asked)."""
     arch = host_arch()
 
     def lacking(key: str) -> bool:
@@ -177,6 +201,7 @@ def _fetch(store: Store, remote: Remote, fetcher: Fetcher, sku: Sku, base_keys: 
         return entry is None or not store.has_library(entry, arch)
 
     first = [k for k in base_keys if lacking(k)]
+    digest: dict[str, str] = {}  # kernel key -> object digest, as the server's SKU listing files it
     if first:
         by_object: dict[str, list[str]] = {}
         for k in remote.manifest(sku.name).get("kernels", []):
@@ -197,6 +222,7 @@ def _fetch(store: Store, remote: Remote, fetcher: Fetcher, sku: Sku, base_keys: 
         result.bytes += _held_bytes(store, keys) - before
         if fetcher.error:
             result.failures.append(fetcher.error)
+    return set(digest)
 
 
 def _full_key(store: Store, base_key: str, constants: Constants) -> str:
@@ -216,9 +242,12 @@ def _held_bytes(store: Store, keys: list[str]) -> int:
     return store.bytes_of(entries) if entries else 0
 
 
-def _call(sig: Signature) -> Any:
-    """The call reported for `sig`: one sequence of MISS_SEQLEN tokens (the decode layouts, a KV cache read
-    through seqused_k or a page table: one token over that many)."""
+def _call(sig: Signature, region: Region | None = None) -> Any:
+    """The call reported for `sig`: one at the sizes `region` was recorded at (a region whose kernels the server
+    lacks: a call the first round's miss, at MISS_SEQLEN, did not make), else one sequence of MISS_SEQLEN tokens
+    (the decode layouts, a KV cache read through seqused_k or a page table: one token over that many)."""
+    if region is not None and region.recorded_at:
+        return misses.call_of(sig, region.recorded_at)
     decode = sig.layout in ("paged", "seqused")
     return sig.call(1, 1 if decode else MISS_SEQLEN, MISS_SEQLEN)
 

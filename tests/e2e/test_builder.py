@@ -71,7 +71,7 @@ def test_a_lean_miss_is_built_once_then_served_without_compiling(server: Server,
     monkeypatch.setenv("FA4_AOT_BUILD_WAIT", "300")
     region = served(lean_client(server, tmp_path / "client"), call)
     job = job_of(server, call)
-    assert job["status"] == "done" and job["built"] == len(region.kernels) >= 1, job
+    assert job["status"] == "done" and job["built"] >= len(region.kernels) >= 1, job  # its whole signature
     assert job["reports"] == 2 and job["attempts"] == 1, job
     client_store = Store(tmp_path / "client")
     assert all(e.compile_seconds > 0 for e in client_store.entries())  # fetched, as the builder compiled them

@@ -39,5 +39,5 @@ def test_a_miss_is_built_on_ray_and_served(server: Server, cluster: RayCluster, 
     finally:
         builder.kill()
     [job] = jobs(server)
-    assert job["status"] == "done" and job["built"] == len(region.kernels) >= 1, job
+    assert job["status"] == "done" and job["built"] >= len(region.kernels) >= 1, job  # its whole signature
     assert "on ray" in (tmp_path / "builder.log").read_text()
