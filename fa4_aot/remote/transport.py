@@ -122,7 +122,7 @@ class Transport:
                     self._read(response, end, cap)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 if is_last(attempt, self.retries, end, error=e):
-                    raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e})", e,
+                    raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e}){ran_out(end)}", e,
                                         nobody_listens=isinstance(e, httpx.ConnectError)) from e
             else:
                 if response.status_code < 500:
@@ -152,7 +152,7 @@ class Transport:
             except (httpx.TimeoutException, httpx.TransportError, ServerError) as e:
                 answer = e.response if isinstance(e, ServerError) else None
                 if is_last(n, self.retries, end, answer, e):
-                    raise self._give_up(f"{what} from {self.url} failed: {e}", e,
+                    raise self._give_up(f"{what} from {self.url} failed: {e}{ran_out(end)}", e,
                                         nobody_listens=isinstance(e, httpx.ConnectError)) from e
             backoff(n, end, answer)
         raise AssertionError("unreachable")
@@ -197,6 +197,12 @@ class Transport:
 
 def remaining(end: float) -> float:
     return end - time.monotonic()
+
+
+def ran_out(end: float) -> str:
+    """What ends a give-up message whose request used up its deadline `end` (a socket read bounded by what was
+    left of it fails as a plain timeout), '' when retries ran out first."""
+    return " (its deadline ran out)" if remaining(end) < MIN_ATTEMPT else ""
 
 
 def timeouts(end: float, longest: float | None = None) -> httpx.Timeout:
