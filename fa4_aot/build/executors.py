@@ -107,9 +107,10 @@ class LocalExecutor:
         self._stack = ExitStack()
 
     def plan_chunks(self, calls: int) -> int:
-        # several tasks per worker, so that planning reports progress as it goes (issue 22); a task per
-        # 10 calls at least, as each task's results travel back in one message
-        return max(self.jobs, min(self.jobs * 8, calls // 10))
+        # several tasks per worker, so that planning reports progress as it goes (issue 22): a task per 4 work
+        # items, as a signature takes seconds to minutes to plan (the whole matrix's 8 tasks a worker counted
+        # hundreds of items each; issue 30, point 9); a task's results travel back in one message
+        return max(self.jobs, calls // 4)
 
     def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
         pool = self._pool_for(sku, store)

@@ -180,6 +180,8 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
     chunks = [[work[i] for i in chunk] for chunk in offsets]
     # a dry run plans only: recording the lean runtime's recipes replays FA4 per planned call, which costs more
     done = 0
+    if planning:  # the total at once: the executor's start and the first task may take minutes
+        planning(0, len(work))
     for c, out in ex.plan(sku, store, chunks, record=not dry_run):
         done += len(chunks[c])
         if planning:

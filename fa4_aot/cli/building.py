@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from ..spec.skus import Sku
     from ..store import Store
 
+# seconds between planning's progress lines while no work item finishes (a signature takes seconds to minutes)
+PLAN_EVERY = 5.0
+
 
 def executor_for(kind: str, jobs: int, address: str | None, node_ip: str | None, push_url: str | None,
                  token: str | None) -> Executor:
@@ -77,7 +80,7 @@ class Run:
         if self.push_url:  # the server, not this store, is where built kernels go: ask it what it has
             present = _on_server(remote_for(self.push_url, self.token, param="push_url").kernel_keys(target.name))
         work = build_mod.work_of(self.matrix, target, self.chosen) if self.work is None else self.work
-        with Progress("plan", quiet=bar.mode == "quiet", as_json=bar.mode == "json") as plan_bar:
+        with Progress("plan", quiet=bar.mode == "quiet", as_json=bar.mode == "json", every=PLAN_EVERY) as plan_bar:
             return build_mod.build_calls(target, self.store, work, progress=kernel_progress(bar),
                                          dry_run=self.dry_run, executor=self.executor, present=present,
                                          planning=planning_progress(plan_bar))
