@@ -112,7 +112,7 @@ def _detect(matrix: Matrix, as_json: bool) -> None:
               help="Build exactly these calls: JSON lines as FA4_AOT_RECORD writes them (see `fa4-aot coverage`).")
 @click.option("--family", type=click.Choice(["fa4", "tirx"]), default="fa4", show_default=True,
               help="fa4: FA4's CuTe DSL kernels; tirx: the TIRx FA4 kernels of the variants file's [[tirx]] entries "
-                   "(--only picks entries), compiled in .venv-tirx (README \"TIRx kernels\").")
+                   "(--only picks entries), compiled in .venv-tirx (docs/tirx.md).")
 @json_option("Print one JSON document on stdout: counts, kernel keys, failures (a list of them, one per SKU, when "
              "several SKUs are built); per-kernel JSON lines on stderr.")
 @quiet_option

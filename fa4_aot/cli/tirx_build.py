@@ -28,7 +28,7 @@ def build_tirx(store: Store, matrix: Matrix, targets: list[Sku], only: list[str]
                quiet: bool) -> None:
     chosen = entries.select(entries.load(matrix.path), only, matrix.path)
     if not chosen:
-        raise click.UsageError(f"{matrix.path} has no [[tirx]] entries to build (see README \"TIRx kernels\")")
+        raise click.UsageError(f"{matrix.path} has no [[tirx]] entries to build (see docs/tirx.md)")
     say = None if (quiet or as_json) else (lambda line: click.echo(line, err=True))
     for entry in chosen:
         for why in entry.skipped:

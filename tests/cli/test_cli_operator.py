@@ -151,11 +151,11 @@ def test_busy_port_names_it_and_how_to_pick_another(tmp_path: Path) -> None:
     assert f"--port {port + 1}" in result.output
 
 
-def test_readme_command_table_matches_the_cli() -> None:
+def test_docs_command_table_matches_the_cli() -> None:
     from fa4_aot.cli import main as group
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.split("## Command line", 1)[1].split("\n\n", 2)[1]
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    table = readme.split("# Command line", 1)[1].split("\n\n", 2)[1]
     listed = {" ".join(cell.split("`")[1].split()[1:3]).split(" [")[0].split(" -")[0]
               for row in table.splitlines()[2:] for cell in [row.split("|")[1]]}
     expected = set()

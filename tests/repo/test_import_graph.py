@@ -1,5 +1,6 @@
 """The house's plan, checked on the source with ast (no import executed): no import circles in fa4_aot or service
-(issue 7), counted honestly (issue 20), and fa4_aot's packages layered as its README's "Where a change belongs" says.
+(issue 7), counted honestly (issue 20), and fa4_aot's packages layered as docs/architecture.md's "Where a change
+belongs" says.
 
 What counts as an edge: every import statement of a module, wherever it stands: at module level, inside
 `if`/`try`/`with` blocks and class bodies, and inside functions. An import inside a function runs later than one at
@@ -196,9 +197,9 @@ def test_no_design_circles() -> None:
 
 # -- the layers ----------------------------------------------------------------------------------------------
 
-# What each part of fa4_aot may import (README, "Where a change belongs"). errors and config are the ground floor
-# every part stands on; a part never imports one listed above it. The lean runtime in particular never reaches
-# FA4 (fa4/) nor the build side, and pure values (spec/) import nothing but errors and config.
+# What each part of fa4_aot may import (docs/architecture.md, "Where a change belongs"). errors and config are the
+# ground floor every part stands on; a part never imports one listed above it. The lean runtime in particular never
+# reaches FA4 (fa4/) nor the build side, and pure values (spec/) import nothing but errors and config.
 BASE = {"errors", "config"}
 LAYERS: dict[str, set[str]] = {
     "errors": set(),

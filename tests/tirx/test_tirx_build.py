@@ -121,7 +121,7 @@ def test_a_server_serves_them_to_a_gpu_hosts_store(built: tuple[Path, list[dict]
         assert pushed.failures == []
     gpu = Store(tmp_path / "gpu")
     remote = Remote(server.url)
-    for sku in ("b200", "gb200"):  # the server lists a shared kernel under the SKU that built it (README Known limits)
+    for sku in ("b200", "gb200"):  # the server lists a shared kernel under the SKU that built it (docs/limits.md)
         pulled = push_pull.pull(gpu, remote, sku, trust=Trust(SKUS[sku], gpu, remote, {}, insecure=True))
         assert pulled.failures == []
     gb200 = SKUS["gb200"]
