@@ -17,7 +17,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import BuildError, ConfigError, Fa4AotError, IntegrityError, KernelMissing, StoreError, UnknownSku
+from .errors import (
+    BuildError,
+    ConfigError,
+    Fa4AotError,
+    IntegrityError,
+    KernelMissing,
+    KernelRefused,
+    StoreError,
+    UnknownSku,
+    Unsupported,
+)
 
 if TYPE_CHECKING:  # what the lazy attributes below are, for type checkers and IDEs
     from .client.installation import install
@@ -27,7 +37,7 @@ if TYPE_CHECKING:  # what the lazy attributes below are, for type checkers and I
 __version__ = "0.1.0"
 __all__ = ["install", "load", "flash_attn_func", "flash_attn_varlen_func", "prefetch",
            "Fa4AotError", "ConfigError", "UnknownSku", "KernelMissing", "IntegrityError",
-           "StoreError", "BuildError"]
+           "StoreError", "BuildError", "KernelRefused", "Unsupported"]
 
 # entry point -> the module that defines it, imported on first use (the lean runtime's needs torch)
 _LAZY = {

@@ -83,3 +83,8 @@ class KernelRefused(Fa4AotError, RuntimeError):
         super().__init__(message)
         self.kernel_key = kernel_key
         self.reason = reason
+
+
+class Unsupported(Fa4AotError, NotImplementedError):
+    """An FA4 argument the lean runtime has no recipe for (score_mod, block sparsity, ...): run FA4 itself over the
+    store instead (fa4_aot.install()). The message names the argument."""

@@ -101,7 +101,7 @@ def unsupported(sig: Signature, sku: Sku) -> str:
     if sig.layout not in SIZE_NAMES:
         return f"the lean runtime has no recipes for layout {sig.layout!r}"
     if sig.num_splits > 1 and sku.arch == "sm_90a":
-        return f"num_splits={sig.num_splits}: FA4 has no split-KV kernels for sm_90 (runtime.runner.Unsupported)"
+        return f"num_splits={sig.num_splits}: FA4 has no split-KV kernels for sm_90 (fa4_aot.Unsupported)"
     return ""
 
 

@@ -3,7 +3,7 @@
 Same arguments and results as flash_attn.cute's functions for what the planner records: dense; varlen
 (cu_seqlens_q/k); seqused (dense q/k/v with seqused_k); paged KV decode (dense q, page_table and seqused_k);
 causal, local, softcap, learnable sink, GQA, deterministic backward, return_lse, split-KV (num_splits > 1, or 0
-for FA4's heuristic). Anything else raises runner.Unsupported naming the argument, and runs with FA4 itself
+for FA4's heuristic). Anything else raises fa4_aot.Unsupported naming the argument, and runs with FA4 itself
 through fa4_aot.install().
 
 Per-call host work: a forward-only call none of whose inputs requires grad (inference, decode) is planned once per

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import Unsupported
 from ..spec.signature import Signature
-from .runner import Unsupported
 
 # FA4 arguments no recipe records: taken at their default (None, False, 0, ()), else refused by name for FA4 itself
 _UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors", "aux_scalars",
@@ -25,7 +25,7 @@ _FORMS = {("cu_seqlens_q", "cu_seqlens_k"): "varlen", ("seqused_k",): "seqused",
 
 def refuse(extra: dict[str, Any]) -> None:
     """Raise for FA4 keyword arguments beyond the lean entry points' own that are given a value (not None, False, 0
-    or ()): TypeError naming those FA4 does not take either, else runner.Unsupported naming them (no recipe records
+    or ()): TypeError naming those FA4 does not take either, else errors.Unsupported naming them (no recipe records
     them). Returns when every one is at its default."""
     given = [k for k, v in extra.items() if v not in (None, False, 0, ())]
     unknown = [k for k in given if k not in _UNSUPPORTED]
@@ -74,7 +74,7 @@ def varlen_form(tensors: dict[str, Any], max_seqlen_q: Any, max_seqlen_k: Any) -
     """The layout and recipe sizes of a flash_attn_varlen_func call, from the named tensors it was given (q, k, v
     and those of cu_seqlens_q/k, seqused_k and page_table that are not None) and its max lengths: varlen needs
     integer max lengths (the sizes FA4's dispatch reads); for seqused and paged a max length left out is FA4's
-    default. Raises runner.Unsupported for any other form or for a tensor max length."""
+    default. Raises errors.Unsupported for any other form or for a tensor max length."""
     layout = _varlen_layout(tensors["q"], tensors.get("cu_seqlens_q"), tensors.get("cu_seqlens_k"),
                            tensors.get("seqused_k"), tensors.get("page_table"))
     if layout != "varlen":
@@ -88,7 +88,7 @@ def varlen_form(tensors: dict[str, Any], max_seqlen_q: Any, max_seqlen_k: Any) -
 
 
 def _varlen_layout(q: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, seqused_k: Any, page_table: Any) -> str:
-    """Which recorded layout a flash_attn_varlen_func call has; runner.Unsupported for other combinations."""
+    """Which recorded layout a flash_attn_varlen_func call has; errors.Unsupported for other combinations."""
     if cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is not None and q.dim() == 4:
         return "seqused" if page_table is None else "paged"
     if cu_seqlens_q is not None and cu_seqlens_k is not None and seqused_k is None and page_table is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..errors import Fa4AotError, KernelMissing
+from ..errors import KernelMissing, Unsupported
 from ..spec import hosts, narrow_build, recipe_format, sku_table
 from ..spec.devices import detect_device, device_class
 from ..spec.matching import select
@@ -242,6 +242,3 @@ def run(attn: Attention, sizes: dict[str, int], tensors: dict[str, Any], scale: 
     out: tuple[Any, Any] = _autograd[0].apply(bound, names, *tensors.values())
     return out
 
-
-class Unsupported(Fa4AotError, NotImplementedError):
-    """An FA4 argument the lean runtime has no recipe for (use fa4_aot.install() and FA4 itself)."""

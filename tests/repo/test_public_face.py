@@ -49,3 +49,14 @@ def test_import_fa4_aot_loads_neither_torch_nor_fa4() -> None:
     loaded = {m.split(".")[0] for m in json.loads(out.stdout)}
     assert loaded & {"torch", "flash_attn", "cutlass", "quack", "tvm_ffi", "numpy"} == set()
     assert not any(m.startswith(("fa4_aot.runtime", "fa4_aot.client")) for m in json.loads(out.stdout))
+
+
+def test_every_error_a_call_can_raise_is_exported_from_the_package() -> None:
+    """Issue 30: `Unsupported` (an FA4 argument the lean runtime has no recipe for) lived in runtime/runner.py, so
+    catching it meant importing the runtime's internals; it and KernelRefused (certification) are errors.py's."""
+    from fa4_aot import errors
+    from fa4_aot.runtime import runner
+
+    for name in ("Fa4AotError", "KernelMissing", "KernelRefused", "Unsupported", "UnknownSku", "ConfigError"):
+        assert getattr(fa4_aot, name) is getattr(errors, name) and name in fa4_aot.__all__
+    assert runner.Unsupported is fa4_aot.Unsupported and issubclass(fa4_aot.Unsupported, NotImplementedError)
