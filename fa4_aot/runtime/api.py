@@ -24,11 +24,15 @@ or pages_per_seq x page_size), as FA4 requires of any call: the kernels read the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..errors import Unsupported
 from ..spec import recipe_format
 from . import replay, runner
 from .call_args import refuse, signature, varlen_form
+
+if TYPE_CHECKING:  # torch is imported on first call, not by `import fa4_aot`
+    from torch import Tensor
 
 # Forward-only calls none of whose inputs requires grad (inference, decode): the bound plan by all that planning reads
 # (shapes, dtype, device, flags, max lengths, scale), so that a repeated call goes from its arguments straight to
@@ -66,7 +70,7 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
         learnable_sink is not None and learnable_sink.requires_grad)
     training = needs_grad and _torch().is_grad_enabled()
     if training and return_lse:
-        raise runner.Unsupported("return_lse=True with a backward pass: FA4 then back-propagates through lse, which "
+        raise Unsupported("return_lse=True with a backward pass: FA4 then back-propagates through lse, which "
                                "no recipe records; call FA4 after fa4_aot.install() for this")
     # FA4 computes LSE (with another kernel than without) whenever an input requires grad, in no_grad too, and
     # returns it: without grad such a call is a forward returning LSE, as FA4 runs it (issue 17)
@@ -86,10 +90,10 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
     return found
 
 
-def flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: float | None = None, causal: bool = False,
-                    window_size: Any = (None, None), learnable_sink: Any = None, softcap: float = 0.0,
-                    num_splits: int = 1, deterministic: bool = False, return_lse: bool = False,
-                    **extra: Any) -> tuple[Any, Any]:
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None = None, causal: bool = False,
+                    window_size: tuple[int | None, int | None] = (None, None), learnable_sink: Tensor | None = None,
+                    softcap: float = 0.0, num_splits: int = 1, deterministic: bool = False, return_lse: bool = False,
+                    **extra: Any) -> tuple[Tensor, Tensor | None]:
     """flash_attn.cute.flash_attn_func on the lean runtime: returns (out, lse); lse is None unless the call
     trains or return_lse."""
     if extra:
@@ -139,12 +143,14 @@ def _remember(key: tuple[Any, ...] | None, attn: runner.Attention, sizes: dict[s
     return result
 
 
-def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
-                           max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, seqused_k: Any = None,
-                           page_table: Any = None, softmax_scale: float | None = None, causal: bool = False,
-                           window_size: Any = (None, None), learnable_sink: Any = None, softcap: float = 0.0,
-                           num_splits: int = 1, deterministic: bool = False, return_lse: bool = False,
-                           **extra: Any) -> tuple[Any, Any]:
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None = None,
+                           cu_seqlens_k: Tensor | None = None, max_seqlen_q: int | None = None,
+                           max_seqlen_k: int | None = None, seqused_k: Tensor | None = None,
+                           page_table: Tensor | None = None, softmax_scale: float | None = None, causal: bool = False,
+                           window_size: tuple[int | None, int | None] = (None, None),
+                           learnable_sink: Tensor | None = None, softcap: float = 0.0, num_splits: int = 1,
+                           deterministic: bool = False, return_lse: bool = False,
+                           **extra: Any) -> tuple[Tensor, Tensor | None]:
     """flash_attn.cute.flash_attn_varlen_func on the lean runtime, for three forms of call: varlen (cu_seqlens_q/k
     and integer max_seqlen_q/k, the sizes FA4's dispatch reads), seqused (q, k, v as (batch, seqlen, heads, dim)
     with seqused_k) and paged (q as (batch, seqlen_q, heads, dim), k and v as (num_pages, page_size, heads, dim)
