@@ -59,7 +59,7 @@ def _arguments(call: Call, torch: Any) -> tuple[tuple[Any, ...], dict[str, Any],
     grad = call.training
 
     def tensor(*shape: int, dt: Any = dtype) -> Any:
-        t = torch.empty(*shape, dtype=dt, device="cuda")
+        t = _empty_cuda(torch, shape, dt)
         return t.requires_grad_(grad) if dt in (torch.bfloat16, torch.float16) else t
 
     b, sq, sk, hq, hkv = call.batch, call.seqlen_q, call.seqlen_k, call.heads_q, call.heads_kv
@@ -83,3 +83,17 @@ def _arguments(call: Call, torch: Any) -> tuple[tuple[Any, ...], dict[str, Any],
     k = tensor(pages, call.page_size, hkv, d)
     v = tensor(pages, call.page_size, hkv, dv)
     return (tensor(b, sq, hq, d), k, v), kwargs, FlashAttnVarlenFunc
+
+
+def _empty_cuda(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """torch.empty(shape) on 'cuda'. Under FakeTensorMode (planning) the fake tensor is made from a meta tensor:
+    the same tensor as the mode's torch.empty makes (shape, stride, dtype, device), at a twentieth of the cost,
+    since the mode's dispatch (cache key, output from the cache entry) is skipped; planning a signature makes
+    thousands of them (issue 30, point 9: bench/plan_speed.py)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily() as mode:
+        if mode is None:  # a real CUDA context (loading): the real allocation
+            return torch.empty(*shape, dtype=dtype, device="cuda")
+        meta = torch.empty(*shape, dtype=dtype, device="meta")
+    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cuda"))
