@@ -19,8 +19,9 @@ the set (issue 30, point 2). Kernel misses, one per lacking kernel with a call a
 builder re-plans a kernel miss's call, and at that size FA4 selects none of the kernels of other regions.
 
 What the server HAS but the trust policy refuses (FA4_AOT_TRUSTED_KEYS, and a recipe file or kernel no valid
-signed manifest lists: an unsigned builder's) is no miss: a build would make the same unsigned files again. It is
-named apart (`unsigned`, `refusal`) with the fix: sign on the server's side (issue 30, point 3).
+signed manifest lists: an unsigned builder's) is no miss: a build would make the same unsigned files again. Such
+recipe files are named apart (`unsigned`, `refusal`: the fix is to sign on the server's side), such kernels among
+the failures, with the fetcher's words (issue 30, point 3).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Prefetched:
     bytes: int = 0
     unbuilt: list[str] = field(default_factory=list)  # signatures the server has no recipe file of
     missing: list[str] = field(default_factory=list)  # kernel keys a region names that the server lacks
-    # recipe files and kernels the server has that the trust policy refused (no valid signed manifest lists them)
+    # recipe files the server has that the trust policy refused (no valid signed manifest lists them)
     unsigned: list[str] = field(default_factory=list)
     refusal: str = ""  # why, and how to fix it (the first refusal's words), when `unsigned` is not empty
     reported: int = 0  # misses reported to the server (build jobs, where a builder runs)
