@@ -172,9 +172,11 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
           planning: Callable[[int, int], None] | None = None) -> list[Kernel]:
     """Every distinct kernel of `work`, each attributed to the first work item that needs it (its work_index
     an index into `work`); the recipe regions the workers recorded are saved to the store (none are recorded
-    in a dry run)."""
-    n = max(1, min(ex.plan_chunks(len(work)), len(work)))
-    offsets = [list(range(i, len(work), n)) for i in range(n)]
+    in a dry run). An item several variants share is planned once (7% of the whole matrix's items)."""
+    same = _same_items(work)
+    distinct = list(same)
+    n = max(1, min(ex.plan_chunks(len(distinct)), len(distinct)))
+    offsets = [[distinct[j] for j in range(i, len(distinct), n)] for i in range(n)]
     planned: dict[str, Kernel] = {}
     recorded: dict[str, list[Region]] = {}
     chunks = [[work[i] for i in chunk] for chunk in offsets]
@@ -183,7 +185,7 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
     if planning:  # the total at once: the executor's start and the first task may take minutes
         planning(0, len(work))
     for c, out in ex.plan(sku, store, chunks, record=not dry_run):
-        done += len(chunks[c])
+        done += sum(len(same[i]) for i in offsets[c])
         if planning:
             planning(done, len(work))
         for key, found in out.regions.items():
@@ -191,18 +193,30 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
         report.lean_failures += out.lean_failures
         for kernel in out.kernels:
             index = offsets[c][kernel.work_index]
-            report.by_variant.setdefault(work[index][0], set()).add(kernel.kernel_key)
+            for each in same[index]:
+                report.by_variant.setdefault(work[each][0], set()).add(kernel.kernel_key)
             if kernel.kernel_key not in planned or index < planned[kernel.kernel_key].work_index:
                 planned[kernel.kernel_key] = kernel._replace(work_index=index)
         for rejected in out.rejected:
-            name, item = work[offsets[c][rejected.work_index]]
-            where = report.refused if rejected.known_bad else report.call_failures
-            where.append(Result("refused" if rejected.known_bad else "failed", "", "", name, describe(item),
-                                error=rejected.error, sku=sku.name))
+            for each in same[offsets[c][rejected.work_index]]:
+                name, item = work[each]
+                where = report.refused if rejected.known_bad else report.call_failures
+                where.append(Result("refused" if rejected.known_bad else "failed", "", "", name, describe(item),
+                                    error=rejected.error, sku=sku.name))
     report.call_failures.sort(key=lambda r: (r.variant, r.call))
     report.refused.sort(key=lambda r: (r.variant, r.call))
     report.recipes = lean.save(store, recorded)
     return sorted(planned.values(), key=lambda p: p.kernel_key)
+
+
+def _same_items(work: Work) -> dict[int, list[int]]:
+    """{index of an item's first occurrence in `work`: every index of that item}, in order of first occurrence:
+    the whole matrix names one signature under several variants (models that share attention shapes)."""
+    first: dict[Any, int] = {}
+    same: dict[int, list[int]] = {}
+    for i, (_label, item) in enumerate(work):
+        same.setdefault(first.setdefault(item, i), []).append(i)
+    return same
 
 
 def describe(item: Call | ExactCall | Signature) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.cli.progress import Progress
-from tests.conftest import run_cli
+from tests.conftest import TINY_VARIANTS, run_cli
 
 DRY_RUN = ["build", "--sku", "h200", "--model", "bert-base", "--tp", "1", "--workload", "prefill", "--dry-run"]
 
@@ -66,3 +66,22 @@ def test_i30_9_progress_without_every_says_nothing_between_updates(capsys: pytes
         bar.update(0, 3, "ok", "planned 0 of 3")
         time.sleep(0.2)
     assert capsys.readouterr().err == "[0/3] planned 0 of 3\n"
+
+
+@pytest.mark.slow
+def test_an_item_two_variants_share_is_planned_once_and_counted_for_both(tmp_path: Path) -> None:
+    """The whole matrix names a signature under several variants (3,401 items, 3,152 distinct for h200): each is
+    planned once, and every variant naming it still counts its kernels."""
+    text = TINY_VARIANTS.read_text()
+    start = text.rfind("[[variants]]", 0, text.index('name = "full-fwd"'))
+    end = text.find("[[variants]]", start + 1)
+    block = text[start:end if end != -1 else len(text)]
+    twice = tmp_path / "twice.toml"
+    twice.write_text(text + "\n" + block.replace('name = "full-fwd"', 'name = "full-fwd-again"'))
+    done = run_cli("build", "--sku", "h200", "--variants", str(twice), "--dry-run", "--json", cache=tmp_path / "s")
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["variants"]["full-fwd"] == doc["variants"]["full-fwd-again"] >= 1, doc["variants"]
+    assert doc["kernels"] == len(doc["kernel_keys"]) and doc["calls"] == len(doc["variants"])
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert [e["done"] for e in events if e["event"] == "plan"][-1] == doc["calls"]  # both counted as planned
