@@ -90,10 +90,10 @@ def _empty_cuda(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     the same tensor as the mode's torch.empty makes (shape, stride, dtype, device), at a twentieth of the cost,
     since the mode's dispatch (cache key, output from the cache entry) is skipped; planning a signature makes
     thousands of them (issue 30, point 9: bench/plan_speed.py)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
     with unset_fake_temporarily() as mode:
-        if mode is None:  # a real CUDA context (loading): the real allocation
+        if not isinstance(mode, FakeTensorMode):  # a real CUDA context (loading): the real allocation
             return torch.empty(*shape, dtype=dtype, device="cuda")
         meta = torch.empty(*shape, dtype=dtype, device="meta")
     return mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cuda"))
