@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -197,3 +198,27 @@ def row_counts(db_url: str) -> dict[str, int]:
         extra = {name: session.scalar(select(func.count()).select_from(model)) or 0
                  for name, model in (("audit", models.AuditEntry), ("tokens", models.Token))}
         return {**crud.counts(session), **extra, "skus": len(crud.list_skus(session))}
+
+
+def publish_random_kernels(server: Server, sku: str, n: int, size: int) -> list[str]:
+    """Publish `n` kernels of `sku` over objects of `size` random bytes (publish token); their kernel keys."""
+    keys = []
+    with server.client("publish") as c:
+        for _ in range(n):
+            data = os.urandom(size)
+            doc = kernel_doc(data, sku=sku)
+            assert c.put(f"/v1/objects/{doc['object_digest']}", content=data).status_code == 201
+            assert c.post("/v1/kernels", json=doc).status_code == 201
+            keys.append(str(doc["kernel_key"]))
+    return keys
+
+
+def unread_bundle(server: Server, keys: list[str]) -> socket.socket:
+    """A POST /v1/bundles of `keys` from 127.0.0.1 whose answer is never read (a small receive buffer, so the
+    server's send fills it at once); the caller closes the socket."""
+    body = json.dumps({"kernel_keys": keys}).encode()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(f"POST /v1/bundles HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s

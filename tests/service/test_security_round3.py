@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ from sqlalchemy import func, select, text
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Entry, Store, recipes
 from service import crud_tokens, db, models
-from tests.helpers.servers import H200, Launch, Server, kernel_doc
+from tests.helpers.servers import H200, Launch, Server, kernel_doc, publish_random_kernels, unread_bundle
 from tests.remote.test_lean_entries import region
 
 
@@ -80,33 +79,11 @@ def _rss(server: Server) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _big_kernels(server: Server, n: int = 3, size: int = 8 << 20) -> list[str]:
-    keys = []
-    with server.client("publish") as c:
-        for _ in range(n):
-            data = os.urandom(size)
-            doc = kernel_doc(data, sku="d21")
-            assert c.put(f"/v1/objects/{doc['object_digest']}", content=data).status_code == 201
-            assert c.post("/v1/kernels", json=doc).status_code == 201
-            keys.append(str(doc["kernel_key"]))
-    return keys
-
-
-def _unread_bundle(server: Server, keys: list[str]) -> socket.socket:
-    """A POST /v1/bundles whose answer is never read."""
-    body = json.dumps({"kernel_keys": keys}).encode()
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.sendall(f"POST /v1/bundles HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return s
-
-
 def test_d21_unread_bundles_hold_no_server_memory(launch: Launch) -> None:
     server = launch()
-    keys = _big_kernels(server)  # a 24 MiB bundle
+    keys = publish_random_kernels(server, "d21", 3, 8 << 20)  # a 24 MiB bundle
     before = _rss(server)
-    hogs = [_unread_bundle(server, keys) for _ in range(12)]
+    hogs = [unread_bundle(server, keys) for _ in range(12)]
     try:
         time.sleep(3)
         grown = _rss(server) - before
@@ -118,8 +95,8 @@ def test_d21_unread_bundles_hold_no_server_memory(launch: Launch) -> None:
 
 def test_d21_bundle_bytes_in_flight_are_capped(launch: Launch, tmp_path: Path) -> None:
     server = launch(bundle_bytes_in_flight=str(40 << 20))
-    keys = _big_kernels(server)
-    hog = _unread_bundle(server, keys)
+    keys = publish_random_kernels(server, "d21", 3, 8 << 20)
+    hog = unread_bundle(server, keys)
     time.sleep(1)
     with server.client() as c:
         refused = c.post("/v1/bundles", json={"kernel_keys": keys})
@@ -240,8 +217,8 @@ def test_d29_per_kernel_fetches_need_no_database_session(launch: Launch, tmp_pat
 
 def test_d29_client_backs_off_on_busy_answers_and_finishes(launch: Launch, tmp_path: Path) -> None:
     server = launch(bundle_bytes_in_flight=str(30 << 20))
-    keys = _big_kernels(server, n=1, size=20 << 20)
-    hog = _unread_bundle(server, keys)
+    keys = publish_random_kernels(server, "d21", 1, 20 << 20)
+    hog = unread_bundle(server, keys)
     time.sleep(1)
     threading.Timer(1.5, hog.close).start()
     stored, _ = Remote(server.url).fetch_bundle(keys, Store(tmp_path / "node"))

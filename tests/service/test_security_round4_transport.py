@@ -5,7 +5,6 @@ budget against every other client (D39). Real uvicorn processes, real sockets.""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import socket
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Store
 from service.headers import HEAD_LIMIT
-from tests.helpers.servers import ROOT, Launch, Server, free_port, kernel_doc
+from tests.helpers.servers import ROOT, Launch, free_port, publish_random_kernels, unread_bundle
 
 MIB = 1 << 20
 
@@ -111,34 +110,14 @@ def test_d40_a_head_past_the_cap_is_431_under_any_implementation(launch: Launch)
 
 
 # -- D39 ------------------------------------------------------------------------------------------------------
-def _kernels(server: Server, n: int = 2, size: int = 2 * MIB) -> list[str]:
-    keys = []
-    with server.client("publish") as c:
-        for _ in range(n):
-            data = os.urandom(size)
-            doc = kernel_doc(data, sku="d39")
-            assert c.put(f"/v1/objects/{doc['object_digest']}", content=data).status_code == 201
-            assert c.post("/v1/kernels", json=doc).status_code == 201
-            keys.append(str(doc["kernel_key"]))
-    return keys
-
-
-def _unread_bundle(server: Server, keys: list[str]) -> socket.socket:
-    """A POST /v1/bundles from 127.0.0.1 whose answer is never read."""
-    body = json.dumps({"kernel_keys": keys}).encode()
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.sendall(f"POST /v1/bundles HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return s
 
 
 def test_d39_unread_bundles_of_one_address_do_not_hold_the_budget_against_others(launch: Launch) -> None:
     """Before: 26 unread anonymous bundle requests held the whole budget and every other client got 503. Now one
     address holds at most its share of it (after its first bundle), so another address is served."""
     server = launch(bundle_bytes_in_flight=str(64 * MIB))
-    keys = _kernels(server)  # a 4 MiB bundle: 26 of them pass the 64 MiB budget
-    hogs = [_unread_bundle(server, keys) for _ in range(26)]
+    keys = publish_random_kernels(server, "d39", 2, 2 * MIB)  # a 4 MiB bundle: 26 of them pass the 64 MiB budget
+    hogs = [unread_bundle(server, keys) for _ in range(26)]
     try:
         time.sleep(2)
         other = httpx.Client(base_url=server.url, timeout=30,
@@ -158,8 +137,8 @@ def test_d39_a_stalled_bundle_reader_gives_its_budget_back(launch: Launch, tmp_p
     """A reader that takes nothing for FA4_AOT_BUNDLE_SEND_STALL seconds is cut off and its bytes leave the budget:
     readers behind many addresses hold the budget for that long at most."""
     server = launch(bundle_bytes_in_flight=str(6 * MIB), bundle_send_stall="2")
-    keys = _kernels(server)
-    hog = _unread_bundle(server, keys)
+    keys = publish_random_kernels(server, "d39", 2, 2 * MIB)
+    hog = unread_bundle(server, keys)
     try:
         time.sleep(1)
         with server.client() as c:
