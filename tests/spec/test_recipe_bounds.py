@@ -32,7 +32,7 @@ def _target() -> dict[str, Any]:
     return variants.load(config.default_variants_file()).skus["h200"].target_facts()
 
 
-def _refused_everywhere(tmp_path: Path, key: str, data: bytes, named: str) -> None:
+def refused_everywhere(tmp_path: Path, key: str, data: bytes, named: str) -> None:
     """`data` under `key` is refused by the server's check and by the client's load, both naming `named`."""
     with pytest.raises(ValueError, match=named):
         recipes.check_file(data, key, _target())
@@ -51,7 +51,7 @@ def test_d37_guard_product_bomb_is_refused_at_check(tmp_path: Path) -> None:
     expression's size, so the server refuses the upload (422) and a client refuses the file."""
     key, doc = _training_file()
     doc["regions"][0]["guards"].append(BOMB)
-    _refused_everywhere(tmp_path, key, json.dumps(doc).encode(), "operands")
+    refused_everywhere(tmp_path, key, json.dumps(doc).encode(), "operands")
 
 
 def test_d37_compiled_guards_are_bounded_as_evaluate_is() -> None:
@@ -94,7 +94,7 @@ def test_d38_region_bind_cannot_run_is_refused(tmp_path: Path, change: Any, name
     change(region)
     with pytest.raises(ValueError, match=named):
         recipe_format.check_region(region)
-    _refused_everywhere(tmp_path, key, json.dumps(doc).encode(), f"region 0: {named}")
+    refused_everywhere(tmp_path, key, json.dumps(doc).encode(), f"region 0: {named}")
 
 
 def test_d38_deeply_nested_file_is_refused(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_d38_deeply_nested_file_is_refused(tmp_path: Path) -> None:
     key, _doc = _training_file()
     deep = b"[" * 50_000 + b"]" * 50_000
     data = b'{"key": "' + key.encode() + b'", "regions": [' + deep + b"]}"
-    _refused_everywhere(tmp_path, key, data, "nested deeper than")
+    refused_everywhere(tmp_path, key, data, "nested deeper than")
     signature = {"layout": "dense", "deep": json.loads("[" * 500 + "]" * 500)}  # within json's own recursion
     doc = {"key": key, "regions": [{"signature": signature}]}
-    _refused_everywhere(tmp_path, key, json.dumps(doc).encode(), "nested deeper than")
+    refused_everywhere(tmp_path, key, json.dumps(doc).encode(), "nested deeper than")

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from fa4_aot import config
-from fa4_aot.errors import StoreError
 from fa4_aot.matrix import variants
 from fa4_aot.spec import kernel_keys, recipe_file
 from fa4_aot.spec.region import Region, parse_regions
 from fa4_aot.store import Store, recipes
+from tests.spec.test_recipe_bounds import refused_everywhere
 
 COMMITTED = Path(__file__).resolve().parents[1] / "data" / "store_h200_xeon"
 
@@ -89,10 +89,4 @@ HOSTILE = [  # (case, bytes under the committed file's key, what the error names
 @pytest.mark.parametrize("make,named", [(m, n) for _c, m, n in HOSTILE], ids=[c for c, _m, _n in HOSTILE])
 def test_hostile_compact_files_are_refused(tmp_path: Path, make: Any, named: str) -> None:
     key, _data = _committed()[0]
-    data = make(key)
-    with pytest.raises(ValueError, match=named):
-        recipes.check_file(data, key, _target())
-    store = Store(tmp_path / "cache")
-    store.put_recipes(key, data)
-    with pytest.raises(StoreError, match=named):
-        recipes.load(store, key)
+    refused_everywhere(tmp_path, key, make(key), named)
