@@ -21,8 +21,9 @@ from tests.conftest import ROOT, TINY_VARIANTS
 pytestmark = pytest.mark.slow
 
 
-def test_ctrl_c_stops_a_build_with_a_summary_and_no_partial_entry(tmp_path: Path) -> None:
-    store = tmp_path / "store"
+def _build_past_its_first_kernel(store: Path) -> subprocess.Popen[str]:
+    """A build of the tiny variants into `store`, in a process group of its own (the CLI and its workers, as a
+    terminal or a service manager signals them), returned once it has stored its first kernel."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "fa4_aot", "build", "--sku", "h200", "--variants", str(TINY_VARIANTS), "-j", "1"],
         cwd=ROOT, env={**os.environ, "FA4_AOT_CACHE": str(store)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -31,6 +32,12 @@ def test_ctrl_c_stops_a_build_with_a_summary_and_no_partial_entry(tmp_path: Path
     while time.monotonic() < deadline and not list((store / "index").glob("??/*.json")):
         time.sleep(0.05)
     assert list((store / "index").glob("??/*.json")), "the build never stored a kernel"
+    return proc
+
+
+def test_ctrl_c_stops_a_build_with_a_summary_and_no_partial_entry(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    proc = _build_past_its_first_kernel(store)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the CLI and its workers
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
@@ -45,6 +52,25 @@ def test_ctrl_c_stops_a_build_with_a_summary_and_no_partial_entry(tmp_path: Path
     assert len([e for e in s.entries() if e.kernel_key == kernel_keys.entry_key(e)]) == built
     assert not list(store.glob("**/.*.tmp")), "a dropped kernel left a temp file"
     assert "Traceback" not in err
+
+
+def test_i30_11_sigterm_while_compiling_stops_quietly(tmp_path: Path) -> None:
+    """A build stopped by SIGTERM while a worker was inside CuTe's compiler printed "terminate called after
+    throwing an instance of 'nanobind::python_error'" and a 40-line traceback (the worker's handler raised
+    inside a native callback). Signalled while compiling, with its workers (`kill -TERM -PGID`, as docker stop
+    and systemd do), the build ends with its summary, exit 143, and nothing else on stderr. A guard, not yet a
+    reproduction: this passed on the code of the report too (SIGTERM 0.3 to 4 s after the first kernel, 6 runs
+    on 2 cores); the report's timing inside the compiler was not hit here."""
+    store = tmp_path / "store"
+    proc = _build_past_its_first_kernel(store)
+    time.sleep(1.5)  # the worker is compiling the next kernel
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert any(line.startswith("INTERRUPTED") for line in out.splitlines()), out[-2000:]
+    for noise in ("Traceback", "terminate called", "nanobind", "Error"):
+        assert noise not in err, err[-3000:]
+    assert not list(store.glob("**/.*.tmp")), "a stopped worker left a temp file"
 
 
 def test_build_json_streams_kernel_events_on_stderr_and_the_summary_on_stdout(tmp_path: Path) -> None:
