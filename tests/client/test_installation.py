@@ -47,7 +47,8 @@ def test_strict_miss_names_sku_family_and_fix(tmp_path: Path) -> None:
         _installation(tmp_path, "strict").object_for("_flash_attn_fwd", KEY)
     message = str(info.value)
     assert "SKU h200" in message and "_flash_attn_fwd" in message
-    assert "fa4-aot build --sku h200" in message and "variants.toml" in message
+    # the narrow build (issue 30, point 8): a kernel asked for outside a known call is recorded, then built
+    assert "FA4_AOT_RECORD=calls.jsonl" in message and "fa4-aot build --sku h200 --calls calls.jsonl" in message
     assert info.value.kernel_key == kernel_keys.kernel_key("_flash_attn_fwd", KEY, SKU, TOOLS)
     assert not list(Store(tmp_path).misses())
 
