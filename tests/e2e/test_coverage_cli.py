@@ -110,9 +110,10 @@ def test_model_from_a_config_json_built_then_served(tmp_path: Path) -> None:
 def test_refused_tp_is_said_and_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     result = run_cli("coverage", "--sku", "h200", "--variants", str(TINY_VARIANTS), "--model", "falcon-7b",
                      "--tp", "2", cache=tmp_path)
-    # it says why, then that nothing was checked: an error, not "0 of 0 served" with exit 0 (issue 22, point 7)
+    # an error saying why and which degrees the model takes, not "0 of 0 served" with exit 0 (issue 22, point 7;
+    # issue 30, point 6: modelwork.check_tps)
     assert result.returncode == 1 and "tp 2 does not divide 71 query heads" in result.stderr
-    assert "nothing to check" in result.stderr
+    assert "pass --tp 1 or 71" in result.stderr
     both = run_cli("coverage", "--sku", "h200", "--model", "x", "--calls", "y", cache=tmp_path)
     assert both.returncode == 2 and "exactly one of --model" in both.stderr
     unknown = run_cli("coverage", "--sku", "h200", "--model", "llama-9", cache=tmp_path)
