@@ -32,7 +32,8 @@ def main() -> None:
     for sig in sigs:
         regions: list = []
         for _ in range(count):
-            sizes = {**_random_sizes(sig.layout, rng, sig.page_size), recipe_format.HEADS: _random_heads(sig, rng)}
+            sizes = {**_random_sizes(sig.layout, rng, sig.page_size), **recipe_format.bound_sizes(sig),
+                     recipe_format.HEADS: _random_heads(sig, rng)}  # page size and window: the call's (format 3)
             report["compared"] += 1
             verdict = _compare(fa4, sig, sizes, sku, regions, rng, report)
             if verdict:
