@@ -27,6 +27,7 @@ class Fetcher:
         self.arch = host_arch()
         self.error = ""
         self.fetched = 0  # kernels and recipe files downloaded
+        self.incomplete = False  # the last kernels() answer left some out (bytes it did not send): ask again
 
     def _accept(self, entry: Entry) -> None:
         """Refuse (TrustError) a kernel whose library for this host the trust policy does not list."""
@@ -36,8 +37,9 @@ class Fetcher:
             self.trust.check(entry)
 
     def kernels(self, keys: list[str]) -> int:
-        """Fetch kernels `keys` with this host's libraries; returns how many were stored."""
-        self.error = self.trust.refuse_remote()
+        """Fetch kernels `keys` with this host's libraries; returns how many were stored (`incomplete` when the
+        answer named kernels without all their bytes: those were not stored)."""
+        self.error, self.incomplete = self.trust.refuse_remote(), False
         if self.error or not keys:
             return 0
         try:
@@ -52,7 +54,7 @@ class Fetcher:
             self.error = str(e)
             return 0
         if skipped:
-            self.error = next(iter(skipped.values()))
+            self.error, self.incomplete = next(iter(skipped.values())), True
         self.fetched += len(stored)
         return len(stored)
 

@@ -63,10 +63,11 @@ class Libraries:
 
     def prefetch(self, base_keys: list[str]) -> None:
         """Fetch, in one request per round, the kernels of `base_keys` this store cannot load yet (base entries
-        first; then the builds with this device's constants that they name). Nothing without a fetcher."""
-        for _round in range(2):
+        first; then the builds with this device's constants that they name; a round whose answer left bytes out
+        is asked again once: D23). Nothing without a fetcher."""
+        for _round in range(3):
             wanted = [w for w in map(self._wanted, base_keys) if w] if self.fetcher is not None else []
-            if self.fetcher is None or not wanted or not self.fetcher.kernels(wanted):
+            if self.fetcher is None or not wanted or (not self.fetcher.kernels(wanted) and not self.fetcher.incomplete):
                 return
 
     def _wanted(self, base_key: str) -> str:
