@@ -21,7 +21,7 @@ KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, descr
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=MissAnswer,
              responses={202: {"description": "Recorded; the build job that builds it, or why none was queued"},
-                        **errors(400, 401, 403, 404, 413, 422, 429)},
+                        **errors(400, 401, 403, 404, 413, 429)},  # 422: FastAPI's own list (schemas.MissIn)
              dependencies=[Depends(require_read)], openapi_extra=READ)
 def report_miss(miss: MissIn, request: Request, session: SessionDep, credentials: CredentialsDep) -> Response:
     """Record that a client needed `kernel_key` and lacked it (count += 1), and answer with the build job that
