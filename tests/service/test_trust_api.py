@@ -16,6 +16,7 @@ from fa4_aot.spec.skus import Sku
 from fa4_aot.trust import signing, signing_keys
 from service import crud_tokens, db
 from service.errors import InvalidInput, TokenNotFound
+from service.limits import MANIFEST_BODY_LIMIT
 from tests.helpers.servers import H200, Launch, Server, kernel_doc, row_counts, store_files
 
 FACTS: dict[str, Any] = {k: v for k, v in H200.items() if k != "sku"}
@@ -105,7 +106,8 @@ def test_rejected_manifests_write_nothing(server: Server, keys: tuple[Path, Path
         ("trust-bad", _envelope(keys[0], "trust-bad", kernels, sm_count=144), 409, '"sm_count":144'),
         # Same manifest (same id), signed by another key: storing it would silently drop that signature.
         ("trust-bad", _envelope(keys[1], "trust-bad", kernels), 409, "already stored with a signature"),
-        ("trust-bad", {**good, "padding": "x" * (1 << 20)}, 413, "over 1048576 bytes"),
+        ("trust-bad", {**good, "padding": "x" * (1 << 20)}, 422, "unexpected fields padding"),
+        ("trust-bad", {**good, "padding": "x" * MANIFEST_BODY_LIMIT}, 413, f"over {MANIFEST_BODY_LIMIT} bytes"),
     ]
     before, before_files = row_counts(server.db_url), store_files(server.cache_dir)
     with server.client("publish") as c:
