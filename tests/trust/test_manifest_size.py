@@ -36,8 +36,8 @@ def _default_size_store(root: Path) -> Store:
             compile_key=["fwd", 128, True, digest[:16]], sku=SKU.name, arch=SKU.arch, sm_count=SKU.sm_count,
             l2_bytes=SKU.l2_bytes, cuda_major=SKU.cuda_major, toolchain={"flash-attn-4": "4.0.0b36"}, variant="train",
             call="fwd dense bf16 d=128", compile_seconds=1.0, host=SKU.host,
-            shared_libs={"x86_64": {"digest": library, "needs": {"libcute_dsl_runtime.so": runtime, "libtvm_ffi.so": ""},
-                                    "size": 77848}}))
+            shared_libs={"x86_64": {"digest": library, "size": 77848,
+                                    "needs": {"libcute_dsl_runtime.so": runtime, "libtvm_ffi.so": ""}}}))
         store.put_entry(entry)
         verdicts.append(Verdict(kernel_key=entry.kernel_key, device=DEVICE, status="pass", checks=4,
                                 calls=["fwd dense bf16 b=2 h=32/8 d=128 s=4096/4096 causal"],
