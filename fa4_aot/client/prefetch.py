@@ -143,8 +143,9 @@ def run(store: Store, remote: Remote, sku: Sku, model: models.Model, tps: tuple[
                 wanted.setdefault(k.kernel_key, (sig, region))
     result.kernels = len(wanted)
     fetcher = Fetcher(remote, trust, store)
-    on_server = _fetch(store, remote, fetcher, sku, list(wanted), constants or sku.constants(), result)
-    held = set(wanted) | {full for full in (_full_key(store, b, constants or sku.constants()) for b in wanted) if full}
+    constants = constants or sku.constants()
+    on_server = _fetch(store, remote, fetcher, sku, list(wanted), constants, result)
+    held = set(wanted) | {full for full in (_full_key(store, b, constants) for b in wanted) if full}
     result.verdicts = push_pull.pull_verdicts(store, remote, sku.name, held, result.failures)
     lacking: dict[Signature, Region] = {}  # per signature, the first region naming a kernel the server lacks
     for key, (sig, region) in wanted.items():
