@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Issue 27's run on the H200: the default h200 build (variants.toml), certified on the GPU while it builds (the GPU
+# idles during a build, and both together fit one 30-minute lease) and then to the end, then one `fa4-aot certify`
+# over the whole store, which must finish with nothing left to check. Issue 29's figures from the same store:
+# build time, object and recipe bytes, the lean first call. Run on the device from the repo root, after
+# .device/p2/install.sh:
+#   bash bench/h200_default_certify.sh start               # snapshot the code, start the pipeline in its own session
+#   bash bench/h200_default_certify.sh wait SECONDS OUT    # progress lines until done or SECONDS; results into OUT
+# The pipeline runs from a snapshot of the code ($code): later calls re-send the working tree, which must not
+# change the code a running build imports.
+set -uo pipefail
+run=${DC_RUN:-/root/dc}
+store=${DC_STORE:-/root/dstore}
+code=${DC_CODE:-/root/code}
+variants=${DC_VARIANTS:-variants.toml}
+py() { PYTHONPATH=$code:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1 python3 "$@"; }
+
+pending_keys() {  # kernels of the store with no verdict yet, comma-separated
+  py - "$store" <<'EOF'
+import sys
+from fa4_aot.store import Store
+store = Store(sys.argv[1])
+done = set(store.verdict_keys())
+print(",".join(e.kernel_key for e in store.entries("h200") if not e.is_signpost and e.kernel_key not in done))
+EOF
+}
+
+case "${1:?start, wait or pipeline}" in
+start)
+  rm -rf "$code" "$run" "$store"
+  mkdir -p "$code/bench" "$run"
+  cp -r fa4_aot variants.toml pyproject.toml tests "$code/"
+  cp bench/h200_default_certify.sh bench/recipe_bytes.py bench/lean_first_call_profile.py "$code/bench/"
+  cd "$code" && setsid nohup bash bench/h200_default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
+  sleep 2
+  echo "pipeline started: $run/pipeline.log"
+  ;;
+pipeline)
+  cd "$code"
+  date +%s > "$run/t0"
+  ( FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir "$store" build --sku h200 --variants "$variants" -j "$(nproc)" > "$run/build.log" 2>&1
+    echo $? > "$run/build.rc"; date +%s > "$run/build.end" ) &
+  round=0; left_before=-1
+  while :; do
+    built=0; [ -f "$run/build.rc" ] && built=1
+    keys=$(pending_keys); left=$(tr ',' '\n' <<< "$keys" | grep -c .)
+    echo "$(date +%T) round $round: built=$built, kernels without a verdict: $left"
+    if [ "$left" = 0 ] || { [ "$built" = 1 ] && [ "$left" = "$left_before" ]; }; then
+      [ "$built" = 1 ] && break
+      sleep 20; continue
+    fi
+    [ "$built" = 1 ] && left_before=$left
+    jobs=3; [ "$built" = 1 ] && jobs=12
+    round=$((round + 1))
+    py -m fa4_aot --cache-dir "$store" certify --sku h200 -j "$jobs" --recheck-known-bad --keys "$keys" --json \
+      > "$run/certify-$round.json" 2> "$run/certify-$round.err"
+    rc=$?; echo "$(date +%T) round $round (-j $jobs): exit $rc"
+    [ "$built" = 0 ] && sleep 10
+  done
+  start=$(date +%s)
+  py -m fa4_aot --cache-dir "$store" certify --sku h200 -j 12 --recheck-known-bad --json \
+    > "$run/certify-final.json" 2> "$run/certify-final.err"
+  rc=$?; echo "final certify over the whole store: exit $rc, $(( $(date +%s) - start )) s"
+  date +%s > "$run/certified"
+  py -m fa4_aot --cache-dir "$store" list --sku h200 --json > "$run/list.json" 2> "$run/list.err"
+  py -m fa4_aot --cache-dir "$store" known-bad --sku h200 --json > "$run/known-bad.json" 2>&1
+  py bench/recipe_bytes.py "$store" "$run/recipe_bytes.json" > "$run/recipe_bytes.log" 2>&1
+  FA4_AOT_CACHE="$store" py bench/lean_first_call_profile.py "$run/first_call.json" > "$run/first_call.log" 2>&1
+  du -sb "$store"/* > "$run/du.txt" 2>&1
+  date +%s > "$run/done"
+  ;;
+wait)
+  secs=${2:?seconds}; out=${3:?output folder}
+  end=$(( $(date +%s) + secs ))
+  while [ "$(date +%s)" -lt "$end" ] && [ ! -f "$run/done" ]; do
+    sleep 30
+    t0=$(cat "$run/t0" 2>/dev/null || date +%s)
+    echo "$(( $(date +%s) - t0 )) s | build: $(tail -c 300 "$run/build.log" 2>/dev/null | tr '\r' '\n' | grep . | tail -1) | $(tail -1 "$run/pipeline.log")"
+  done
+  mkdir -p "$out"
+  tar czf "$out/dc.tgz" -C "$run" . 2>/dev/null
+  tail -5 "$run/pipeline.log"
+  [ -f "$run/done" ] && echo DONE || echo "not done yet"
+  ;;
+esac
