@@ -29,16 +29,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.netutil import free_port, wait_up  # noqa: E402
+from fa4_aot.domain import kernel_keys  # noqa: E402
+from fa4_aot.domain.skus import Sku  # noqa: E402
 from fa4_aot.errors import Fa4AotError, IntegrityError, RemoteError, TrustError  # noqa: E402
 from fa4_aot.remote.http import Remote  # noqa: E402
-from fa4_aot.spec import kernel_keys  # noqa: E402
-from fa4_aot.spec.skus import Sku  # noqa: E402
 from fa4_aot.store import Store  # noqa: E402
 from fa4_aot.trust import signing, signing_keys  # noqa: E402
 from fa4_aot.trust.policy import Trust  # noqa: E402
 from tests.helpers.raw_server import RawServer, reply  # noqa: E402
 
-# the facts of variants.toml's rows, host included: a kernel key names the host target (spec/kernel_keys.py)
+# the facts of variants.toml's rows, host included: a kernel key names the host target (domain/kernel_keys.py)
 H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13, "host": "x86-64-v3"}
 B200 = {"sku": "b200", "arch": "sm_100a", "sm_count": 148, "l2_bytes": 132120576, "cuda_major": 13,
         "host": "x86-64-v3"}

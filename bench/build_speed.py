@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from fa4_aot import config
-from fa4_aot.build import orchestrator
+from fa4_aot.compile import orchestrator
 from fa4_aot.matrix import variants
 from fa4_aot.store import Store
 

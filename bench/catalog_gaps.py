@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fa4_aot.domain.signature import Signature  # noqa: E402
 from fa4_aot.matrix import models  # noqa: E402
-from fa4_aot.spec.signature import Signature  # noqa: E402
 
 TPS = (1, 2, 4, 8)
 Class = tuple[object, ...]

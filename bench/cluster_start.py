@@ -96,7 +96,7 @@ def make_store(root: Path, kernels: int, seed: int = 11) -> list[str]:
     """`kernels` synthetic h200 kernels (sizes 30-110 KB, mean about the real h200 objects' 66 KB)."""
     import dataclasses
 
-    from fa4_aot.spec import kernel_keys
+    from fa4_aot.domain import kernel_keys
     from fa4_aot.store import Entry, Store
 
     rng, store, keys = random.Random(seed), Store(root), []

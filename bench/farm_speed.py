@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 from proctree import tree_cpu  # noqa: E402
 
 from fa4_aot import config  # noqa: E402
-from fa4_aot.build import orchestrator  # noqa: E402
-from fa4_aot.build.executors import LocalExecutor  # noqa: E402
-from fa4_aot.build.farm import RayExecutor  # noqa: E402
+from fa4_aot.compile import orchestrator  # noqa: E402
+from fa4_aot.compile.executors import LocalExecutor  # noqa: E402
+from fa4_aot.compile.farm import RayExecutor  # noqa: E402
+from fa4_aot.domain.calls import Call  # noqa: E402
 from fa4_aot.matrix import variants  # noqa: E402
-from fa4_aot.spec.calls import Call  # noqa: E402
 from fa4_aot.store import Store  # noqa: E402
 
 

@@ -10,7 +10,7 @@ there (a control: their times must agree within noise).
     python bench/l2_budget.py --build-only --store DIR      # on a CPU host; then --no-build --store DIR on the GPU
 
 Steps: (1) build both variants of every kernel the calls need into --store (default: a fresh temp folder),
-CPU-side in spawned workers (`fa4_aot.build.orchestrator.build_calls`; a minute on a 16-core host), unless --no-build
+CPU-side in spawned workers (`fa4_aot.compile.orchestrator.build_calls`; a minute on a 16-core host), unless --no-build
 and the store already holds them; (2) one fresh process per variant installs fa4_aot in strict mode from that
 store with a variants table whose SKU row has `l2_budget` off or on (0 compiles is checked) and times each call
 with CUDA events (median of --iters after warm-up); (3) prints the table and the swizzle each budget gives,
@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fa4_aot.domain.calls import Call  # noqa: E402
+from fa4_aot.domain.skus import FA4_L2_BUDGET, MIB, Sku, l2_budgets  # noqa: E402
 from fa4_aot.matrix import variants  # noqa: E402
-from fa4_aot.spec.calls import Call  # noqa: E402
-from fa4_aot.spec.skus import FA4_L2_BUDGET, MIB, Sku, l2_budgets  # noqa: E402
 
 CASES = [("fwd", "causal"), ("fwd", "full"), ("bwd", "causal"), ("bwd", "full"), ("bwd_det", "causal")]
 HEADS, DIM = 32, 128
@@ -102,7 +102,7 @@ def measure(store: Path, table: Path, seqlens: list[int], iters: int) -> dict:
 
 
 def build_both(sku: Sku, store: Path, seqlens: list[int], jobs: int) -> list[dict]:
-    from fa4_aot.build.orchestrator import build_calls
+    from fa4_aot.compile.orchestrator import build_calls
     from fa4_aot.store import Store
 
     reports = []

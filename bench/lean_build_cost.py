@@ -17,9 +17,9 @@ from pathlib import Path
 def main() -> None:
     warnings.filterwarnings("ignore")
     from fa4_aot import config, fa4
+    from fa4_aot.domain import hosts
+    from fa4_aot.domain.signature import Signature
     from fa4_aot.matrix import variants
-    from fa4_aot.spec import hosts
-    from fa4_aot.spec.signature import Signature
     from fa4_aot.store import Store
 
     sku = variants.load(config.default_variants_file()).skus["h200"]

@@ -1,7 +1,7 @@
 """What recipe format 3 (issue 29: no recipe key finer than FA4's compile key) costs and saves a build, on the CPU.
 
 For a paged decode signature (bf16, head dim 128, 56/8 heads, causal) at page sizes 16 and 128, and a windowed
-training signature (48/4 heads, window (4095, 0)): build.lean.explore's regions and seconds, into one format-3 file
+training signature (48/4 heads, window (4095, 0)): compile.lean.explore's regions and seconds, into one format-3 file
 per signature family, side by side with exploring without the page-size-1 points (what a format-3 build would
 record if torch's contiguity guard did not split page size 1 off); then how many recipe files the signatures of a
 model family at page sizes 1, 16, 64, 128 and windows 1023, 2047, 4095 need under format 2 (one per page size and
@@ -23,7 +23,7 @@ from pathlib import Path
 def main() -> None:
     warnings.filterwarnings("ignore")
     from fa4_aot import config, fa4
-    from fa4_aot.build import lean
+    from fa4_aot.compile import lean
     from fa4_aot.fa4.versions import toolchain
     from fa4_aot.matrix import variants
     from fa4_aot.runtime.call_args import signature

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MEASURE = r"""
 import hashlib, json, sys, time
 from fa4_aot import config
-from fa4_aot.build import orchestrator, worker
+from fa4_aot.compile import orchestrator, worker
 from fa4_aot.matrix import models, modelwork, variants
 matrix = variants.load(config.default_variants_file())
 sku = matrix.sku(sys.argv[1])

@@ -1,5 +1,5 @@
 """What a store's recipe files weigh against its objects, what fills them, and what reading one costs, for the JSON
-files of builds before issue 29 and the compact files of spec/recipe_file.py side by side in one run.
+files of builds before issue 29 and the compact files of domain/recipe_file.py side by side in one run.
 
     python bench/recipe_bytes.py STORE OUT.json
 
@@ -25,8 +25,8 @@ REPEAT = 9
 
 
 def main() -> None:
-    from fa4_aot.spec import kernel_keys, recipe_file
-    from fa4_aot.spec.region import parse_regions
+    from fa4_aot.domain import kernel_keys, recipe_file
+    from fa4_aot.domain.region import parse_regions
 
     root, out = Path(sys.argv[1]), Path(sys.argv[2])
     objects = sum(p.stat().st_size for p in (root / "objects").rglob("*") if p.is_file())

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 
 os.environ["TIRX_PREPARE_CUDA_ARCH"] = "sm_100a"
-from fa4_aot.spec.sku_table import table  # noqa: E402
+from fa4_aot.domain.sku_table import table  # noqa: E402
 from fa4_aot.tirx.compiler import kernel_module  # noqa: E402
 from fa4_aot.tirx.problem import Problem, l2_size_for, schedule  # noqa: E402
 from fa4_aot.tirx.tensor_maps import tensor_map  # noqa: E402

@@ -1,6 +1,6 @@
 # fa4-aot build farm node: a Ray node that compiles FA4 kernels for CUDA 13 and CUDA 12 SKUs (no GPU needed).
 #   docker build -f docker/farm.Dockerfile -t fa4-aot-farm .
-# Two environments, because the cu12 and cu13 CuTe compilers cannot share one (see fa4_aot/build/flavours.py):
+# Two environments, because the cu12 and cu13 CuTe compilers cannot share one (see fa4_aot/compile/flavours.py):
 #   /opt/venv       the default install (cu13) plus Ray: runs the driver and Ray's own processes
 #   /opt/venv-cu12  the cu12 flavour plus Ray: Ray starts CUDA 12 SKUs' workers with its python (runtime_env)
 FROM python:3.11-slim

@@ -16,7 +16,7 @@ class UnknownSku(Fa4AotError, LookupError):
 
 
 class HostMismatch(UnknownSku):
-    """This host's CPU cannot run the host code its SKU's kernels were built for (spec/hosts.py): another
+    """This host's CPU cannot run the host code its SKU's kernels were built for (domain/hosts.py): another
     architecture, or an instruction-set baseline beyond the CPU."""
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from fa4_aot.spec.verdicts import DeviceClass
+from fa4_aot.domain.verdicts import DeviceClass
 
 from .build_schemas import BuilderName
 from .job_claims import ClaimId

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from fa4_aot.spec.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.kernel_keys import dumps as canonical_json
 
 from . import build_order, crud, crud_recipes, db, job_claims, models, schemas
 from .build_schemas import BuildOut, BuildResult

@@ -15,8 +15,8 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from fa4_aot.spec.kernel_keys import dumps as canonical_json
-from fa4_aot.spec.verdicts import Verdict, worst
+from fa4_aot.domain.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.verdicts import Verdict, worst
 
 from . import db, job_claims, models
 from .certify_schemas import CertifyJobOut, CertifyResult

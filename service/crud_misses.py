@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from fa4_aot.spec.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.kernel_keys import dumps as canonical_json
 
 from . import db, models, schemas
 from .crud import record_audit

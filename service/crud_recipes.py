@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fa4_aot.spec.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.kernel_keys import dumps as canonical_json
 
 from . import models, schemas
 from .crud import record_audit, retrying

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fa4_aot.spec.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.kernel_keys import dumps as canonical_json
 
 from . import db, models, schemas
 from .crud import record_audit

@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.errors import StoreError, TrustError
-from fa4_aot.spec.kernel_keys import dumps as canonical_json
 from fa4_aot.trust import signing, signing_keys
 
 from . import models, schemas

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from fa4_aot.domain.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.verdicts import STATUSES, Verdict
 from fa4_aot.errors import StoreError
-from fa4_aot.spec.kernel_keys import dumps as canonical_json
-from fa4_aot.spec.verdicts import STATUSES, Verdict
 from fa4_aot.store import Store
 
 from . import models

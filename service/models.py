@@ -71,7 +71,7 @@ class Sku(Base):
     sm_count: Mapped[int] = mapped_column(Integer)
     l2_bytes: Mapped[int] = mapped_column(BigInteger)
     cuda_major: Mapped[int] = mapped_column(Integer)
-    # the host target (fa4_aot/spec/hosts.py) of its kernels' host code; "" for SKUs published before host targets
+    # the host target (fa4_aot/domain/hosts.py) of its kernels' host code; "" for SKUs published before host targets
     host: Mapped[str] = mapped_column(String(32), default="", server_default="")
 
 
@@ -134,11 +134,11 @@ class Miss(Base):
     sku: Mapped[str] = mapped_column(String(64), index=True)
     family: Mapped[str] = mapped_column(String(128))
     compile_key: Mapped[str] = mapped_column(Text)
-    # JSON of the call that needed the kernel (fa4_aot.spec.calls), when the client could describe it: what
+    # JSON of the call that needed the kernel (fa4_aot.domain.calls), when the client could describe it: what
     # `fa4-aot build --from-misses` plans from. The latest described call wins.
     call: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # canonical JSON of the exact FA4 arguments of that call (fa4_aot.spec.exact), which `build --from-misses` replays;
-    # NULL for older clients. The first record wins, like `call`.
+    # canonical JSON of the exact FA4 arguments of that call (fa4_aot.domain.exact), which `build --from-misses`
+    # replays; NULL for older clients. The first record wins, like `call`.
     args: Mapped[str | None] = mapped_column(Text, nullable=True)
     count: Mapped[int] = mapped_column(Integer, default=1)
     first_seen: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
@@ -188,7 +188,7 @@ class AuditEntry(Base):
 
 
 class BuildJob(Base):
-    """A build the service asks for (fa4_aot/build/builder.py runs it): one per (SKU, missed key), so that any number
+    """A build the service asks for (fa4_aot/compile/builder.py runs it): one per (SKU, missed key), so that any number
     of clients missing one kernel, or one lean region, cause one compile. `kernel_key` is the miss's key: a
     kernel's, or for a lean miss the key of its call (fa4_aot/runtime/misses.py). A builder claims a job with a lease
     it renews while it works; a job whose lease ran out (its builder died) is claimed again."""
@@ -225,7 +225,7 @@ class BuildJob(Base):
 
 
 class Verdict(Base):
-    """What certification (`fa4-aot certify`) measured of one kernel on one device class (fa4_aot/spec/verdicts.py):
+    """What certification (`fa4-aot certify`) measured of one kernel on one device class (fa4_aot/domain/verdicts.py):
     one row per (kernel, device class), the newest measurement (by `measured`) replacing an older one. The store's
     verdicts/ file holds the same; `sku` is the kernel row's SKU, copied for filtering."""
 
@@ -268,7 +268,7 @@ class CertifyJob(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims that counted (a released claim does not)
     lapses: Mapped[int] = mapped_column(Integer, default=0)  # claims whose lease ran out: their certifier died
     certifier: Mapped[str] = mapped_column(String(128), default="")  # the latest claimer's name
-    device: Mapped[str] = mapped_column(String(160), default="")  # its GPU's device class (spec/verdicts.py)
+    device: Mapped[str] = mapped_column(String(160), default="")  # its GPU's device class (domain/verdicts.py)
     token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the claiming token (tokens.id)
     claim_hash: Mapped[str] = mapped_column(String(64), default="")  # sha256 of the claim id; '' when unclaimed
     lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from fa4_aot.spec import call_ranges, exact, hosts, kernel_keys
-from fa4_aot.spec.calls import Call
-from fa4_aot.spec.kernel_keys import dumps as canonical_json
+from fa4_aot.domain import call_ranges, exact, hosts, kernel_keys
+from fa4_aot.domain.calls import Call
+from fa4_aot.domain.kernel_keys import dumps as canonical_json
 
 HEX64 = r"^[0-9a-f]{64}$"
 KEY_ID = r"^[0-9a-f]{16}$"
@@ -85,10 +85,11 @@ class Health(BaseModel):
 
 
 def _known_host(name: str) -> str:
-    """A host target fa4_aot/spec/hosts.py knows, or "" (entries built before host targets existed): host code
+    """A host target fa4_aot/domain/hosts.py knows, or "" (entries built before host targets existed): host code
     for an unknown one was never generated (issue 28, D45)."""
     if name and name not in hosts.TARGETS:
-        raise ValueError(f"unknown host target {name!r}: known are {', '.join(hosts.TARGETS)} (fa4_aot/spec/hosts.py)")
+        raise ValueError(f"unknown host target {name!r}: known are {', '.join(hosts.TARGETS)} "
+                         "(fa4_aot/domain/hosts.py)")
     return name
 
 
@@ -158,7 +159,7 @@ class KernelIn(BaseModel):
     sm_count: int = Field(gt=0, lt=2**31)
     l2_bytes: int = Field(gt=0, lt=2**53)
     cuda_major: int = Field(gt=0, lt=1000)
-    # the host target its host code was built for (fa4_aot/spec/hosts.py); part of the key, "" for older entries
+    # the host target its host code was built for (fa4_aot/domain/hosts.py); part of the key, "" for older entries
     host: HostTargetName = ""
     toolchain: dict[str, str]
     variant: Text = Field(max_length=4096)
@@ -202,7 +203,7 @@ class ObjectOut(BaseModel):
 
 
 class CallIn(BaseModel):
-    """A concrete FA4 call (fa4_aot.spec.calls.Call, its fields exactly): what `build --from-misses` builds."""
+    """A concrete FA4 call (fa4_aot.domain.calls.Call, its fields exactly): what `build --from-misses` builds."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -225,7 +226,7 @@ class CallIn(BaseModel):
 
     @model_validator(mode="after")
     def _in_fa4s_ranges(self) -> CallIn:
-        """A call FA4 would refuse costs no compile (issue 28, D32): spec/call_ranges.py holds FA4's ranges."""
+        """A call FA4 would refuse costs no compile (issue 28, D32): domain/call_ranges.py holds FA4's ranges."""
         call_ranges.check(self.call())
         return self
 
@@ -234,14 +235,14 @@ class CallIn(BaseModel):
 
 
 def _call_record(value: Any) -> Any:
-    """A miss's `args`: None, or a record fa4_aot.spec.exact.check accepts (bounded: at most 16 KiB as JSON)."""
+    """A miss's `args`: None, or a record fa4_aot.domain.exact.check accepts (bounded: at most 16 KiB as JSON)."""
     return None if value is None else exact.check(check_depth(value))
 
 
 class MissIn(BaseModel):
     """A kernel a client lacked (fa4_aot.store.Miss). Other top-level fields, such as the client's `when`, are
     ignored: the server's clock stamps first_seen and last_seen. `call`, when given, must be a whole Call;
-    `args`, when given, a whole exact call record (fa4_aot.spec.exact)."""
+    `args`, when given, a whole exact call record (fa4_aot.domain.exact)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -249,10 +250,10 @@ class MissIn(BaseModel):
     sku: SkuName
     family: Text = Field(min_length=1, max_length=128)
     compile_key: BoundedJson
-    call: CallIn | None = Field(default=None, description="The call that needed it (fa4_aot.spec.calls.Call)")
+    call: CallIn | None = Field(default=None, description="The call that needed it (fa4_aot.domain.calls.Call)")
     args: Annotated[dict[str, Any] | None, AfterValidator(_call_record)] = Field(
-        default=None, description="The exact FA4 arguments of that call (fa4_aot.spec.exact): what build --from-misses "
-                                  "replays")
+        default=None, description="The exact FA4 arguments of that call (fa4_aot.domain.exact): what build "
+                                  "--from-misses replays")
 
 
     @model_validator(mode="after")
@@ -275,7 +276,7 @@ class MissIn(BaseModel):
         expected = kernel_keys.call_key(call, self.sku)
         if self.kernel_key != expected:
             raise ValueError(f"kernel_key {self.kernel_key} is not the key of this call on SKU {self.sku} "
-                             f"({expected}, fa4_aot.spec.kernel_keys.call_key): report the key of the call you send")
+                             f"({expected}, fa4_aot.domain.kernel_keys.call_key): report the key of the call you send")
         return self
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from fa4_aot.domain import kernel_keys
 from fa4_aot.errors import StoreError
-from fa4_aot.spec import kernel_keys
 from fa4_aot.store import Entry, Store, maintenance
 from fa4_aot.store import recipes as recipe_store
 from fa4_aot.trust import signing

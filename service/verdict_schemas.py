@@ -1,6 +1,6 @@
 """Pydantic bodies of the verdict API (routes/verdicts.py): what a certifier publishes, what readers get back.
 
-A verdict is fa4_aot.spec.verdicts.Verdict on the wire: every body is also rebuilt as one (VerdictIn.verdict), so
+A verdict is fa4_aot.domain.verdicts.Verdict on the wire: every body is also rebuilt as one (VerdictIn.verdict), so
 the service refuses exactly what the values refuse, with their messages, and caps what they leave open (how many
 calls, how long a string) so that a verdict stays a small document."""
 
@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fa4_aot.spec.verdicts import MAX_DETAIL, Verdict
+from fa4_aot.domain.verdicts import MAX_DETAIL, Verdict
 
 from .schemas import Hex64, SkuName, Text
 

@@ -109,6 +109,6 @@ def copy_store(store: Path, to: Path) -> Path:
 def proven(entry: Any) -> Any:
     """`entry` filed under the key its own fields hash to (its full key): a client uses no entry that does not
     prove its key (issue 18, D17), so test fixtures must make real ones."""
-    from fa4_aot.spec import kernel_keys
+    from fa4_aot.domain import kernel_keys
 
     return dataclasses.replace(entry, kernel_key=kernel_keys.entry_key(entry))

@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from ..spec.verdicts import Verdict, severity
+from ..domain.verdicts import Verdict, severity
 from .plan import Use
 from .pool import Outcome
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..config import host_arch
+from ..domain import kernel_keys
+from ..domain.skus import Sku
+from ..domain.verdicts import DeviceClass, Verdict
 from ..errors import Fa4AotError, RemoteError, TrustError
 from ..remote import lean_files
 from ..remote.certify_jobs import CertifyJob
 from ..remote.http import Remote
 from ..remote.leases import JobRunner
-from ..spec import kernel_keys
-from ..spec.skus import Sku
-from ..spec.verdicts import DeviceClass, Verdict
 from ..store import Store
 from ..trust.policy import Trust
 

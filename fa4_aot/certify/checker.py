@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from .. import fa4
+from ..domain.signature import Signature
 from ..errors import Fa4AotError
-from ..spec.signature import Signature
 from . import reference
 from .inputs import Inputs, make_inputs
 from .plan import Check

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..domain import known_bad
+from ..domain.signature import Signature
+from ..domain.skus import Sku
+from ..domain.verdicts import DeviceClass, Verdict
 from ..errors import Fa4AotError
-from ..spec import known_bad
-from ..spec.signature import Signature
-from ..spec.skus import Sku
-from ..spec.verdicts import DeviceClass, Verdict
 from ..store import Store
 from ..trust.certified import registry_for
 from . import blame, plan
@@ -119,7 +119,7 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
 
 def signatures_of(work: Iterable[tuple[str, Any]]) -> list[tuple[str, Signature]]:
     """(label, signature) of (label, Call or Signature) work items, each signature once."""
-    from ..spec.calls import Call
+    from ..domain.calls import Call
 
     found: dict[Signature, str] = {}
     for label, item in work:
@@ -204,7 +204,7 @@ def _ids(checks: list[plan.Check]) -> list[tuple[str, plan.Check]]:
 
 def _device_for(sku: Sku) -> DeviceClass:
     """This host's GPU class, once it is known to be of `sku` (arch and SM count)."""
-    from ..spec.devices import detect_device, device_class
+    from ..domain.devices import detect_device, device_class
 
     found = device_class()
     if found is None:

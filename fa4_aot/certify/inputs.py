@@ -2,7 +2,7 @@
 takes them (flash_attn_func for dense, flash_attn_varlen_func for varlen, seqused and paged).
 
 `make_inputs(sig, point, seed, device)` builds q, k, v and the per-sequence tensors so that the call has exactly
-the sizes the recipe regions read (spec/recipe_space.py names them; `point` also holds the KV head count): varlen
+the sizes the recipe regions read (domain/recipe_space.py names them; `point` also holds the KV head count): varlen
 sequences summing to total_q/total_k with the longest at max_seqlen_q/k where the totals allow it, seqused_k whose
 largest is max_seqlen_k, page tables over a pool of num_pages pages. `Inputs.kwargs()` is the call's keyword
 arguments after q, k and v, the same for FA4 and for fa4_aot's lean runtime (runtime/api.py takes FA4's names).
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..spec.recipe_format import HEADS
-from ..spec.signature import Signature
+from ..domain.recipe_format import HEADS
+from ..domain.signature import Signature
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRAINING = ("bwd", "bwd_det")
@@ -99,7 +99,7 @@ def make_inputs(sig: Signature, point: Mapping[str, int], seed: int, device: str
         for name in ("q", "k", "v", "learnable_sink"):
             if name in tensors:
                 tensors[name].requires_grad_(True)
-    flags = sig.call(0, 0, 0).flags()  # causal, window_size, softcap, num_splits, ...: spec.calls' one definition
+    flags = sig.call(0, 0, 0).flags()  # causal, window_size, softcap, num_splits, ...: domain.calls' one definition
     dout = normal(*q_rows, heads_q, sig.head_dim_v) if training else None
     return Inputs(sig.layout, tensors, {**flags, **options}, dout)
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ..build.coverage_lean import Regions
-from ..spec import kernel_keys, known_bad, probes, recipe_space
-from ..spec.recipe_format import HEADS
-from ..spec.region import Region
-from ..spec.signature import Signature
-from ..spec.skus import Constants, Sku
+from ..compile.coverage_lean import Regions
+from ..domain import kernel_keys, known_bad, probes, recipe_space
+from ..domain.recipe_format import HEADS
+from ..domain.region import Region
+from ..domain.signature import Signature
+from ..domain.skus import Constants, Sku
 from ..store import Store, recipes
 
 POINTS = 4000  # points drawn per signature and head-count regime; a region no point reaches is reported

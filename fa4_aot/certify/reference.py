@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..spec.signature import Signature
+from ..domain.signature import Signature
 from .inputs import Inputs
 
 CHUNK_ELEMENTS = 1 << 26  # scores (and gathered K/V) elements of one block: 256 MiB of float32

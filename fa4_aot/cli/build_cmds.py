@@ -16,8 +16,8 @@ from .common import emit, json_option, load_matrix, pass_store, remote_for, vari
 from .progress import quiet_option
 
 if TYPE_CHECKING:
+    from ..domain.skus import Sku
     from ..matrix.variants import Matrix
-    from ..spec.skus import Sku
 
 
 @click.command()
@@ -26,7 +26,7 @@ def hosts(as_json: bool) -> None:
     """List the host targets a SKU's `host` can name: the CPU its GPU hosts run, which every object's host code
     and every lean library is built for (whatever the build machine's CPU), and whether this machine's CPU
     runs code built for each."""
-    from ..spec import hosts as host_targets
+    from ..domain import hosts as host_targets
 
     cpu = host_targets.detect()
     doc = [{"name": t.name, "arch": t.arch, "llvm_triple": t.triple, "llvm_cpu": t.cpu, "needs": list(t.needs),
@@ -45,8 +45,8 @@ def hosts(as_json: bool) -> None:
 def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
     """List the GPU SKUs: arch target, SM count, L2 size, CUDA major, and where each figure comes from (the
     comments beside each [skus.NAME] in variants.toml)."""
-    from ..spec.sku_table import sources
-    from ..spec.tomlsrc import TomlSource
+    from ..domain.sku_table import sources
+    from ..domain.tomlsrc import TomlSource
 
     matrix = load_matrix(variants_file)
     if detect:
@@ -66,8 +66,8 @@ def skus(variants_file: Path | None, detect: bool, as_json: bool) -> None:
 
 
 def _detect(matrix: Matrix, as_json: bool) -> None:
-    from ..spec.devices import detect_device, row_for
-    from ..spec.matching import select
+    from ..domain.devices import detect_device, row_for
+    from ..domain.matching import select
 
     device = detect_device()
     row = row_for(device)
@@ -170,7 +170,7 @@ def explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
     if model_arg and calls_file:
         raise click.UsageError("give at most one of --model and --calls")
     if calls_file:
-        from ..build.coverage import read_calls
+        from ..compile.coverage import read_calls
 
         return [(calls_file.name, c) for c in read_calls(calls_file)]
     if not model_arg:
@@ -189,7 +189,7 @@ def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str |
     recorded, and say per SKU what was built; exit 1 if any failed."""
     from dataclasses import asdict
 
-    from ..build.rebuild import build_misses, rebuild_misses
+    from ..compile.rebuild import build_misses, rebuild_misses
 
     if server:
         reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs)

@@ -16,12 +16,12 @@ from .progress import Progress
 from .reporting import kernel_progress, planning_progress
 
 if TYPE_CHECKING:
-    from ..build import orchestrator as build_mod
-    from ..build.executors import Executor
+    from ..compile import orchestrator as build_mod
+    from ..compile.executors import Executor
+    from ..domain.skus import Sku
     from ..matrix.call_variants import Variant
     from ..matrix.model_variants import ModelVariant
     from ..matrix.variants import Matrix
-    from ..spec.skus import Sku
     from ..store import Store
 
 # seconds between planning's progress lines while no work item finishes (a signature takes seconds to minutes)
@@ -33,10 +33,10 @@ def executor_for(kind: str, jobs: int, address: str | None, node_ip: str | None,
     """The executor --executor names: "ray" (tasks on the cluster at `address`, or a new local one; with
     `push_url`, workers publish there), else a local pool of `jobs` compiler processes."""
     if kind == "ray":
-        from ..build.farm import RayExecutor
+        from ..compile.farm import RayExecutor
 
         return RayExecutor(address, num_cpus=jobs, push=push_url, token=token, node_ip=node_ip)
-    from ..build.executors import LocalExecutor
+    from ..compile.executors import LocalExecutor
 
     return LocalExecutor(jobs)
 
@@ -74,7 +74,7 @@ class Run:
 
     def one(self, target: Sku, bar: Progress) -> build_mod.Report:
         """Build for `target` the explicit work of --model/--calls, or else the chosen variants."""
-        from ..build import orchestrator as build_mod
+        from ..compile import orchestrator as build_mod
 
         present = None
         if self.push_url:  # the server, not this store, is where built kernels go: ask it what it has

@@ -25,8 +25,8 @@ from .stopping import on_signals
 if TYPE_CHECKING:
     from ..certify.driver import Report
     from ..certify.pool import Outcome
-    from ..spec.skus import Sku
-    from ..spec.verdicts import DeviceClass
+    from ..domain.skus import Sku
+    from ..domain.verdicts import DeviceClass
 
 NO_GPU = 2  # exit status on a host without a usable GPU: nothing there can certify
 
@@ -81,9 +81,9 @@ def certifier(store: Store, server: str, token: str | None, lease: float, poll: 
 def gpu_sku(variants_file: Path | None) -> tuple[Sku, DeviceClass]:
     """(the SKU row of this host's GPU, its device class); exits NO_GPU with why when there is no GPU, or the GPU
     is not exactly a row of the table (a verdict holds only for the GPU that measured it)."""
-    from ..spec import hosts
-    from ..spec.devices import detect_device, device_class
-    from ..spec.matching import select
+    from ..domain import hosts
+    from ..domain.devices import detect_device, device_class
+    from ..domain.matching import select
 
     device = device_class()
     if device is None:
@@ -160,7 +160,7 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
     """
     from ..certify.driver import Options, default_journal, signatures_of
     from ..certify.driver import certify as run
-    from ..spec.devices import device_class
+    from ..domain.devices import device_class
 
     store = existing(store)
     target = load_matrix(variants_file).sku(sku)

@@ -123,7 +123,7 @@ def check_sku(name: str, *elsewhere: Iterable[str]) -> None:
     """Refuse a SKU name that is neither in the SKU table (variants.toml) nor among `elsewhere` (a store's SKUs,
     a server's): UnknownSku with a "did you mean". Every command taking --sku checks it so (build, coverage and
     sign through the table alone, as they need a SKU's facts)."""
-    from ..spec.sku_table import check_name
+    from ..domain.sku_table import check_name
 
     try:
         table = list(load_matrix(None).skus)

@@ -26,9 +26,9 @@ def _check(name: str, status: str, detail: str, next_step: str = "") -> Check:
 
 def _device() -> tuple[list[Check], str | None]:
     from ..client.installation import has_cuda
-    from ..spec import hosts
-    from ..spec.devices import detect_device
-    from ..spec.matching import select
+    from ..domain import hosts
+    from ..domain.devices import detect_device
+    from ..domain.matching import select
 
     forced = os.environ.get("FA4_AOT_SKU")
     skus = load_matrix(None).skus
@@ -85,7 +85,7 @@ def _built_by_another_toolchain(store: Store) -> list[str]:
 def _certification(sku: str | None) -> Check:
     """The policy in force (FA4_AOT_CERTIFIED), the known-bad registry (its revision, the store's measured entries
     for the SKU) and the SKU's verdicts by status; failed kernels by name, with the fix."""
-    from ..spec import known_bad
+    from ..domain import known_bad
     from ..trust import certified, standing
 
     store = state().store

@@ -1,4 +1,4 @@
-"""`fa4-aot known-bad`: the known-bad registry in force for a store and SKU (spec/known_bad.py): the project's
+"""`fa4-aot known-bad`: the known-bad registry in force for a store and SKU (domain/known_bad.py): the project's
 file and the entries the store's certification measured for the SKU (trust.certified.registry_for)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .common import check_sku, emit, json_option, pass_store
 def known_bad_(store: Store, sku: str | None, as_json: bool) -> None:
     """List the known-bad registry: per entry its id, where it holds (flash-attn-4 and nvidia-cutlass-dsl
     versions, arch, parts, SKUs, kernels, the signature predicate), the symptom and its source, whether it is the
-    project's (fa4_aot/spec/known_bad.toml) or this store's (measured by `fa4-aot certify`), and whether it holds
+    project's (fa4_aot/domain/known_bad.toml) or this store's (measured by `fa4-aot certify`), and whether it holds
     for the installed toolchain. Builds refuse the calls it names, and both runtimes refuse to launch their
     kernels, unless FA4_AOT_CERTIFIED=off."""
     if sku is not None:
@@ -30,8 +30,8 @@ def known_bad_(store: Store, sku: str | None, as_json: bool) -> None:
 
 def registry_doc(store: Store, sku: str | None) -> dict[str, Any]:
     """The registry in force for `store` and `sku` (None: the project's file alone) as a JSON document."""
+    from ..domain import known_bad
     from ..fa4 import toolchain
-    from ..spec import known_bad
     from ..trust import certified
 
     policy = certified.policy_from_env()

@@ -91,7 +91,7 @@ def coverage(store: Store, sku: str, model_arg: str | None, tp_arg: str, workloa
     adds it, and how many of the stored kernels are certified, failed or unchecked (`fa4-aot certify`). Exits 1
     when anything is missing or refused.
     """
-    from ..build import coverage as cov
+    from ..compile import coverage as cov
     from ..matrix import models, modelwork
 
     if bool(model_arg) == bool(calls_file):

@@ -1,4 +1,4 @@
-"""`fa4-aot builder` and `fa4-aot builds`: on-demand builds of what clients miss (fa4_aot/build/builder.py)."""
+"""`fa4-aot builder` and `fa4-aot builds`: on-demand builds of what clients miss (fa4_aot/compile/builder.py)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def builder(store: Store, server: str, token: str | None, jobs: int, executor: s
     publish it as `fa4-aot push` does. Run one or more next to `fa4-aot serve` on CPU hosts; clients with
     FA4_AOT_BUILD_WAIT=SECONDS wait for the job instead of failing. Stops on SIGINT/SIGTERM; a job it held is
     taken over by the next claim once its lease runs out."""
-    from ..build.builder import Builder, wait_for_server
+    from ..compile.builder import Builder, wait_for_server
     from ..remote.credentials import token_for
     from ..remote.http import Remote
 

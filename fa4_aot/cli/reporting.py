@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from ..build import orchestrator as build_mod
-    from ..spec.skus import Sku
+    from ..compile import orchestrator as build_mod
+    from ..domain.skus import Sku
     from ..store import Store
 
 
@@ -87,7 +87,7 @@ def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs
 def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
                    jobs: int) -> tuple[list[str], dict[str, Any]]:
     """Kernels per variant (all it needs, and those the store lacks) and the estimated build time."""
-    from ..build.estimate import estimate
+    from ..compile.estimate import estimate
 
     stored = {r.kernel_key for r in report.results if r.status == "present"}
     lines = [f"{'variant':<28}{'kernels':>8}{'to build':>10}"]

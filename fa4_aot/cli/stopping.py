@@ -2,8 +2,8 @@
 
 While a build runs, each of the three becomes KeyboardInterrupt in the main thread, so a terminal's Ctrl-C, a
 scheduler's or CI's SIGTERM and a closed terminal's SIGHUP all stop it the same way: queued work cancelled,
-workers ended (build.orchestrator, build.executors), a summary printed, exit 128 + the signal number. It also holds when
-the shell started the process with SIGINT ignored (nohup, a background job), where Python installs no
+workers ended (compile.orchestrator, compile.executors), a summary printed, exit 128 + the signal number. It also holds
+when the shell started the process with SIGINT ignored (nohup, a background job), where Python installs no
 KeyboardInterrupt handler of its own. A second signal while stopping is ignored, so the cleanup that ends the
 workers is not itself cut short. (Workers also end with the process that started them: executors._init.)
 """

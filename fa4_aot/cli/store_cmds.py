@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..spec.verdicts import by_device
+from ..domain.verdicts import by_device
 from ..store import Entry, Store, kernels, maintenance
 from ..store.maintenance import VerifyReport
 from ..trust import standing
@@ -217,7 +217,7 @@ def migrate(store: Store, dry_run: bool, as_json: bool) -> None:
     Objects are kept; old signed manifests list the old keys, so sign each SKU again afterwards. Kernels built by
     another toolchain (other FA4, CuTe or fa4-aot patch source) cannot be re-filed: it says to rebuild them."""
     from .. import config
-    from ..spec import sku_table
+    from ..domain import sku_table
     from ..store.migrate import migrate as run
     from ..store.migrate import migrate_recipes, rebuild_advice
 

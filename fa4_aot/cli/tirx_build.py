@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
+from ..domain.skus import Sku
 from ..matrix.variants import Matrix
-from ..spec.skus import Sku
 from ..store import Store
 from ..tirx import entries, producer
 from .common import emit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..spec.calls import Call, dtype_name, mask_of, pass_of
+from ..domain.calls import Call, dtype_name, mask_of, pass_of
 
 
 def call_from(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None, *, causal: bool, dtype: Any,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import fa4
-from ..spec.calls import Call
+from ..domain.calls import Call
 from .arguments import call_from
 from .installation import Installation, has_cuda, install, installed
 

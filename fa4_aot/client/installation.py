@@ -19,21 +19,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config, fa4
+from ..domain import hosts, kernel_keys, narrow_build
+from ..domain.devices import detect_device, device_class
+from ..domain.kernel_keys import canonical, dumps, kernel_key
+from ..domain.matching import select
+from ..domain.signature import Signature
+from ..domain.skus import Constants, Sku
 from ..errors import Fa4AotError, KernelMissing, KernelRefused, TrustError
 from ..remote import wait as build_wait
-from ..spec import hosts, kernel_keys, narrow_build
-from ..spec.devices import detect_device, device_class
-from ..spec.kernel_keys import canonical, dumps, kernel_key
-from ..spec.matching import select
-from ..spec.signature import Signature
-from ..spec.skus import Constants, Sku
 from ..store import Entry, Miss, Store
 from ..trust.certified import ENV, Gate
 from ..trust.policy import Trust
 
 if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured: it costs cold starts
+    from ..domain.calls import Call
     from ..remote.http import Remote
-    from ..spec.calls import Call
 
 MODES = ("strict", "fallback")
 
@@ -200,7 +200,7 @@ class Installation:
 
     def _refuse_call(self, call: Call | None, kk: str) -> None:
         """KernelRefused instead of a miss when the known-bad registry names `call` (in both modes: fallback would
-        compile and run it): builds refuse such calls (build/refusals.py), so no server or wait brings it."""
+        compile and run it): builds refuse such calls (compile/refusals.py), so no server or wait brings it."""
         registry = self.gate.registry if self.gate is not None else None
         bad = registry.find(Signature.of(call).to_dict(), arch=self.sku.arch, versions=self.tools,
                             sku=self.sku.name) if registry is not None and call is not None else None
@@ -263,7 +263,7 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     matrix = variants.load(variants_file or config.default_variants_file())
     forced = os.environ.get("FA4_AOT_SKU")
     device = None if forced and not has_cuda() else detect_device()
-    # a host that loads kernels must run their host code (spec/hosts.py); a CPU host checking a store loads none
+    # a host that loads kernels must run their host code (domain/hosts.py); a CPU host checking a store loads none
     sku, constants, trace = select(matrix.skus, device, forced=forced, cpu=hosts.detect() if has_cuda() else None)
     if not has_cuda():  # a CPU host checking a SKU's store: FA4 plans for the SKU, as a build worker does
         fa4.configure(sku)

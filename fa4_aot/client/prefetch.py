@@ -14,7 +14,7 @@ passes the client's trust policy (trust/policy.py), as the lean runtime's fetche
 What the server lacks becomes misses, reported through POST /v1/misses, which the on-demand builder turns into
 build jobs (issue 21, points 1-2): a signature with no recipe file on the server, or whose regions name kernels
 the server lacks, is reported as ONE lean-runtime miss of a call of it (runtime/misses.py), and the builder builds
-that call's whole signature (build/rebuild.py: every region, kernel and library), so one round of misses completes
+that call's whole signature (compile/rebuild.py: every region, kernel and library), so one round of misses completes
 the set (issue 30, point 2). Kernel misses, one per lacking kernel with a call at MISS_SEQLEN, did not: the
 builder re-plans a kernel miss's call, and at that size FA4 selects none of the kernels of other regions.
 
@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import host_arch
+from ..domain import kernel_keys
+from ..domain.region import Region
+from ..domain.signature import Signature
+from ..domain.skus import Constants, Sku
 from ..errors import Fa4AotError, TrustError
 from ..matrix import models, modelwork
 from ..remote import lean_files, push_pull
 from ..runtime import misses
 from ..runtime.fetch import Fetcher
-from ..spec import kernel_keys
-from ..spec.region import Region
-from ..spec.signature import Signature
-from ..spec.skus import Constants, Sku
 from ..store import Miss, Store
 from ..store import recipes as recipe_store
 from ..trust.policy import Trust
@@ -93,11 +93,11 @@ def prefetch(model: str, tp: int | Sequence[int] = modelwork.DEFAULT_TPS, worklo
     import os
 
     from .. import config
+    from ..domain import hosts
+    from ..domain.devices import detect_device
+    from ..domain.matching import select
     from ..matrix import variants
     from ..remote.http import Remote, server_from_env
-    from ..spec import hosts
-    from ..spec.devices import detect_device
-    from ..spec.matching import select
 
     matrix = variants.load(config.default_variants_file())
     if sku is not None:

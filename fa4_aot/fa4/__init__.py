@@ -23,7 +23,7 @@ Serving from the store (caches.py, tracking.py, dispatch.py):
     lookup(family, key)            ask FA4's installed cache of `family` for `key` (loads it, or misses)
     capture()                      make FA4's autograd functions say which Call runs (current())
     current()                      the Call FA4 runs on this thread, or None (imports no FA4)
-    current_record()               the exact record (fa4_aot/spec/exact.py) of that call, or None
+    current_record()               the exact record (fa4_aot/domain/exact.py) of that call, or None
     running(call)                  a block in which current() is `call` (imports no FA4)
     attend(call, q, k, v, **kw)    flash_attn_func / flash_attn_varlen_func with the call's flags
 Lean runtime, at build time (record.py, linking.py):
@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..spec.calls import Call
-    from ..spec.exact import ExactCall
-    from ..spec.hosts import HostTarget
-    from ..spec.region import Region
-    from ..spec.signature import Signature
-    from ..spec.skus import Sku
+    from ..domain.calls import Call
+    from ..domain.exact import ExactCall
+    from ..domain.hosts import HostTarget
+    from ..domain.region import Region
+    from ..domain.signature import Signature
+    from ..domain.skus import Sku
     from .caches import KernelSource
 
 __all__ = ["configure", "hardware_calls", "toolchain", "plan", "plan_signature", "plan_each", "compile_call",

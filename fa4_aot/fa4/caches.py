@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from flash_attn.cute.cache_utils import JITCache
 
-from ..spec.kernel_keys import canonical, dumps
+from ..domain.kernel_keys import canonical, dumps
 from .object_files import load_object
 
 _MODULES = ("flash_attn.cute.interface", "flash_attn.cute.compute_block_sparsity")
@@ -120,7 +120,7 @@ class Recorder(JITCache):
 class Compiler(JITCache):
     """Lets FA4 compile only the keys in `wanted` and hands each result to `done(family, key, fn, seconds)`:
     the CPU seconds the compile took in this process, which, unlike wall time, do not grow with the load of the
-    build host (entries record them as compile_seconds; build/estimate.py predicts builds from them)."""
+    build host (entries record them as compile_seconds; compile/estimate.py predicts builds from them)."""
 
     def __init__(self, family: str, wanted: set[tuple[str, str]], done: Callable[..., None]) -> None:
         super().__init__()

@@ -1,7 +1,7 @@
 """Shape-complete planning: every kernel FA4's dispatch can choose for a Signature at any batch size and
 sequence lengths (seqlen_q up to 256k, seqlen_k up to 1M), for the SKU this process is configured for.
 
-Runs FA4 on fake tensors with recording caches (kernels.py) over the representative shapes of spec/probes.py, in two
+Runs FA4 on fake tensors with recording caches (kernels.py) over the representative shapes of domain/probes.py, in two
 phases. Phase 1 runs each seqlen_q representative at one batch per batch regime, with seqlen_k = 1 (and 1M
 when split-KV can happen), and notes total_mblocks as FA4's split heuristic sees it. Phase 2, when seqlen_k
 can change the kernels (split-KV, backward), groups (batch, seqlen_q) by what the kernels can see of them
@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from ..spec import probes
-from ..spec.calls import Call
-from ..spec.signature import Signature
-from ..spec.skus import Sku
+from ..domain import probes
+from ..domain.calls import Call
+from ..domain.signature import Signature
+from ..domain.skus import Sku
 from . import caches, dispatch
 
 Kernels = dict[tuple[str, str], tuple[Any, Call]]  # (family, canonical key JSON) -> (compile key, first call)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..spec.skus import Sku
+from ..domain.skus import Sku
 
 _calls: list[tuple[str, Any]] = []
 

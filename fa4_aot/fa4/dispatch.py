@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..spec.calls import Call
+from ..domain.calls import Call
 
 
 class _Ctx:

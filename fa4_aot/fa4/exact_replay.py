@@ -1,4 +1,4 @@
-"""Exact call records (fa4_aot/spec/exact.py) on the FA4 side: describing the arguments FA4's autograd functions were
+"""Exact call records (fa4_aot/domain/exact.py) on the FA4 side: describing the arguments FA4's autograd functions were
 given, and replaying a record through the same function on fake tensors so that FA4's own dispatch asks for
 exactly the kernels the recorded call asked for (kernels.py plans or compiles them).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..spec.exact import ALIGN_BYTES, DTYPES, FORMAT, check
+from ..domain.exact import ALIGN_BYTES, DTYPES, FORMAT, check
 
 _SKIP = ("ctx",)
 

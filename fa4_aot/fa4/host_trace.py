@@ -1,5 +1,5 @@
 """The tracer of FA4's host path (fa4/record.py uses it): every tensor FA4 makes gets a slot, every argument is
-encoded as recipe data (spec/region.py's argument form: {"t": slot}, {"e": size expression}, ...), every torch op
+encoded as recipe data (domain/region.py's argument form: {"t": slot}, {"e": size expression}, ...), every torch op
 FA4 issues becomes an Op step (a dispatch mode) and every compiled-kernel call a Launch step (a compile-cache
 recorder), and the ShapeEnv's guards on the symbolic sizes are read back as symexpr conditions.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..spec.kernel_keys import canonical, dumps
-from ..spec.recipe_format import HEADS
+from ..domain.kernel_keys import canonical, dumps
+from ..domain.recipe_format import HEADS
 from . import caches, sympy_json
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..spec.calls import Call
-from ..spec.exact import ExactCall
+from ..domain.calls import Call
+from ..domain.exact import ExactCall
 from . import caches, dispatch, exact_replay
 
 

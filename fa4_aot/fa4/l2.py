@@ -24,8 +24,8 @@ import linecache
 import os
 from typing import Any
 
+from ..domain.skus import Sku
 from ..errors import BuildError
-from ..spec.skus import Sku
 from .consumed import consume
 
 _FA4_LINE = "size_l2 = 50 * 1024 * 1024"

@@ -1,5 +1,5 @@
 """Link an exported kernel object (TVM-FFI ABI) into a shared library that loads with tvm_ffi alone, for the
-SKU's host target (fa4_aot/spec/hosts.py), from any build host.
+SKU's host target (fa4_aot/domain/hosts.py), from any build host.
 
 The object's undefined symbols are resolved by the two runtime libraries CuTe DSL names for loading TVM-FFI
 modules (cutlass.runtime.find_runtime_libraries): libtvm_ffi.so (from the apache-tvm-ffi wheel, which a lean
@@ -26,8 +26,8 @@ from importlib import metadata
 from pathlib import Path
 
 from ..config import host_arch
+from ..domain.hosts import HostTarget, elf_arch
 from ..errors import BuildError
-from ..spec.hosts import HostTarget, elf_arch
 from ..store.atomic import atomic_write
 from .versions import cutlass_cuda_flavor
 

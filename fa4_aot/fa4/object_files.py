@@ -1,7 +1,7 @@
 """Kernel objects: exporting a compiled kernel to object-file bytes, and loading one back into this process,
 both under the symbol name FA4's own persistent cache uses (flash_attn/cute/cache_utils.JITPersistentCache).
 
-The host code is generated for a declared host target (fa4_aot/spec/hosts.py), never for the build machine: CuTe's
+The host code is generated for a declared host target (fa4_aot/domain/hosts.py), never for the build machine: CuTe's
 TVM-FFI export (`export_to_c`) gives LLVM no target, so LLVM takes the build CPU's own (AVX-512 on an AVX-512
 build host; x86-64 for a Grace SKU), and refuses CuTe's `--host-target` option. So `export` does what that
 method does (the same export module and renaming), then emits the object through CuTe's PIC object writer,
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..spec.hosts import HostTarget
+from ..domain.hosts import HostTarget
 
 EXPORT_FUNCTION = "func"  # the symbol name FA4's own persistent cache uses; loaders look it up
 OPT_LEVEL = 3  # what CuTe's own export_to_c optimises host code at

@@ -19,11 +19,11 @@ import dataclasses
 import math
 from typing import Any
 
-from ..spec.kernel_keys import canonical, kernel_key
-from ..spec.recipe_format import HEADS, PAGE_SIZE, RECIPE_FORMAT, SIZE_NAMES, WINDOW, bound_sizes, size_names
-from ..spec.region import Region
-from ..spec.signature import Signature
-from ..spec.skus import Sku
+from ..domain.kernel_keys import canonical, kernel_key
+from ..domain.recipe_format import HEADS, PAGE_SIZE, RECIPE_FORMAT, SIZE_NAMES, WINDOW, bound_sizes, size_names
+from ..domain.region import Region
+from ..domain.signature import Signature
+from ..domain.skus import Sku
 from . import caches
 from .dispatch import _Ctx
 from .host_trace import LaunchRecorder, Session, tracer

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..domain.skus import Sku
 from ..errors import BuildError
-from ..spec.skus import Sku
 from . import l2
 from .consumed import consume
 from .versions import cutlass_cuda_flavor

@@ -1,6 +1,6 @@
 """Which call is FA4 running? install() wraps FA4's autograd functions so that a kernel missing from the
 store can be reported with the Call that needed it (a summary: FA4_AOT_RECORD appends it, record.py) and the
-exact record of its arguments (fa4_aot/spec/exact.py), which `fa4-aot build --from-misses` replays to build exactly
+exact record of its arguments (fa4_aot/domain/exact.py), which `fa4-aot build --from-misses` replays to build exactly
 the kernels that call asked for. Importing this module imports no FA4: only capture() and from_arguments()
 touch FA4 or torch.
 """
@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from ..spec import call_log
-from ..spec.calls import Call, dtype_name, mask_of, pass_of
+from ..domain import call_log
+from ..domain.calls import Call, dtype_name, mask_of, pass_of
 from . import exact_replay
 
 _current = threading.local()
@@ -28,7 +28,7 @@ def current() -> Call | None:
 
 
 def current_record() -> dict[str, Any] | None:
-    """The exact record (fa4_aot/spec/exact.py) of the call FA4 runs on this thread, or None. Made when asked, i.e. on
+    """The exact record (fa4_aot/domain/exact.py) of the call FA4 runs on this thread, or None. Made when asked, i.e. on
     a miss: describing every call would cost each one microseconds."""
     describe = getattr(_current, "describe", None)
     return describe() if describe is not None else None

@@ -1,5 +1,5 @@
 """The toolchain a kernel key names: everything installed that generates a kernel's bytes. Changing any of it
-changes every kernel key (fa4_aot.spec.kernel_keys), so a store never serves bytes of one toolchain under the keys
+changes every kernel key (fa4_aot.domain.kernel_keys), so a store never serves bytes of one toolchain under the keys
 of another.
 
 `toolchain()` is {name: value} of:
@@ -12,7 +12,10 @@ of another.
   kernels call. A version string does not name the code: FA4 or CuTe installed from a commit, or patched in
   place, keeps its version. FA4's own disk cache fingerprints its source the same way;
 - `source:fa4-aot`: a digest of fa4-aot's own code that changes the bytes of a kernel with a given key
-  (PATCHES, and the LLVM triple and CPU of each host target, see `patches_digest`).
+  (PATCHES, and the LLVM triple and CPU of each host target, see `patches_digest`). A patch is hashed with the
+  names of fa4-aot's renamed packages spelled, and their imports ordered, as they were (RENAMED: issue 30 renamed
+  spec/ and build/), so a rename, which changes no kernel, changes no key and stores built before it are still
+  found.
 
 A source digest hashes each `.py` file's path relative to its package and its bytes, in path order: no
 absolute path, mtime, `.pyc` or `__pycache__`, so identical installs anywhere give identical digests (a
@@ -35,7 +38,7 @@ from functools import cache, lru_cache
 from importlib import metadata
 from pathlib import Path
 
-from ..spec.hosts import TARGETS
+from ..domain.hosts import TARGETS
 
 # The distributions whose code generates the kernels. Changing any of them changes the keys.
 TOOLCHAIN_DISTRIBUTIONS = ("flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")
@@ -50,6 +53,11 @@ PATCHES = (
     "consumed.py",  # the SKU constants those answers (and l2.py's budgets) give, recorded as consumed
     "object_files.py",  # turns the compiled kernel into the object bytes stored (export module, host code, -O level)
 )
+# fa4-aot's packages renamed since stores were first built, {new name: old name}, and where a patch names one (an
+# import from `..domain.`, a path `fa4_aot/domain/...`): patches_digest hashes the old spelling, see the module.
+RENAMED = {b"domain": b"spec", b"compile": b"build"}
+_RENAMED_NAME = re.compile(rb"(\.\.|fa4_aot[./])(domain|compile)(?=[./])")
+_PARENT_IMPORTS = re.compile(rb"(?:^from \.\.\w[^\n]*\n)+", re.MULTILINE)  # consecutive one-line `from ..x import y`
 _GENERATED = re.compile(r"_cutlass_ir_version_cu\d+\.py")  # see the module docstring
 ABSENT = "absent"
 
@@ -122,10 +130,19 @@ def patches_digest(folder: Path | None = None) -> str:
     folder = folder or Path(__file__).parent
     digest = hashlib.sha256()
     for name in PATCHES:
-        digest.update(f"{name}\0{hashlib.sha256((folder / name).read_bytes()).hexdigest()}\n".encode())
+        source = as_spelled_before((folder / name).read_bytes())
+        digest.update(f"{name}\0{hashlib.sha256(source).hexdigest()}\n".encode())
     hosts = {name: [t.triple, t.cpu] for name, t in sorted(TARGETS.items())}
     digest.update(json.dumps(hosts, sort_keys=True, separators=(",", ":")).encode())
     return digest.hexdigest()
+
+
+def as_spelled_before(source: bytes) -> bytes:
+    """`source` as it was spelled before the renames: each renamed package (RENAMED) named by its old name
+    (`..domain.skus` -> `..spec.skus`), and each run of `from ..part` imports in the order the import sorter
+    (ruff's isort, by module name) gives the old names (`..errors` before `..spec`, where `..domain` came first)."""
+    renamed = _RENAMED_NAME.sub(lambda m: m.group(1) + RENAMED[m.group(2)], source)
+    return _PARENT_IMPORTS.sub(lambda m: b"".join(sorted(m.group(0).splitlines(keepends=True))), renamed)
 
 
 def _version(dist: str) -> str:

@@ -13,10 +13,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec.calls import DTYPES, LAYOUTS, MASKS, PASSES, Call
-from ..spec.signature import Signature
-from ..spec.skus import ARCHS, Sku
-from ..spec.tomlsrc import TomlSource
+from ..domain.calls import DTYPES, LAYOUTS, MASKS, PASSES, Call
+from ..domain.signature import Signature
+from ..domain.skus import ARCHS, Sku
+from ..domain.tomlsrc import TomlSource
 from .fields import Fail, choices, entry_fail, int_list, is_int
 from .shapes import Shapes
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..domain.tomlsrc import TomlSource
 from ..errors import ConfigError
-from ..spec.tomlsrc import TomlSource
 
 # fail(field, message): a ConfigError located at one [[variants]] entry (or its `field`); the caller raises it
 Fail = Callable[[str | None, str], ConfigError]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec.signature import Signature
-from ..spec.skus import ARCHS, Sku
-from ..spec.tomlsrc import TomlSource
+from ..domain.signature import Signature
+from ..domain.skus import ARCHS, Sku
+from ..domain.tomlsrc import TomlSource
 from . import models
 from .fields import choices, entry_fail, int_list
 

@@ -23,9 +23,9 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from ..domain.signature import Signature
+from ..domain.tomlsrc import TomlSource
 from ..errors import ConfigError
-from ..spec.signature import Signature
-from ..spec.tomlsrc import TomlSource
 from . import hfconfig
 from .facts import KINDS, LAYERS, Model, make
 

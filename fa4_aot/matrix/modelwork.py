@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..domain.calls import Call
+from ..domain.signature import Signature
 from ..errors import ConfigError
-from ..spec.calls import Call
-from ..spec.signature import Signature
 from . import models
 
 DEFAULT_TPS = (1, 2, 4, 8)
@@ -52,5 +52,5 @@ def check_tps(model: models.Model, tps: tuple[int, ...]) -> None:
 
 def work(model: models.Model, tps: tuple[int, ...] = DEFAULT_TPS,
          workloads: tuple[str, ...] = models.WORKLOADS) -> list[tuple[str, Call | Signature]]:
-    """(label, signature) pairs for build.orchestrator.build_calls, which plans each signature at every shape."""
+    """(label, signature) pairs for compile.orchestrator.build_calls, which plans each signature at every shape."""
     return [(f"{model.name}-tp{i.tp}", i.signature) for i in items(model, tps, workloads)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec.tomlsrc import TomlSource
+from ..domain.tomlsrc import TomlSource
 from .fields import int_list
 
 SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "heads", "page_size")

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..domain.sku_table import parse_skus, unknown
+from ..domain.skus import Sku
+from ..domain.tomlsrc import TomlSource
 from ..errors import ConfigError
-from ..spec.sku_table import parse_skus, unknown
-from ..spec.skus import Sku
-from ..spec.tomlsrc import TomlSource
 from .call_variants import Variant, parse_variant
 from .model_variants import ModelVariant, parse_model_variant
 from .shapes import Shapes, parse_shapes

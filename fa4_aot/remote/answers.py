@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+from ..domain.verdicts import Verdict
 from ..errors import RemoteError, StoreError
-from ..spec.verdicts import Verdict
 from ..store import Entry, check_hex
 from ..trust import signing
 

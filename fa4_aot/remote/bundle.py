@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
+from ..domain import kernel_keys
 from ..errors import Fa4AotError, RemoteError
-from ..spec import kernel_keys
 from ..store import Entry, Store
 from .answers import bundle_head
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..domain.verdicts import Verdict
 from ..errors import RemoteError
-from ..spec.verdicts import Verdict
 from ..store import check_hex
 from .answers import AGAIN, MALFORMED
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
+from ..domain import kernel_keys
+from ..domain.verdicts import Verdict
 from ..errors import RemoteAuthError, RemoteError, StoreError
-from ..spec import kernel_keys
-from ..spec.verdicts import Verdict
 from ..store import Entry, check_hex
 from ..store.recipes import MAX_BYTES as MAX_RECIPE
 from . import deadline
@@ -216,7 +216,7 @@ class Endpoints(Transport):
             stored += count
         return stored
 
-    # -- on-demand builds (service/routes/builds.py; fa4_aot/build/builder.py runs them, wait.py waits) -----
+    # -- on-demand builds (service/routes/builds.py; fa4_aot/compile/builder.py runs them, wait.py waits) -----
     def request_build(self, doc: dict[str, Any]) -> dict[str, Any]:
         """Report miss `doc` (a Miss document) and wait for the answer: {"build": the job that builds it, or
         None, "detail": why none was queued}. RemoteError for a refused report (unknown SKU, oversized call)."""

@@ -12,8 +12,8 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+from ..domain.skus import Sku
 from ..errors import Fa4AotError, IntegrityError, RemoteError
-from ..spec.skus import Sku
 from ..store import Entry, Store
 from ..store import recipes as recipe_store
 from ..trust.policy import Trust

@@ -1,4 +1,4 @@
-"""What a process that runs a server's jobs shares, whatever the job (build/builder.py's Builder builds clients'
+"""What a process that runs a server's jobs shares, whatever the job (compile/builder.py's Builder builds clients'
 misses, certify/certifier.py's Certifier certifies published kernels): the loop that claims jobs until stopped,
 a new Remote after the server could not be reached, and the job's lease renewed on a thread while it runs."""
 

@@ -1,5 +1,5 @@
 """Moving kernels between a local store and a server: push and pull, with their recipe files, certification verdicts
-and signed manifests (rebuilding what clients missed is the build's: build/rebuild.py)."""
+and signed manifests (rebuilding what clients missed is the build's: compile/rebuild.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..domain.skus import Sku
+from ..domain.verdicts import Verdict, by_device
 from ..errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
-from ..spec.skus import Sku
-from ..spec.verdicts import Verdict, by_device
 from ..store import Store
 from ..trust import signing
 from ..trust.policy import Trust

@@ -22,7 +22,7 @@ from ..errors import ConfigError, Fa4AotError, RemoteError
 from .deadline import capped
 
 if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured
-    from ..spec.verdicts import Verdict
+    from ..domain.verdicts import Verdict
     from ..store import Store
     from .certify_jobs import CertifyJob
     from .http import Remote

@@ -26,8 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..domain import recipe_format
 from ..errors import Unsupported
-from ..spec import recipe_format
 from . import replay, runner
 from .call_args import refuse, signature, varlen_form
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..domain.signature import Signature
 from ..errors import Unsupported
-from ..spec.signature import Signature
 
 # FA4 arguments no recipe records: taken at their default (None, False, 0, ()), else refused by name for FA4 itself
 _UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors", "aux_scalars",

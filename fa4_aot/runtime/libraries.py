@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import host_arch
+from ..domain import kernel_keys
+from ..domain.skus import Constants
 from ..errors import KernelMissing
-from ..spec import kernel_keys
-from ..spec.skus import Constants
 from ..store import Entry, Store
 
 if TYPE_CHECKING:
-    from ..spec.signature import Signature
+    from ..domain.signature import Signature
     from ..trust.certified import Gate
     from ..trust.policy import Trust
     from .fetch import Fetcher

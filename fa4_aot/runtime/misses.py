@@ -14,16 +14,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from ..domain import call_log, kernel_keys
+from ..domain.calls import Call
+from ..domain.region import Region
+from ..domain.signature import Signature
 from ..errors import Fa4AotError
 from ..remote import wait as build_wait
-from ..spec import call_log, kernel_keys
-from ..spec.calls import Call
-from ..spec.region import Region
-from ..spec.signature import Signature
 from ..store import Miss, recipes
 
 if TYPE_CHECKING:
-    from ..spec.skus import Sku
+    from ..domain.skus import Sku
     from ..store import Store
     from .fetch import Fetcher
     from .libraries import Libraries

@@ -1,6 +1,6 @@
 """Launch recipes: FA4's per-call host work, recorded by the planner (fa4/record.py), replayed without FA4.
 
-A recipe region (spec/region.py's Region) holds, for one signature and one region of sizes, the guards under which
+A recipe region (domain/region.py's Region) holds, for one signature and one region of sizes, the guards under which
 FA4 makes exactly its choices, its input and output slots, and forward and backward steps: torch ops (Op) and
 kernel launches (Launch) whose arguments are recorded JSON with {"t": slot}, {"e": size expression},
 {"dtype": name}, {"device": true}, {"in": "softmax_scale"} leaves. `bind()` evaluates every size once per concrete
@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..spec import symexpr
-from ..spec.recipe_format import ATEN_OPS, DTYPES, TORCH_NAMES
-from ..spec.region import Launch, Op, Region, Step
+from ..domain import symexpr
+from ..domain.recipe_format import ATEN_OPS, DTYPES, TORCH_NAMES
+from ..domain.region import Launch, Op, Region, Step
 
 
 @dataclass

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from ..domain import hosts, narrow_build, recipe_format, sku_table
+from ..domain.devices import detect_device, device_class
+from ..domain.matching import select
+from ..domain.region import Region
+from ..domain.signature import Signature
+from ..domain.skus import Constants, Sku
 from ..errors import KernelMissing, Unsupported
-from ..spec import hosts, narrow_build, recipe_format, sku_table
-from ..spec.devices import detect_device, device_class
-from ..spec.matching import select
-from ..spec.region import Region
-from ..spec.signature import Signature
-from ..spec.skus import Constants, Sku
 from ..store import Store, recipes
 from ..trust.certified import Gate
 from ..trust.policy import Trust
@@ -163,7 +163,7 @@ class Attention:
         return found
 
     def _narrow_build(self, sizes: dict[str, int]) -> str:
-        """The build of the one call these sizes are (spec/narrow_build.py), not the SKU's whole matrix."""
+        """The build of the one call these sizes are (domain/narrow_build.py), not the SKU's whole matrix."""
         seqlen_q = sizes.get("max_seqlen_q", sizes.get("seqlen_q", 1))
         seqlen_k = sizes.get("max_seqlen_k", sizes.get("seqlen_k", seqlen_q))
         call = self.sig.call(sizes.get("batch", 1), seqlen_q, seqlen_k)

@@ -5,8 +5,8 @@ Layout under the root (cache/README.md shows it with an example):
     index/ab/<64 hex>.json one entry per kernel key: object digest plus readable metadata
     misses/<64 hex>.json   kernels a client needed and lacked (fallback mode), for `fa4-aot misses`
     manifests/<sku>/<64 hex>.json  signed manifests (trust/signing.py), named by manifest id
-    verdicts/ab/<64 hex>.json  certification verdicts of a kernel, one per device class (spec/verdicts.py)
-    known-bad/<sku>.json   the known-bad entries certification measured for a SKU (spec/known_bad.py)
+    verdicts/ab/<64 hex>.json  certification verdicts of a kernel, one per device class (domain/verdicts.py)
+    known-bad/<sku>.json   the known-bad entries certification measured for a SKU (domain/known_bad.py)
     locks/                 advisory locks that keep two processes from doing the same work
     quarantine/<time>/     what `fa4-aot verify` moved out of the way (same relative paths), for a person to inspect
 

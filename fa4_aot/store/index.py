@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..domain import kernel_keys
 from ..errors import StoreError
-from ..spec import kernel_keys
 from .fs_errors import refuse_symlink, shown
 from .objects import Objects
 from .root import check_hex
@@ -41,7 +41,7 @@ class Entry:
     # The kernel linked for the lean runtime, per host architecture (link.py): {"x86_64": {"digest", "size",
     # "needs": {SONAME: object digest, or "" for a library the client finds itself}}}. Absent in older entries.
     shared_libs: dict[str, Any] = field(default_factory=dict)
-    # The host target (spec/hosts.py) its host code and libraries were generated for; part of the key. "" in entries
+    # The host target (domain/hosts.py) its host code and libraries were generated for; part of the key. "" in entries
     # built before host targets existed: for the build machine's CPU, whatever it was.
     host: str = ""
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -157,7 +157,7 @@ def _entry_problem(store: Store, kernel_key: str, states: _States) -> tuple[Entr
 
 def _check_libraries(store: Store, entry: Entry, states: _States, report: VerifyReport, repair: bool) -> None:
     """Report each host arch whose linked library or a runtime library it needs is absent or corrupt; with
-    `repair`, drop those arches from the entry (under the key's lock, as build.lean.relink writes it)."""
+    `repair`, drop those arches from the entry (under the key's lock, as compile.lean.relink writes it)."""
     broken = {}
     for arch in sorted(entry.shared_libs):
         try:

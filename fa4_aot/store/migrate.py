@@ -29,11 +29,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..spec.kernel_keys import entry_keys, legacy_key, toolchain_drift
-from ..spec.recipe_format import HEADS, RECIPE_FORMAT, bound_sizes
-from ..spec.region import Region
-from ..spec.signature import Signature
-from ..spec.skus import Sku
+from ..domain.kernel_keys import entry_keys, legacy_key, toolchain_drift
+from ..domain.recipe_format import HEADS, RECIPE_FORMAT, bound_sizes
+from ..domain.region import Region
+from ..domain.signature import Signature
+from ..domain.skus import Sku
 from . import Entry, Store, recipes
 
 ABSENT = "absent"  # what fa4.toolchain() says for a package that is not installed

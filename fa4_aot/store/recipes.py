@@ -19,13 +19,13 @@ import operator
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+from ..domain import kernel_keys, recipe_file, symexpr
+from ..domain.recipe_format import FORMATS, RECIPE_FORMAT
+from ..domain.region import Region, parse_regions
+from ..domain.signature import Signature
+from ..domain.skus import Sku
+from ..domain.symexpr import bounded
 from ..errors import StoreError
-from ..spec import kernel_keys, recipe_file, symexpr
-from ..spec.recipe_format import FORMATS, RECIPE_FORMAT
-from ..spec.region import Region, parse_regions
-from ..spec.signature import Signature
-from ..spec.skus import Sku
-from ..spec.symexpr import bounded
 from . import Store
 
 MAX_BYTES = 8 << 20  # a recipe file a server accepts: regions are a few KB each
@@ -102,7 +102,7 @@ def key_of(signature: Any, target: dict[str, Any]) -> str:
 
 def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
     """ValueError unless `data` is a recipe file a server may keep under `key` for a SKU with facts `target`:
-    at most MAX_BYTES, compact or JSON (spec/recipe_file.py), holding {"key": key, "regions": [...]} whose every
+    at most MAX_BYTES, compact or JSON (domain/recipe_file.py), holding {"key": key, "regions": [...]} whose every
     region's signature hashes, with `target`, to `key` (so a file cannot sit under another signature's or SKU's
     key) and whose every region holds only what recipe_format admits (FA4's host ops, bounded arithmetic)."""
     if len(data) > MAX_BYTES:
@@ -123,7 +123,7 @@ def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
 def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[Region]:
     """The recorded regions under `key` ([] when none). `check(key, bytes)` may refuse the file by raising
     (the client's trust policy: trust.policy.Trust.check_recipe) before a byte of it is parsed; StoreError for a file
-    that is not a recipe file (spec/recipe_file.py), holds another key, or holds what recipe_format refuses (signed
+    that is not a recipe file (domain/recipe_file.py), holds another key, or holds what recipe_format refuses (signed
     or not: a recipe runs only FA4's host ops). Files are parsed once per process by their bytes' sha256
     (`_parsed`): sources, builds and certification load the same file many times."""
     data = store.recipes(key)

@@ -1,8 +1,8 @@
 """Side data: what the store keeps beside kernels. Misses (misses/<key>.json: kernels a client needed and
 lacked), lean-runtime recipe files (recipes/ab/<key>.json; store/recipes.py owns their content), signed manifests
 (manifests/<sku>/<id>.json; trust/signing.py owns their content), certification verdicts (verdicts/ab/<kernel
-key>.json: spec/verdicts.py's values, one per device class) and the known-bad entries a certification measured
-(known-bad/<sku>.json: spec/known_bad.py's form), and the marks a server polls to see that anything changed."""
+key>.json: domain/verdicts.py's values, one per device class) and the known-bad entries a certification measured
+(known-bad/<sku>.json: domain/known_bad.py's form), and the marks a server polls to see that anything changed."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..domain.verdicts import Verdict, by_device
 from ..errors import StoreError
-from ..spec.verdicts import Verdict, by_device
 from .beneath import lstat_beneath
 from .root import HEX64, Root, _check_sku, _listdir_beneath, check_hex
 
@@ -29,7 +29,7 @@ class Miss:
     compile_key: Any
     sku: str
     call: dict[str, Any] | None = None  # the Call that needed it, when the client could tell (calls.capture)
-    args: dict[str, Any] | None = None  # its exact FA4 arguments (spec/exact.py): what `build --from-misses` replays
+    args: dict[str, Any] | None = None  # its exact FA4 arguments (domain/exact.py): what `build --from-misses` replays
     when: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 

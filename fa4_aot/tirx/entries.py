@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..domain.tomlsrc import TomlSource
 from ..errors import ConfigError
 from ..matrix import models
-from ..spec.tomlsrc import TomlSource
 from .problem import Problem
 
 FIELDS = ("name", "problems", "models", "tp", "batch", "seqlens", "causal", "description")

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from ..domain.skus import Constants, Sku
 from ..errors import KernelMissing
-from ..spec.skus import Constants, Sku
 from ..store import Entry, Store
 from .kernel_file import KernelFile
 from .problem import FAMILY, Problem, keys, schedule
@@ -77,9 +77,9 @@ def load(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None = None, *, ca
     the store lacks it; UnknownSku without a GPU of a known SKU."""
     import os
 
-    from ..spec import hosts, sku_table
-    from ..spec.devices import detect_device
-    from ..spec.matching import select
+    from ..domain import hosts, sku_table
+    from ..domain.devices import detect_device
+    from ..domain.matching import select
 
     problem = problem_of(tuple(q_shape), tuple(k_shape) if k_shape else None, causal)
     store = Store(cache_dir or config.default_cache_dir())

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec import kernel_keys
-from ..spec.skus import Constants, Sku
+from ..domain import kernel_keys
+from ..domain.skus import Constants, Sku
 from .toolenv import TOOLCHAIN
 
 FAMILY = "tirx_fa4"  # index entries' family: the key and `fa4-aot list` tell it from FA4's families

@@ -3,7 +3,7 @@
 
 Per problem: its schedule on the SKU (problem.schedule), its keys (base, and full with the one constant it
 consumed), nothing to do when the store holds the full key, else one compile in the TIRx environment
-(compiler.py, a subprocess: TVM is never imported here) and a commit through build/commit.py, the commit every
+(compiler.py, a subprocess: TVM is never imported here) and a commit through compile/commit.py, the commit every
 builder shares (object first, entry last, under the kernel's lock, compiled outside it).
 """
 
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import config
-from ..build.commit import commit_kernel
+from ..compile.commit import commit_kernel
+from ..domain.skus import Sku
 from ..errors import BuildError
-from ..spec.skus import Sku
 from ..store import Entry, Store
 from . import toolenv
 from .kernel_file import KernelFile

@@ -2,7 +2,7 @@
 
 TVM's TIRx compiler (apache-tvm 0.27, ~100 MB) and tirx-kernels live in their own environment, `.venv-tirx` of
 the checkout (test.sh makes it; `pip install -e ".[tirx]"` into a venv holding torch's CPU build), kept out of
-the build environment as the CUDA 12 compiler is (build/flavours.py). GPU hosts never need it: a client computes
+the build environment as the CUDA 12 compiler is (compile/flavours.py). GPU hosts never need it: a client computes
 a kernel's key from these pins, without TVM. A build checks that the environment has exactly the pinned versions
 and kernel source before it compiles anything, so a key never names a toolchain that did not make the bytes.
 """

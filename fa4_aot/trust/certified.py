@@ -1,9 +1,9 @@
 """Which kernels may be launched on this device: the certification gate both runtimes ask before a first launch.
 
 A kernel is refused (KernelRefused, naming the symptom and its source) when
-- the known-bad registry (spec/known_bad.py: the project's file plus what the store's certification measured for
+- the known-bad registry (domain/known_bad.py: the project's file plus what the store's certification measured for
   the SKU) names it for the call's signature, or
-- its verdict for this device class (spec/verdicts.py) is not `pass`, or
+- its verdict for this device class (domain/verdicts.py) is not `pass`, or
 - the policy is `require` and it has no verdict for this device class.
 
 The policy is FA4_AOT_CERTIFIED, read when a runtime starts: `known-bad` (the default: refuse registry matches and
@@ -19,10 +19,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..domain import kernel_keys, known_bad
+from ..domain.signature import Signature
+from ..domain.verdicts import DeviceClass, Verdict
 from ..errors import ConfigError, KernelRefused, StoreError
-from ..spec import kernel_keys, known_bad
-from ..spec.signature import Signature
-from ..spec.verdicts import DeviceClass, Verdict
 from ..store import Entry, Store
 from .policy import Trust
 

@@ -21,8 +21,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..domain.skus import Sku
 from ..errors import Fa4AotError, TrustError
-from ..spec.skus import Sku
 from ..store import Entry, Store
 from . import signing, signing_keys
 from .signing import Revocations

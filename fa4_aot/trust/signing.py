@@ -12,7 +12,7 @@ and, for the lean runtime, "libraries": {kernel_key: {host arch: {"digest": libr
 runtime library object or ""}}}} and "recipes": {recipe key: sha256 of the recipe file's bytes}. Manifests
 signed before the lean runtime lack the last two: they still serve install(), and the lean runtime refuses
 under them (re-sign). "verdicts": {kernel_key: {device class id: listing}} lists what certification measured
-of listed kernels (spec/verdicts.py; a listing is a Verdict's fields without kernel_key and device): under a
+of listed kernels (domain/verdicts.py; a listing is a Verdict's fields without kernel_key and device): under a
 trust policy these are the only verdicts a client believes (trust/certified.py). Manifests signed before
 certification lack it and stay valid: their kernels are unchecked.
 A manifest's id is the sha256 of its canonical JSON; revocations name key ids or manifest ids. The keys
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..domain.kernel_keys import dumps, serves
+from ..domain.skus import Sku
+from ..domain.verdicts import Verdict, by_device
 from ..errors import StoreError, TrustError
-from ..spec.kernel_keys import dumps, serves
-from ..spec.skus import Sku
-from ..spec.verdicts import Verdict, by_device
 from ..store import Store, check_hex
 from .signing_keys import PublicKey, public_of
 

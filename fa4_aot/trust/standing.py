@@ -4,7 +4,7 @@
     failed     some device class's newest verdict is not pass (the runtimes refuse it on that class)
     unchecked  no verdict
 
-The standing and its short form are pure functions of a kernel's verdicts (spec/verdicts.py); `Verdicts` reads a
+The standing and its short form are pure functions of a kernel's verdicts (domain/verdicts.py); `Verdicts` reads a
 store's verdict files, each once, and opens none for a kernel that has no file.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..spec.verdicts import STATUSES, Verdict, by_device, severity
+from ..domain.verdicts import STATUSES, Verdict, by_device, severity
 from ..store import Entry, Store
 
 STANDINGS = ("certified", "failed", "unchecked")
@@ -49,7 +49,7 @@ def counts(standings: Iterable[str]) -> dict[str, int]:
 
 
 def by_status(verdicts: Iterable[Verdict]) -> dict[str, int]:
-    """{status: how many} of `verdicts`, in the order of spec.verdicts.STATUSES, statuses seen only."""
+    """{status: how many} of `verdicts`, in the order of domain.verdicts.STATUSES, statuses seen only."""
     found = {s: 0 for s in STATUSES}
     for v in verdicts:
         found[v.status] += 1

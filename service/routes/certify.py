@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
-from fa4_aot.spec.verdicts import Verdict
+from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.store import Store
 
 from .. import crud, crud_certify, crud_tokens, crud_verdicts

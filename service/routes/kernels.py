@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, Path, Response, status
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
+from fa4_aot.domain import kernel_keys
 from fa4_aot.errors import StoreError
-from fa4_aot.spec import kernel_keys
 from fa4_aot.store import Entry, Store
 
 from .. import crud, crud_certify, crud_tokens

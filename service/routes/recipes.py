@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from fa4_aot.spec import recipe_file
+from fa4_aot.domain import recipe_file
 from fa4_aot.store import recipes as recipe_store
 
 from .. import crud, crud_recipes, crud_tokens, models, schemas
@@ -27,7 +27,7 @@ from . import READ_ERRORS, errors
 router = APIRouter(prefix="/v1/skus/{sku}/recipes", tags=["recipes"])
 SkuPath = Annotated[str, Path(pattern=SKU_NAME, max_length=64, description="SKU name, e.g. h200")]
 KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, description="recipe key")]
-# a compact file (spec/recipe_file.py, what builds write) or the JSON file of a build before it
+# a compact file (domain/recipe_file.py, what builds write) or the JSON file of a build before it
 _JSON = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
          "application/json": {"schema": {"type": "object"}}}
 

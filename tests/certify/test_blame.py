@@ -8,7 +8,7 @@ import pytest
 from fa4_aot.certify.blame import verdicts
 from fa4_aot.certify.plan import Check, Use
 from fa4_aot.certify.pool import Outcome
-from fa4_aot.spec.signature import Signature
+from fa4_aot.domain.signature import Signature
 
 DEVICE = "nvidia-h200.132sm.driver-13.0.cuda-13.0"
 SIG = Signature("dense", "bwd", "bf16", 72, 72, "causal", (0, 0), 0.0, False, 1, 8, 8)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from fa4_aot.certify.certifier import Certifier
+from fa4_aot.domain.skus import Sku
+from fa4_aot.domain.verdicts import DeviceClass, Verdict
 from fa4_aot.remote.http import Remote
-from fa4_aot.spec.skus import Sku
-from fa4_aot.spec.verdicts import DeviceClass, Verdict
 from fa4_aot.store import Store
 from tests.helpers.certifiers import DEVICE, facts, publish
 from tests.helpers.raw_server import RawServer, reply

@@ -12,7 +12,7 @@ import torch
 
 from fa4_aot.certify.inputs import make_inputs
 from fa4_aot.certify.reference import reference
-from fa4_aot.spec.signature import Signature
+from fa4_aot.domain.signature import Signature
 
 testing = pytest.importorskip("flash_attn.cute.testing")
 F64 = torch.float64

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from fa4_aot.certify.inputs import Inputs, _split, make_inputs
+from fa4_aot.domain import recipe_space
+from fa4_aot.domain.signature import Signature
+from fa4_aot.domain.skus import Sku
 from fa4_aot.runtime import api
-from fa4_aot.spec import recipe_space
-from fa4_aot.spec.signature import Signature
-from fa4_aot.spec.skus import Sku
 
 SKU = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13)
 BASE = Signature(layout="dense", pass_="fwd", dtype="bf16", head_dim=32, head_dim_v=16, mask="causal",

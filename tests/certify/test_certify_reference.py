@@ -13,7 +13,7 @@ import torch
 from fa4_aot.certify import reference as ref
 from fa4_aot.certify.inputs import Inputs, make_inputs
 from fa4_aot.certify.reference import Outputs, compare, reference, tolerance
-from fa4_aot.spec.signature import Signature
+from fa4_aot.domain.signature import Signature
 
 F64 = torch.float64
 SIG = Signature(layout="dense", pass_="fwd", dtype="bf16", head_dim=32, head_dim_v=24, mask="full", window=(0, 0),

@@ -14,8 +14,8 @@ import torch
 
 from fa4_aot.certify.checker import Runtimes, run
 from fa4_aot.certify.plan import Check, Use
+from fa4_aot.domain.signature import Signature
 from fa4_aot.errors import KernelMissing
-from fa4_aot.spec.signature import Signature
 
 FWD = Signature("dense", "fwd", "bf16", 64, 64, "causal", (0, 0), 0.0, False, 1, 4, 4)
 BWD = dataclasses.replace(FWD, pass_="bwd")

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fa4_aot.build.coverage_lean import Regions
-from fa4_aot.build.orchestrator import work_of
 from fa4_aot.certify import plan
 from fa4_aot.certify.driver import signatures_of
+from fa4_aot.compile.coverage_lean import Regions
+from fa4_aot.compile.orchestrator import work_of
+from fa4_aot.domain.recipe_format import HEADS
 from fa4_aot.matrix import variants
-from fa4_aot.spec.recipe_format import HEADS
 from fa4_aot.store import Store, recipes
 from tests.conftest import TINY_VARIANTS
 
@@ -79,7 +79,7 @@ def test_the_store_names_the_signatures_it_recorded(tiny_h200_full_fwd: Path) ->
 def test_bounds_keep_only_valid_cheap_calls() -> None:
     import numpy as np
 
-    from fa4_aot.spec.signature import Signature
+    from fa4_aot.domain.signature import Signature
 
     paged = Signature("paged", "fwd", "bf16", 128, 128, "causal", (0, 0), 0.0, False, 1, 32, 8, 16)
     points = {"batch": np.array([8, 8, 8, 1 << 16]), "seqlen_q": np.array([4, 4, 1, 1]),

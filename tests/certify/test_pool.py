@@ -11,7 +11,7 @@ import pytest
 
 from fa4_aot.certify.plan import Check, Use
 from fa4_aot.certify.pool import Pool
-from fa4_aot.spec.signature import Signature
+from fa4_aot.domain.signature import Signature
 
 SCRIPT = [sys.executable, str(Path(__file__).with_name("scripted_worker.py"))]
 SIG = Signature("dense", "bwd", "bf16", 72, 72, "causal", (0, 0), 0.0, False, 1, 8, 8)

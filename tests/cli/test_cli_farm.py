@@ -23,7 +23,7 @@ def test_dry_run_of_all_skus_plans_each_in_its_flavour(tmp_path: Path) -> None:
     """--sku all covers the CUDA 12 flavour too; planning runs FA4's dispatch in that flavour's environment."""
     import pytest
 
-    from fa4_aot.build import flavours
+    from fa4_aot.compile import flavours
     from fa4_aot.errors import BuildError
 
     try:

@@ -205,7 +205,7 @@ def test_skus_show_where_each_figure_comes_from(tmp_path: Path) -> None:
     (["# --- SKUs.", "[skus.a]", "arch = 1", "[skus.b] # inline", "x = 1"], {"a": "", "b": ""}),
 ])
 def test_sku_sources_table(lines: list[str], expected: dict[str, str]) -> None:
-    from fa4_aot.spec.sku_table import sources
+    from fa4_aot.domain.sku_table import sources
 
     assert sources(lines) == expected
 
@@ -239,7 +239,7 @@ def _kernel_with_signpost_and_library(store: Store, tag: str, runtime: bytes) ->
     signpost naming the same object), with a linked library that needs the shared runtime library."""
     import dataclasses
 
-    from fa4_aot.spec import kernel_keys
+    from fa4_aot.domain import kernel_keys
 
     lib = f"library {tag}".encode() * 100
     needs = {"libtvm_ffi.so": "", "libcute_dsl_runtime.so": store.put_object(runtime)}

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from fa4_aot.cli import main
-from fa4_aot.spec import kernel_keys
+from fa4_aot.domain import kernel_keys
 from fa4_aot.store import Entry, Store
 from tests.helpers.servers import Launch, Server, free_port
 

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from fa4_aot.cli import main
-from fa4_aot.spec import known_bad
-from fa4_aot.spec.calls import Call
-from fa4_aot.spec.verdicts import Verdict
+from fa4_aot.domain import known_bad
+from fa4_aot.domain.calls import Call
+from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.store import Entry, Store
 from tests.conftest import TINY_VARIANTS, copy_store
 from tests.store.test_store import make_entry

@@ -11,9 +11,9 @@ import pytest
 
 from fa4_aot.client import attention, installation
 from fa4_aot.client.installation import Installation
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.skus import Sku
 from fa4_aot.fa4 import tracking
-from fa4_aot.spec import kernel_keys
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Store
 from fa4_aot.trust.policy import Trust
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.client import Installation
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.skus import Constants, Sku
 from fa4_aot.errors import IntegrityError, KernelMissing
-from fa4_aot.spec import kernel_keys
-from fa4_aot.spec.skus import Constants, Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust.policy import Trust
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.client import Installation
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.skus import Sku
 from fa4_aot.errors import RemoteError, StoreError
 from fa4_aot.remote.http import Remote
-from fa4_aot.spec import kernel_keys
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust.policy import Trust
 from tests.helpers.raw_server import RawServer, reply

@@ -17,10 +17,10 @@ import pytest
 
 from fa4_aot.client import prefetch
 from fa4_aot.config import default_variants_file, host_arch
+from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.matrix import models, modelwork
 from fa4_aot.matrix.variants import load
 from fa4_aot.runtime import misses as lean_miss
-from fa4_aot.spec.verdicts import Verdict
 from fa4_aot.store import Store
 from fa4_aot.store import recipes as recipe_store
 from tests.conftest import ROOT, copy_store, run_cli

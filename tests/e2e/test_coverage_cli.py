@@ -21,7 +21,7 @@ RECORD_SCRIPT = """
 import torch
 from fa4_aot import config, fa4
 from fa4_aot.matrix import variants
-from fa4_aot.spec.calls import Call
+from fa4_aot.domain.calls import Call
 from fa4_aot.fa4 import caches, dispatch
 fa4.configure(variants.load(config.default_variants_file()).sku("h200"))
 fa4.capture()
@@ -135,7 +135,7 @@ def _parity_calls(seed: int, count: int) -> list[dict]:
     too), a forward without LSE."""
     import random
 
-    from fa4_aot.spec.signature import Signature
+    from fa4_aot.domain.signature import Signature
 
     rng = random.Random(seed)
     base = Signature(layout="dense", pass_="bwd", dtype="bf16", head_dim=128, head_dim_v=128, mask="causal",

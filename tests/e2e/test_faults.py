@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fa4_aot.spec import kernel_keys
+from fa4_aot.domain import kernel_keys
 from fa4_aot.store import Entry, Store, maintenance
 from tests.conftest import ROOT, TINY_VARIANTS, proven, run_cli
 from tests.helpers.servers import Server, prepare_database

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain import recipe_format
+from fa4_aot.domain.calls import Call
+from fa4_aot.domain.signature import Signature
 from fa4_aot.errors import KernelMissing
 from fa4_aot.matrix.variants import load
 from fa4_aot.runtime import runner
-from fa4_aot.spec import recipe_format
-from fa4_aot.spec.calls import Call
-from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Store
 from tests.conftest import TINY_VARIANTS, run_cli
 

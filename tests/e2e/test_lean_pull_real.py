@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.config import host_arch
-from fa4_aot.spec import recipe_file
+from fa4_aot.domain import recipe_file
 from fa4_aot.store import Store, recipes
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
 from tests.helpers.servers import Launch
@@ -26,11 +26,11 @@ import json, sys
 from pathlib import Path
 from fa4_aot.matrix import variants
 from fa4_aot.runtime import runner
-from fa4_aot.spec import recipe_format
+from fa4_aot.domain import recipe_format
 from fa4_aot.store import Store
 from fa4_aot.trust.policy import Trust
-from fa4_aot.spec.calls import Call
-from fa4_aot.spec.signature import Signature
+from fa4_aot.domain.calls import Call
+from fa4_aot.domain.signature import Signature
 store, server = Store(Path(sys.argv[1])), sys.argv[2]
 matrix = variants.load(Path(sys.argv[3]))
 sku = matrix.skus["h200"]

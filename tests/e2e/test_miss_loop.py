@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from fa4_aot.spec.skus import Sku
+from fa4_aot.domain.skus import Sku
 from tests.conftest import TINY_VARIANTS, run_cli
 
 H200 = Sku("h200", "sm_90a", 132, 62914560, 13)
@@ -113,13 +113,13 @@ def _init() -> None:
 
 def record_lookups(lossy: bool = False) -> list[dict[str, Any]]:
     """Run the workload (and with `lossy`, lossy_workload) with caches that record each kernel FA4 looks up and
-    the Call and exact record (fa4_aot.spec.exact) a miss would carry."""
+    the Call and exact record (fa4_aot.domain.exact) a miss would carry."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fa4_aot import fa4
+    from fa4_aot.domain.kernel_keys import canonical, dumps
     from fa4_aot.fa4 import caches
-    from fa4_aot.spec.kernel_keys import canonical, dumps
 
     seen: list[dict[str, Any]] = []
 
@@ -141,7 +141,7 @@ def record_lookups(lossy: bool = False) -> list[dict[str, Any]]:
 def replan(lookups: list[dict[str, Any]]) -> list[str]:
     """The lookups whose recorded Call does not select their kernel when planned again."""
     from fa4_aot import fa4
-    from fa4_aot.spec.calls import Call
+    from fa4_aot.domain.calls import Call
 
     bad = []
     for item in lookups:
@@ -157,7 +157,7 @@ def replan(lookups: list[dict[str, Any]]) -> list[str]:
 def replay(lookups: list[dict[str, Any]]) -> list[str]:
     """The lookups whose exact record does not ask for their kernel when replayed."""
     from fa4_aot import fa4
-    from fa4_aot.spec.exact import ExactCall
+    from fa4_aot.domain.exact import ExactCall
 
     bad = []
     for item in lookups:

@@ -17,11 +17,11 @@ import pytest
 
 from fa4_aot import fa4
 from fa4_aot.client import Installation
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.calls import Call
+from fa4_aot.domain.skus import Sku
 from fa4_aot.errors import KernelMissing
 from fa4_aot.remote.http import Remote, server_from_env
-from fa4_aot.spec import kernel_keys
-from fa4_aot.spec.calls import Call
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Store, maintenance
 from fa4_aot.trust.policy import Trust
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli
@@ -190,9 +190,9 @@ def planned_keys(call: Call | dict, sku: str) -> list[tuple[str, str]]:
     process configured for it."""
     code = (
         "import json, sys\n"
-        "from fa4_aot import fa4\nfrom fa4_aot.spec import kernel_keys\nfrom fa4_aot.matrix import variants\n"
-        "from fa4_aot.spec.calls import Call\n"
-        "from fa4_aot.spec.exact import ExactCall\n"
+        "from fa4_aot import fa4\nfrom fa4_aot.domain import kernel_keys\nfrom fa4_aot.matrix import variants\n"
+        "from fa4_aot.domain.calls import Call\n"
+        "from fa4_aot.domain.exact import ExactCall\n"
         f"sku = variants.load({str(TINY_VARIANTS)!r}).sku({sku!r})\n"
         "fa4.configure(sku)\n"
         "tools = fa4.toolchain()\n"

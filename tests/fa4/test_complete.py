@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from fa4_aot.spec.signature import Signature
-from fa4_aot.spec.skus import Sku
+from fa4_aot.domain.signature import Signature
+from fa4_aot.domain.skus import Sku
 
 H200 = Sku("h200", "sm_90a", 132, 62914560, 13)
 B200 = Sku("b200", "sm_100a", 148, 132644864, 13)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.skus import Sku
 from fa4_aot.fa4 import versions
-from fa4_aot.spec import kernel_keys
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import migrate
 from tests.conftest import ROOT
 
@@ -29,9 +29,9 @@ COMPILE_KEYS = (("fwd", 128, True, None, 0.125), ("bwd", 64, False, "x", 1.0))
 # A fresh interpreter prints its toolchain and the keys of a few kernels (base keys and keys with constants)
 PROBE = f"""
 import json
-from fa4_aot.spec import kernel_keys
+from fa4_aot.domain import kernel_keys
 from fa4_aot.fa4 import versions
-from fa4_aot.spec.skus import Sku
+from fa4_aot.domain.skus import Sku
 skus = [Sku(**s) for s in {[s.__dict__ for s in SKUS]!r}]
 tools = versions.toolchain()
 keys = [kernel_keys.kernel_key("_flash_attn_fwd", k, s, tools, consumed) for k in {COMPILE_KEYS!r} for s in skus
@@ -163,6 +163,19 @@ def test_patches_digest_reads_the_patch_files(tmp_path: Path) -> None:
     assert versions.patches_digest(tmp_path) == versions.patches_digest()
     objects = tmp_path / "object_files.py"
     objects.write_text(objects.read_text().replace("OPT_LEVEL = 3", "OPT_LEVEL = 2"))
+    assert versions.patches_digest(tmp_path) != versions.patches_digest()
+
+
+def test_a_package_rename_changes_no_key(tmp_path: Path) -> None:
+    """Issue 30 renamed spec/ to domain/ and build/ to compile/: patches spelled as before the rename digest as
+    today's, so stores built before it are still found; any other edit of an import still counts."""
+    for name in versions.PATCHES:
+        text = (Path(versions.__file__).parent / name).read_text()
+        (tmp_path / name).write_text(text.replace("..domain.", "..spec.").replace("fa4_aot/domain/", "fa4_aot/spec/"))
+    assert "..spec.skus" in (tmp_path / "l2.py").read_text()
+    assert versions.patches_digest(tmp_path) == versions.patches_digest()
+    l2 = tmp_path / "l2.py"
+    l2.write_text(l2.read_text().replace("..spec.skus", "..matrix.skus"))
     assert versions.patches_digest(tmp_path) != versions.patches_digest()
 
 

@@ -13,9 +13,9 @@ import pytest
 
 import fa4_aot
 from fa4_aot import config
-from fa4_aot.spec import hosts, sku_table
-from fa4_aot.spec.devices import detect_device
-from fa4_aot.spec.matching import select
+from fa4_aot.domain import hosts, sku_table
+from fa4_aot.domain.devices import detect_device
+from fa4_aot.domain.matching import select
 from fa4_aot.store import Store
 from fa4_aot.tirx.problem import Problem
 from fa4_aot.tirx.producer import build

@@ -15,7 +15,7 @@ import sys
 import httpx
 import pytest
 
-from fa4_aot.spec.devices import device_class
+from fa4_aot.domain.devices import device_class
 from fa4_aot.store import Store
 from tests.conftest import ROOT
 

@@ -86,8 +86,8 @@ def test_a_failed_verdict_alone_refuses_and_require_refuses_the_unchecked(certif
                                                                           runtime: str, tmp_path: Path) -> None:
     """The verdict path on its own: a kernel the registry does not name, whose verdict says wrong, is refused; and
     under FA4_AOT_CERTIFIED=require a kernel without a verdict is refused where a certified one runs."""
-    from fa4_aot.spec.devices import device_class
-    from fa4_aot.spec.verdicts import Verdict
+    from fa4_aot.domain.devices import device_class
+    from fa4_aot.domain.verdicts import Verdict
     from fa4_aot.store import Store
 
     store = copy_store(certified[0], tmp_path / "store")

@@ -51,7 +51,7 @@ def test_lean_runtime_on_an_empty_cache_fetches_from_the_server_under_trusted_ke
 
 
 def test_a_recipe_file_the_server_swapped_is_refused(server, signed, tmp_path: Path):
-    from fa4_aot.spec import recipe_file
+    from fa4_aot.domain import recipe_file
     from fa4_aot.store import Store
 
     store = Store(Path(signed["store"]))

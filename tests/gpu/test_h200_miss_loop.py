@@ -1,6 +1,6 @@
 """On a GPU: the miss loop closes. A mixed training/serving workload runs in fallback mode against an empty
 store (FA4 compiles what is missing, fa4_aot records each miss with its Call and the exact FA4 arguments of the
-call, fa4_aot/spec/exact.py), `fa4-aot build --from-misses` replays those records, and the same workload then runs in
+call, fa4_aot/domain/exact.py), `fa4-aot build --from-misses` replays those records, and the same workload then runs in
 strict mode with zero misses and zero compiles. tests/e2e/test_miss_loop_exact.py is the same loop on a
 CPU host (FA4_AOT_SKU=h200, fake tensors).
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import httpx
 
+from fa4_aot.domain import recipe_format
+from fa4_aot.domain.calls import Call
+from fa4_aot.domain.region import Region
+from fa4_aot.domain.signature import Signature
 from fa4_aot.matrix.variants import load
 from fa4_aot.remote.http import Remote
 from fa4_aot.runtime import runner
 from fa4_aot.runtime.fetch import Fetcher
-from fa4_aot.spec import recipe_format
-from fa4_aot.spec.calls import Call
-from fa4_aot.spec.region import Region
-from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Store
 from fa4_aot.trust.policy import Trust
 from tests.conftest import ROOT, TINY_VARIANTS

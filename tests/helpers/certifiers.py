@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 
 from fa4_aot.certify.certifier import Certifier
+from fa4_aot.domain.skus import Sku
+from fa4_aot.domain.verdicts import DeviceClass, Verdict
 from fa4_aot.remote.http import Remote
-from fa4_aot.spec.skus import Sku
-from fa4_aot.spec.verdicts import DeviceClass, Verdict
 from fa4_aot.store import Store
 from service import crud_tokens, db
 from tests.helpers.servers import H200, Server, kernel_doc

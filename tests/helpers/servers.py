@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select
 
-from fa4_aot.spec import kernel_keys
+from fa4_aot.domain import kernel_keys
 from service import crud, crud_tokens, db, models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +38,8 @@ def free_port() -> int:
 
 def kernel_doc(data: bytes, *, key: str | None = None, **overrides: Any) -> dict[str, Any]:
     """A POST /v1/kernels body for an object holding `data`. Its compile key names the bytes, so distinct bytes
-    make distinct kernels; the kernel key is what the fields hash to (fa4_aot.spec.kernel_keys.entry_key, as the server
-    recomputes it) unless `key` is given."""
+    make distinct kernels; the kernel key is what the fields hash to (fa4_aot.domain.kernel_keys.entry_key, as the
+    server recomputes it) unless `key` is given."""
     doc = {
         "object_digest": hashlib.sha256(data).hexdigest(), "size": len(data),
         "family": "FlashAttentionForwardSm90",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain.skus import Sku
 from fa4_aot.errors import ConfigError, UnknownSku
 from fa4_aot.matrix import variants
-from fa4_aot.spec.skus import Sku
 from tests.conftest import assert_located
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from fa4_aot.client import Installation
+from fa4_aot.domain.skus import Sku
 from fa4_aot.errors import IntegrityError, TrustError
 from fa4_aot.remote import push_pull
 from fa4_aot.remote.http import Remote
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.policy import Trust

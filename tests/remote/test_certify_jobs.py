@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.errors import RemoteError
 from fa4_aot.remote.certify_jobs import job_of, jobs_of
-from fa4_aot.spec.verdicts import Verdict
 
 KEY = "ab" * 32
 DEVICE = "nvidia-h200.132sm.driver-13.0.cuda-13.0"

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.skus import Sku
 from fa4_aot.remote import push_pull
 from fa4_aot.remote.http import Remote
-from fa4_aot.spec import kernel_keys
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.store import recipes as recipe_store
 from fa4_aot.trust.policy import Trust
@@ -140,7 +140,7 @@ def test_recipe_files_are_validated_capped_and_the_newest_wins(server: Server, t
 def test_d26_server_refuses_recipe_with_foreign_op_or_unbounded_power(server: Server, tmp_path: Path) -> None:
     """Issue 18, D26: the server accepted a recipe whose step reached torch.ops.load_library (a dlopen of any
     path on every client that ran it) and a guard ["pow", 10, 10**9]; it now applies the client's recipe format
-    (fa4_aot.spec.recipe_format, through store.recipes.check_file) at upload."""
+    (fa4_aot.domain.recipe_format, through store.recipes.check_file) at upload."""
     store, [entry], _ = lean_store(tmp_path, kernels=1)
     signature: dict[str, Any] = {"layout": "dense", "head_dim": 80, "causal": True}
     key = recipe_store.key_of(signature, SKU.target_facts())

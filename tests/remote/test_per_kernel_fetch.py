@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fa4_aot.spec import kernel_keys
+from fa4_aot.domain import kernel_keys
 from fa4_aot.store import Entry, Store
 from tests.helpers.raw_server import RawServer, reply
 from tests.helpers.servers import Server, prepare_database

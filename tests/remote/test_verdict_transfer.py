@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
+from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.errors import RemoteError
 from fa4_aot.remote import endpoints
 from fa4_aot.remote.http import Remote
 from fa4_aot.remote.push_pull import pull, push
-from fa4_aot.spec.verdicts import Verdict
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust.policy import Trust
 from tests.helpers.raw_server import RawServer, reply

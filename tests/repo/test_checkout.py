@@ -68,7 +68,7 @@ def test_test_sh_reuses_current_environments_and_passes_its_arguments_to_pytest(
     stamp = (ROOT / ".venv" / ".fa4-aot-installed", ROOT / ".venv-cu12" / ".fa4-aot-installed")
     if not all(p.is_file() for p in stamp):
         pytest.skip("the environments were not installed by test.sh (run ./test.sh once)")
-    done = subprocess.run(["./test.sh", "--collect-only", "-q", "tests/build/test_commit.py"], cwd=ROOT,
+    done = subprocess.run(["./test.sh", "--collect-only", "-q", "tests/compile/test_commit.py"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "tests/build/test_commit.py" in done.stdout and "pip" not in done.stdout + done.stderr
+    assert "tests/compile/test_commit.py" in done.stdout and "pip" not in done.stdout + done.stderr

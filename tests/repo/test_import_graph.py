@@ -199,27 +199,27 @@ def test_no_design_circles() -> None:
 
 # What each part of fa4_aot may import (docs/architecture.md, "Where a change belongs"). errors and config are the
 # ground floor every part stands on; a part never imports one listed above it. The lean runtime in particular never
-# reaches FA4 (fa4/) nor the build side, and pure values (spec/) import nothing but errors and config.
+# reaches FA4 (fa4/) nor the build side (compile/), and pure values (domain/) import nothing but errors and config.
 BASE = {"errors", "config"}
 LAYERS: dict[str, set[str]] = {
     "errors": set(),
     "config": set(),
-    "spec": BASE,
-    "matrix": BASE | {"spec"},
-    "store": BASE | {"spec"},
-    "trust": BASE | {"spec", "store"},
-    "remote": BASE | {"spec", "store", "trust"},
-    "fa4": BASE | {"spec", "store"},
-    "runtime": BASE | {"spec", "store", "trust", "remote", "tirx"},  # load(family="tirx") reaches tirx/loading.py
+    "domain": BASE,
+    "matrix": BASE | {"domain"},
+    "store": BASE | {"domain"},
+    "trust": BASE | {"domain", "store"},
+    "remote": BASE | {"domain", "store", "trust"},
+    "fa4": BASE | {"domain", "store"},
+    "runtime": BASE | {"domain", "store", "trust", "remote", "tirx"},  # load(family="tirx") reaches tirx/loading.py
     # the TIRx FA4 family: its problems, entries, TVM seam (a subprocess), store commits and launcher
-    "tirx": BASE | {"spec", "matrix", "store", "build"},
+    "tirx": BASE | {"domain", "matrix", "store", "compile"},
     # a serving node's setup: the FA4-backed path, and prefetching a model's kernels for either runtime
-    "client": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime"},
+    "client": BASE | {"domain", "matrix", "store", "trust", "remote", "fa4", "runtime"},
     # the build also reads what the lean runtime would find (a lean miss is closed when the runtime is served)
-    "build": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime"},
+    "compile": BASE | {"domain", "matrix", "store", "trust", "remote", "fa4", "runtime"},
     # certification runs both runtimes on a GPU over what a build planned and recorded
-    "certify": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build"},
-    "cli": BASE | {"spec", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "build", "certify",
+    "certify": BASE | {"domain", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "compile"},
+    "cli": BASE | {"domain", "matrix", "store", "trust", "remote", "fa4", "runtime", "client", "compile", "certify",
                    "tirx", "fa4_aot"},
     "fa4_aot": BASE | {"runtime", "client", "remote"},  # the package's face: lazy attributes over the parts
     "__main__": {"cli"},
@@ -227,7 +227,7 @@ LAYERS: dict[str, set[str]] = {
 
 
 def part_of(module: str) -> str:
-    """fa4_aot.spec.calls -> spec; fa4_aot.errors -> errors; fa4_aot -> fa4_aot."""
+    """fa4_aot.domain.calls -> domain; fa4_aot.errors -> errors; fa4_aot -> fa4_aot."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
@@ -246,11 +246,11 @@ def test_parts_import_only_the_layers_below() -> None:
 
 
 def test_the_layer_check_sees_a_wrong_import(tmp_path: Path) -> None:
-    _write(tmp_path, {"fa4_aot/__init__.py": "", "fa4_aot/spec/__init__.py": "", "fa4_aot/fa4/__init__.py": "",
-                      "fa4_aot/spec/a.py": "def f():\n    from ..fa4 import b\n", "fa4_aot/fa4/b.py": ""})
+    _write(tmp_path, {"fa4_aot/__init__.py": "", "fa4_aot/domain/__init__.py": "", "fa4_aot/fa4/__init__.py": "",
+                      "fa4_aot/domain/a.py": "def f():\n    from ..fa4 import b\n", "fa4_aot/fa4/b.py": ""})
     graph = import_graph(tmp_path, ("fa4_aot",), type_checking=True)
-    assert graph["fa4_aot.spec.a"] == {"fa4_aot.fa4.b"}
-    assert "fa4" not in LAYERS[part_of("fa4_aot.spec.a")]
+    assert graph["fa4_aot.domain.a"] == {"fa4_aot.fa4.b"}
+    assert "fa4" not in LAYERS[part_of("fa4_aot.domain.a")]
 
 
 def test_no_module_name_twice() -> None:

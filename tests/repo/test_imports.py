@@ -41,7 +41,7 @@ def test_only_the_seam_imports_fa4() -> None:
     "import fa4_aot",
     "import fa4_aot.client",
     "import fa4_aot.fa4",
-    "import fa4_aot.build.orchestrator, fa4_aot.remote.push_pull, fa4_aot.client.attention",
+    "import fa4_aot.compile.orchestrator, fa4_aot.remote.push_pull, fa4_aot.client.attention",
     "import fa4_aot.client.installation",
     "from fa4_aot.fa4 import tracking; tracking.current()",
 ])

@@ -7,8 +7,8 @@ recorded as `build --from-misses` would and compared), those FA4 rejects, and ev
 
 The lean side is fa4_aot.flash_attn_func / flash_attn_varlen_func over a temp store. The first time it asks for a
 recipe file (a signature's GQA ratio) at a KV head count, the store gets the regions a build records for the
-signature at that head count (build.lean.explore over its whole size space,
-build.lean.save; for some forward classes, with or without LSE, those of the training signature instead); every
+signature at that head count (compile.lean.explore over its whole size space,
+compile.lean.save; for some forward classes, with or without LSE, those of the training signature instead); every
 kernel is a stub
 that notes its key and arguments (window_probe._Stubs). FA4's side is flash_attn.cute's flash_attn_func /
 flash_attn_varlen_func under compile caches that note the same (window_probe._fa4_launching). Training calls:
@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fa4_aot.domain.probes import MAX_SEQLEN_K, MAX_SEQLEN_Q
 from fa4_aot.fa4.dispatch import _Ctx  # the stand-in for autograd's ctx FA4's forward and backward are driven with
-from fa4_aot.spec.probes import MAX_SEQLEN_K, MAX_SEQLEN_Q
 from tests.runtime.window_probe import _fa4_launching, _plain, _Stubs
 
 
@@ -76,7 +76,7 @@ class _Recording:
     """The lean runtime over a temp store that a build fills, for each signature the entry point asks for."""
 
     def __init__(self, rt: Any, sku: Any) -> None:
-        from fa4_aot.build.lean import Worker
+        from fa4_aot.compile.lean import Worker
         from fa4_aot.fa4.versions import toolchain
 
         self.rt, self.sku = rt, sku
@@ -85,13 +85,13 @@ class _Recording:
         self.built_as: str | None = None  # the pass a build records for a forward signature (its training one)
 
     def build(self, sig: Any) -> None:
-        """What a build of `sig` records: regions covering its whole size space (build.lean.explore); with
+        """What a build of `sig` records: regions covering its whole size space (compile.lean.explore); with
         `built_as`, those of the training signature instead, with its forward without LSE (a model built for
         training, run forward)."""
         import dataclasses
 
-        from fa4_aot.build import lean as build_lean
-        from fa4_aot.spec import probes
+        from fa4_aot.compile import lean as build_lean
+        from fa4_aot.domain import probes
 
         sig = dataclasses.replace(sig, pass_=self.built_as) if self.built_as else sig
         recorded: dict[str, list[Any]] = {}

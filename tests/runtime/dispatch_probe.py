@@ -19,12 +19,12 @@ import warnings
 def main() -> None:
     warnings.filterwarnings("ignore")
     from fa4_aot import config, fa4
+    from fa4_aot.domain import recipe_format
     from fa4_aot.matrix import variants
-    from fa4_aot.spec import recipe_format
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
-    from fa4_aot.spec.signature import Signature
+    from fa4_aot.domain.signature import Signature
 
     sigs = [Signature.from_dict(d) for d in json.loads(sys.argv[2])]
     count, rng = int(sys.argv[3]), random.Random(int(sys.argv[4]))
@@ -45,8 +45,8 @@ def main() -> None:
 def _compare(fa4, sig, sizes: dict[str, int], sku, regions: list, rng: random.Random, report: dict) -> str:
     """'' when the lean runtime does what FA4 does at `sizes` (recording a region there if none holds), else why
     not. Where FA4 raises (a call it rejects), no region may hold: the lean runtime must refuse too."""
+    from fa4_aot.domain import kernel_keys
     from fa4_aot.runtime import replay
-    from fa4_aot.spec import kernel_keys
     from fa4_aot.store import recipes
 
     region = recipes.find(regions, sizes)

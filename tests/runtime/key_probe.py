@@ -4,7 +4,7 @@ FA4 over the same build (fa4_aot.install(): FA4 serves a call when every kernel 
 
 argv: SKU, seed, JSON {"built": [classes], "calls": [[class, count], ...]} in tests/runtime/test_lean_differential.py's
 class form. The store gets, once, the regions a build records for each built class's signature (at its first KV
-head count; build.lean.explore, as differential_probe does); no call builds anything more. Each call of a called
+head count; compile.lean.explore, as differential_probe does); no call builds anything more. Each call of a called
 class (random sizes, differential_probe._random_call) gets a verdict per side: "served" (with its launches),
 "missing" (the lean runtime's KernelMissing; FA4 launching a kernel the build lacks) or "rejected" (FA4 raises).
 Prints one JSON report: per call, the verdicts and what differs ('' when both sides agree and launch alike).
@@ -98,8 +98,8 @@ def _verdicts(recording: _Recording, built: set[str], call: dict[str, Any]) -> d
 def _identity(recording: _Recording, call: dict[str, Any]) -> dict[str, Any]:
     """What the lean runtime tells the call apart by: {"file": its recipe key, "region": the guards of the region
     holding at its sizes (None when none does)}."""
+    from fa4_aot.domain import kernel_keys
     from fa4_aot.runtime import call_args
-    from fa4_aot.spec import kernel_keys
     from fa4_aot.store import recipes
 
     shapes, kw = call["shapes"], call["kwargs"]

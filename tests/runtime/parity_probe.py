@@ -63,8 +63,8 @@ def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any
     """The lean runtime over a store that holds, for any signature asked for, only the region a build records for
     that signature with the call's `record` head counts and pass, at the call's lengths; kernels are _Stubs."""
     from fa4_aot import fa4
+    from fa4_aot.domain import recipe_format
     from fa4_aot.runtime import runner as lean
-    from fa4_aot.spec import recipe_format
     from fa4_aot.store import Store, recipes
 
     sizes = recipe_format.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])

@@ -17,7 +17,7 @@ def main() -> None:
 
     sku = variants.load(config.default_variants_file()).skus[sys.argv[1]]
     fa4.configure(sku)
-    from fa4_aot.spec.signature import Signature
+    from fa4_aot.domain.signature import Signature
 
     pairs = json.loads(sys.argv[2])
     print(json.dumps([fa4.record_recipe(Signature.from_dict(sig), sizes, sku).to_json() for sig, sizes in pairs]))

@@ -72,8 +72,8 @@ def test_seqused_and_paged_sizes_default_as_fa4() -> None:
 
 
 def test_decode_signatures_are_the_planners() -> None:
+    from fa4_aot.domain.signature import Signature
     from fa4_aot.matrix import variants
-    from fa4_aot.spec.signature import Signature
     from tests.conftest import ROOT
 
     matrix = variants.load(ROOT / "tests" / "data" / "lean_variants.toml")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.skus import Constants
 from fa4_aot.errors import KernelMissing
 from fa4_aot.runtime.libraries import Libraries
-from fa4_aot.spec import kernel_keys
-from fa4_aot.spec.skus import Constants
 from fa4_aot.store import Entry, Store
 
 TOOLS = {"flash-attn-4": "t", "nvidia-cutlass-dsl": "t"}

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from fa4_aot.domain import recipe_format
+from fa4_aot.domain.region import Region, parse_regions
+from fa4_aot.domain.signature import Signature
 from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
-from fa4_aot.spec import recipe_format
-from fa4_aot.spec.region import Region, parse_regions
-from fa4_aot.spec.signature import Signature
 from tests.runtime.test_replay import recorded
 
 SIG = {"layout": "seqused", "pass_": "fwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",
@@ -115,9 +115,9 @@ def lean_over(regions, tmp_path):
     """The lean runtime (fa4_aot's entry points) over a temp store holding `regions`, every kernel a stub that
     notes (PAIRS index of its region, arguments); yields the notes."""
     from fa4_aot import config
+    from fa4_aot.domain.signature import Signature
     from fa4_aot.matrix import variants
     from fa4_aot.runtime import api, runner
-    from fa4_aot.spec.signature import Signature
     from fa4_aot.store import Store, recipes
 
     sku = variants.load(config.default_variants_file()).skus["h200"]

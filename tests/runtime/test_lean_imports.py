@@ -33,7 +33,7 @@ def test_lean_modules_load_no_compiler() -> None:
     body = ("import torch, tvm_ffi, fa4_aot\n"
             "from fa4_aot.runtime import api, libraries, replay, runner\n"
             "from fa4_aot.store import recipes\n"
-            "from fa4_aot.spec import recipe_format, symexpr")
+            "from fa4_aot.domain import recipe_format, symexpr")
     assert _imported(body) == []
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain.skus import Sku
 from fa4_aot.errors import KernelMissing
 from fa4_aot.remote.http import Remote
 from fa4_aot.runtime.fetch import Fetcher
 from fa4_aot.runtime.libraries import Libraries
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store, maintenance
 from fa4_aot.trust.policy import Trust
 from tests.conftest import ROOT, TINY_VARIANTS, run_cli

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain import recipe_format
+from fa4_aot.domain.region import Launch, Region, parse_regions
+from fa4_aot.domain.signature import Signature
 from fa4_aot.runtime import replay
 from fa4_aot.runtime.runner import _function
-from fa4_aot.spec import recipe_format
-from fa4_aot.spec.region import Launch, Region, parse_regions
-from fa4_aot.spec.signature import Signature
 
 ROOT = Path(__file__).resolve().parents[2]
 SIG = {"layout": "dense", "pass_": "bwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "causal",

@@ -78,8 +78,8 @@ def _lean_runtime(sku: Any, root: Path, call: dict[str, Any], launches: list[Any
     """The lean runtime (runner.runtime) over a store that holds, for any signature asked for, the region a build
     records at this call's sizes; kernels are _Stubs."""
     from fa4_aot import fa4
+    from fa4_aot.domain import recipe_format
     from fa4_aot.runtime import runner
-    from fa4_aot.spec import recipe_format
     from fa4_aot.store import Store, recipes
 
     sizes = recipe_format.sizes_of_call("dense", call["q"][0], call["q"][1], call["k"][1])
@@ -115,10 +115,10 @@ def _fa4_launching(sku: Any, launches: list[Any]) -> Iterator[None]:
     """FA4 launching its kernels on fake tensors, each kernel noting its key and arguments."""
     from flash_attn.cute import interface
 
+    from fa4_aot.domain.kernel_keys import kernel_key
     from fa4_aot.fa4 import caches
     from fa4_aot.fa4.symbolic import launching
     from fa4_aot.fa4.versions import toolchain
-    from fa4_aot.spec.kernel_keys import kernel_key
 
     class Noting(caches.Recorder):
         def __getitem__(self, key: Any) -> Any:

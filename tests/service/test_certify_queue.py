@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from fa4_aot.spec.skus import Sku
+from fa4_aot.domain.skus import Sku
 from fa4_aot.store import Store
 from tests.helpers.certifiers import (
     DEVICE,
@@ -202,7 +202,7 @@ def _epoch(iso: str) -> float:
 def test_kernels_a_build_wrote_before_serve_are_queued_for_certification(launch: Launch, tmp_path: Path) -> None:
     """Issue 27: `fa4-aot build` then `fa4-aot serve` over its store is how most kernels reach a server; those
     the server imports at startup are certified as builders' uploads are, except kernels already certified."""
-    from fa4_aot.spec.verdicts import Verdict
+    from fa4_aot.domain.verdicts import Verdict
     from fa4_aot.store import Entry
     from tests.conftest import proven
 

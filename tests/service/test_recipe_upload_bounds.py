@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fa4_aot.spec import recipe_file
+from fa4_aot.domain import recipe_file
 from fa4_aot.store import recipes as recipe_store
 from tests.helpers.servers import Server
 from tests.remote.test_lean_entries import SKU, _publish, lean_store, region

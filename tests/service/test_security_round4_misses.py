@@ -14,8 +14,8 @@ import httpx
 import pytest
 from sqlalchemy import update
 
+from fa4_aot.domain import kernel_keys
 from fa4_aot.runtime import misses
-from fa4_aot.spec import kernel_keys
 from service import db, models
 from tests.conftest import run_cli
 from tests.helpers.builders import hold_sku, tiny

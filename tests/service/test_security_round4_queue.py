@@ -1,6 +1,6 @@
 """Issue 28, security round 4: the build queue's ownership and robustness (D30, D35, D41, D42), over SQLite and
 PostgreSQL with a real uvicorn. Builders are played through the HTTP API, except in D42, where the real builder
-loop (fa4_aot/build/builder.py) meets a server that answers its claims with malformed documents. Time passing (a
+loop (fa4_aot/compile/builder.py) meets a server that answers its claims with malformed documents. Time passing (a
 lease running out, a retry's backoff) is played by moving the job's deadlines back in the real database."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from fa4_aot.build.builder import Builder
-from fa4_aot.build.executors import LocalExecutor
+from fa4_aot.compile.builder import Builder
+from fa4_aot.compile.executors import LocalExecutor
 from fa4_aot.matrix.variants import load
 from fa4_aot.remote.http import Remote
 from fa4_aot.runtime import misses

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from fa4_aot.spec.skus import Sku
+from fa4_aot.domain.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust import signing, signing_keys
 from tests.helpers.servers import H200, Launch, kernel_doc

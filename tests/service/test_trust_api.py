@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fa4_aot.spec.skus import Sku
+from fa4_aot.domain.skus import Sku
 from fa4_aot.trust import signing, signing_keys
 from service import crud_tokens, db
 from service.errors import InvalidInput, TokenNotFound

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fa4_aot.spec.skus import Sku
-from fa4_aot.spec.verdicts import Verdict
+from fa4_aot.domain.skus import Sku
+from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.store import Store
 from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.signing import Revocations

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from fa4_aot import config
+from fa4_aot.domain import recipe_format
+from fa4_aot.domain.signature import Signature
 from fa4_aot.matrix import variants
 from fa4_aot.runtime import runner
-from fa4_aot.spec import recipe_format
-from fa4_aot.spec.signature import Signature
 from fa4_aot.store import Store, recipes
 
 COMMITTED = Path(__file__).resolve().parents[1] / "data" / "store_h200_xeon"

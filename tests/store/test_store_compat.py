@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fa4_aot.build import orchestrator
-from fa4_aot.spec import kernel_keys
-from fa4_aot.spec.skus import Sku
+from fa4_aot.compile import orchestrator
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.skus import Sku
 from fa4_aot.store import Store, maintenance, migrate
 from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.signing import Revocations

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fa4_aot.spec.skus import MIB, Constants, Sku
+from fa4_aot.domain.skus import MIB, Constants, Sku
 from fa4_aot.tirx.problem import Problem, keys, l2_size_for, schedule
 
 B200 = Sku("b200", "sm_100a", 148, 132644864, 13)

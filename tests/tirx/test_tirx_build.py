@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain.sku_table import table
 from fa4_aot.errors import BuildError, KernelMissing
 from fa4_aot.remote import push_pull
 from fa4_aot.remote.http import Remote
-from fa4_aot.spec.sku_table import table
 from fa4_aot.store import Store
 from fa4_aot.tirx import toolenv
 from fa4_aot.tirx.kernel_file import KernelFile
@@ -141,7 +141,7 @@ def test_strict_load_names_the_build_of_a_problem_not_built(built: tuple[Path, l
         find(Store(built[0]), Problem.parse("b1-q512-k512-h4-kv4-d128-full"), SKUS["b200"], SKUS["b200"].constants())
     assert missing.value.family == FAMILY
     # a device whose SM count no row has built for: the large kernel's constant differs, the small one's agrees
-    from fa4_aot.spec.skus import Constants
+    from fa4_aot.domain.skus import Constants
 
     other = Constants(sm_count=150, l2_bytes=SKUS["b200"].l2_bytes)
     find(Store(built[0]), Problem.parse(SMALL), SKUS["b200"], other)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain.skus import Sku
 from fa4_aot.errors import ConfigError, KernelMissing
 from fa4_aot.matrix import variants
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Store
 from fa4_aot.tirx import entries
 from fa4_aot.tirx.loading import find, problem_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from fa4_aot.spec.skus import Sku
+from fa4_aot.domain.skus import Sku
 from fa4_aot.store import Entry
 from fa4_aot.store.migrate import foreign
 from fa4_aot.store.prune import Rules, select

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from fa4_aot.domain import kernel_keys, known_bad
+from fa4_aot.domain.signature import Signature
+from fa4_aot.domain.verdicts import DeviceClass, Verdict
 from fa4_aot.errors import ConfigError, KernelRefused, StoreError
-from fa4_aot.spec import kernel_keys, known_bad
-from fa4_aot.spec.signature import Signature
-from fa4_aot.spec.verdicts import DeviceClass, Verdict
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust.certified import Gate, policy_from_env
 from tests.conftest import proven

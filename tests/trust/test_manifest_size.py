@@ -9,8 +9,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from fa4_aot.spec.skus import Sku
-from fa4_aot.spec.verdicts import Verdict
+from fa4_aot.domain.skus import Sku
+from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust import signing, signing_keys
 from service.limits import MANIFEST_BODY_LIMIT

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from fa4_aot.domain.skus import Sku
 from fa4_aot.errors import TrustError
-from fa4_aot.spec.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust import policy as trust
 from fa4_aot.trust import signing, signing_keys

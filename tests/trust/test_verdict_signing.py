@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from fa4_aot.domain import known_bad
+from fa4_aot.domain.skus import Sku
+from fa4_aot.domain.verdicts import DeviceClass, Verdict
 from fa4_aot.errors import KernelRefused, TrustError
-from fa4_aot.spec import known_bad
-from fa4_aot.spec.skus import Sku
-from fa4_aot.spec.verdicts import DeviceClass, Verdict
 from fa4_aot.store import Entry, Store
 from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.certified import Gate

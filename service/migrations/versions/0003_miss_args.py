@@ -1,4 +1,4 @@
-"""Misses carry the exact FA4 arguments of the call that needed the kernel (fa4_aot.spec.exact), which
+"""Misses carry the exact FA4 arguments of the call that needed the kernel (fa4_aot.domain.exact), which
 `fa4-aot build --from-misses` replays; NULL for misses reported by older clients.
 
 Revision ID: 0003

@@ -1,4 +1,4 @@
-"""Host targets: a SKU's facts include the host target its kernels' host code is built for (fa4_aot/spec/hosts.py).
+"""Host targets: a SKU's facts include the host target its kernels' host code is built for (fa4_aot/domain/hosts.py).
 
 Revision ID: 0005
 Revises: 0004

@@ -1,4 +1,4 @@
-"""On-demand builds: a reported miss becomes a build job that a builder (fa4_aot/build/builder.py) claims, runs and
+"""On-demand builds: a reported miss becomes a build job that a builder (fa4_aot/compile/builder.py) claims, runs and
 publishes (issue 21).
 
 Revision ID: 0006

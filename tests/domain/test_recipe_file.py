@@ -1,0 +1,92 @@
+"""Issue 29, point 2: the compact recipe file (domain/recipe_file.py). It holds exactly the regions a JSON file
+holds (every committed recording round-trips), builds write it, JSON files of earlier builds still read, and a
+hostile compact file is refused with ValueError (inflation, nesting, indices) before any region is checked."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fa4_aot import config
+from fa4_aot.domain import kernel_keys, recipe_file
+from fa4_aot.domain.region import Region, parse_regions
+from fa4_aot.matrix import variants
+from fa4_aot.store import Store, recipes
+from tests.domain.test_recipe_bounds import refused_everywhere
+
+COMMITTED = Path(__file__).resolve().parents[1] / "data" / "store_h200_xeon"
+
+
+def _committed() -> list[tuple[str, bytes]]:
+    """(key, bytes) of every recipe file of the committed h200 store: JSON files of a build before issue 29."""
+    return [(p.stem, p.read_bytes()) for p in sorted((COMMITTED / "recipes").glob("*/*.json"))]
+
+
+def _target() -> dict[str, Any]:
+    return variants.load(config.default_variants_file()).skus["h200"].target_facts()
+
+
+def _packed(doc: dict[str, Any]) -> bytes:
+    return recipe_file.MAGIC + zlib.compress(kernel_keys.dumps(doc).encode())
+
+
+def test_compact_files_hold_exactly_the_regions_json_files_hold() -> None:
+    for key, data in _committed():
+        doc = json.loads(data)
+        compact = recipe_file.encode(key, doc["regions"])
+        assert recipe_file.is_compact(compact) and not recipe_file.is_compact(data)
+        assert recipe_file.decode(compact) == doc == recipe_file.decode(data)
+        assert [r.to_json() for r in parse_regions(recipe_file.decode(compact)["regions"])] == doc["regions"]
+        assert recipe_file.encode(key, doc["regions"]) == compact  # the same regions, the same bytes
+        recipes.check_file(compact, key, _target())
+
+
+def test_regions_that_repeat_are_stored_once() -> None:
+    """Ten regions differing only in a guard: the compact file stores their steps, metas and kernels once."""
+    key, data = _committed()[0]
+    region = json.loads(data)["regions"][0]
+    many = [{**region, "guards": [*region["guards"], ["ge", ["sym", "batch"], i]]} for i in range(10)]
+    one, ten = recipe_file.encode(key, many[:1]), recipe_file.encode(key, many)
+    assert len(ten) < 2 * len(one) and len(ten) * 5 < len(json.dumps({"key": key, "regions": many}))
+    parsed = parse_regions(recipe_file.decode(ten)["regions"])
+    assert parsed[0].fwd is parsed[9].fwd and parsed[0].meta is parsed[9].meta  # decoded and typed once too
+    assert [r.to_json() for r in parsed] == many
+
+
+def test_builds_write_compact_files_and_json_files_still_load(tmp_path: Path) -> None:
+    store = Store(tmp_path / "cache")
+    key, data = _committed()[0]
+    store.put_recipes(key, data)
+    loaded = recipes.load(store, key)
+    assert loaded and recipes.load(store, key)[0] is loaded[0]  # parsed once per process for the same bytes
+    extra = Region.parse({**loaded[0].to_json(), "guards": [*loaded[0].guards, ["ge", ["sym", "batch"], 1]]})
+    assert recipes.merge(store, key, [extra]) == len(loaded) + 1
+    written = store.recipes(key)
+    assert written is not None and recipe_file.is_compact(written)
+    assert [r.to_json() for r in recipes.load(store, key)] == [*json.loads(data)["regions"], extra.to_json()]
+
+
+HOSTILE = [  # (case, bytes under the committed file's key, what the error names)
+    ("not zlib", lambda key: recipe_file.MAGIC + b"not deflate", "does not inflate"),
+    ("truncated", lambda key: recipe_file.encode(key, [])[:-4], "truncated"),
+    ("inflation bomb", lambda key: recipe_file.MAGIC + zlib.compress(b" " * (recipe_file.MAX_DECODED + 1)),
+     "inflates past"),
+    ("no tables", lambda key: _packed({"key": key, "regions": []}), "no tables"),
+    ("index past a table", lambda key: _packed({"key": key, "tables": {t: [] for t in recipe_file.TABLES},
+                                                "regions": [{"signature": 3}]}), "not an entry of table values"),
+    ("bool as an index", lambda key: _packed({"key": key, "tables": {**{t: [] for t in recipe_file.TABLES},
+                                                                     "lists": [[True]]},
+                                              "regions": [{"fwd": 0}]}), "not a list of indices"),
+    ("nested 50,000 deep", lambda key: recipe_file.MAGIC + zlib.compress(b"[" * 50_000 + b"]" * 50_000),
+     "nested deeper than"),
+]
+
+
+@pytest.mark.parametrize("make,named", [(m, n) for _c, m, n in HOSTILE], ids=[c for c, _m, _n in HOSTILE])
+def test_hostile_compact_files_are_refused(tmp_path: Path, make: Any, named: str) -> None:
+    key, _data = _committed()[0]
+    refused_everywhere(tmp_path, key, make(key), named)
