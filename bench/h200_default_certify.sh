@@ -29,8 +29,9 @@ case "${1:?start, wait or pipeline}" in
 start)
   rm -rf "$code" "$run" "$store"
   mkdir -p "$code/bench" "$run"
-  cp -r fa4_aot variants.toml pyproject.toml tests "$code/"
-  cp bench/h200_default_certify.sh bench/recipe_bytes.py bench/lean_first_call_profile.py "$code/bench/"
+  src=${DC_SRC:-.}  # a tree to run instead of the working tree (e.g. a `git archive` of a commit, carried)
+  cp -r "$src/fa4_aot" "$src/variants.toml" "$src/pyproject.toml" "$code/"
+  cp "$src/bench/h200_default_certify.sh" "$src/bench/recipe_bytes.py" "$src/bench/lean_first_call_profile.py" "$code/bench/"
   cd "$code" && setsid nohup bash bench/h200_default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 2
   echo "pipeline started: $run/pipeline.log"
@@ -40,27 +41,24 @@ pipeline)
   date +%s > "$run/t0"
   ( FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir "$store" build --sku h200 --variants "$variants" -j "$(nproc)" > "$run/build.log" 2>&1
     echo $? > "$run/build.rc"; date +%s > "$run/build.end" ) &
-  round=0; left_before=-1
-  while :; do
-    built=0; [ -f "$run/build.rc" ] && built=1
-    keys=$(pending_keys); left=$(tr ',' '\n' <<< "$keys" | grep -c .)
-    echo "$(date +%T) round $round: built=$built, kernels without a verdict: $left"
-    if [ "$left" = 0 ] || { [ "$built" = 1 ] && [ "$left" = "$left_before" ]; }; then
-      [ "$built" = 1 ] && break
-      sleep 20; continue
+  round=0
+  until [ -f "$run/build.rc" ]; do  # while it builds: the kernels built so far, a few workers
+    keys=$(pending_keys)
+    if [ -n "$keys" ]; then
+      round=$((round + 1))
+      py -m fa4_aot --cache-dir "$store" certify --sku h200 -j 3 --recheck-known-bad --keys "$keys" --json -q \
+        > "$run/certify-$round.json" 2> "$run/certify-$round.err"
+      rc=$?; echo "$(date +%T) round $round (-j 3, $(tr ',' '\n' <<< "$keys" | grep -c .) kernels): exit $rc"
     fi
-    [ "$built" = 1 ] && left_before=$left
-    jobs=3; [ "$built" = 1 ] && jobs=12
-    round=$((round + 1))
-    py -m fa4_aot --cache-dir "$store" certify --sku h200 -j "$jobs" --recheck-known-bad --keys "$keys" --json \
-      > "$run/certify-$round.json" 2> "$run/certify-$round.err"
-    rc=$?; echo "$(date +%T) round $round (-j $jobs): exit $rc"
-    [ "$built" = 0 ] && sleep 10
+    sleep 15
   done
-  start=$(date +%s)
-  py -m fa4_aot --cache-dir "$store" certify --sku h200 -j 12 --recheck-known-bad --json \
-    > "$run/certify-final.json" 2> "$run/certify-final.err"
-  rc=$?; echo "final certify over the whole store: exit $rc, $(( $(date +%s) - start )) s"
+  echo "$(date +%T) build ended: exit $(cat "$run/build.rc"), $(( $(cat "$run/build.end") - $(cat "$run/t0") )) s"
+  for final in 1 2; do  # the command issue 27 names, over the whole store; the second must find nothing left
+    start=$(date +%s)
+    py -m fa4_aot --cache-dir "$store" certify --sku h200 -j 14 --recheck-known-bad --json \
+      > "$run/certify-final$final.json" 2> "$run/certify-final$final.err"
+    rc=$?; echo "$(date +%T) certify over the whole store ($final): exit $rc, $(( $(date +%s) - start )) s"
+  done
   date +%s > "$run/certified"
   py -m fa4_aot --cache-dir "$store" list --sku h200 --json > "$run/list.json" 2> "$run/list.err"
   py -m fa4_aot --cache-dir "$store" known-bad --sku h200 --json > "$run/known-bad.json" 2>&1

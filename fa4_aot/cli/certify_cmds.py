@@ -185,9 +185,16 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
 
 def _progress(bar: Progress):  # type: ignore[no-untyped-def]
     def update(done: int, total: int, outcome: Outcome) -> None:
-        line = "" if outcome.status == "pass" else f"{outcome.check.describe()}: {outcome.detail or outcome.status}"
-        bar.update(done, total, "ok" if outcome.status == "pass" else outcome.status, line,
-                   check=outcome.check.describe(), seconds=round(outcome.seconds, 3))
+        if outcome.status == "pass":
+            bar.update(done, total, "ok", "", check=outcome.check.describe(), seconds=round(outcome.seconds, 3))
+            return
+        # what failed, as it comes: a run stopped before its end (a lease, Ctrl-C) still says what it found
+        found = "; ".join(f"{f.get('tensor')} {f.get('error')} > {f.get('bound')}" for f in outcome.failures)
+        bar.update(done, total, outcome.status,
+                   f"{outcome.check.describe()} ({outcome.part}): {found or outcome.detail or outcome.status}",
+                   check=outcome.check.describe(), seconds=round(outcome.seconds, 3), part=outcome.part,
+                   failures=outcome.failures, detail=outcome.detail[:500],
+                   kernels=[u.kernel_key for u in outcome.check.kernels])
 
     return update
 

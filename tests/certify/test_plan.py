@@ -88,3 +88,26 @@ def test_bounds_keep_only_valid_cheap_calls() -> None:
               HEADS: np.array([8, 8, 8, 8])}
     # max_seqlen_q below the query's length is not a valid call; the last point's pool and work are too large
     assert plan._within_bounds(paged, points).tolist() == [True, False, True, False]
+
+
+def test_h200_default_build_kernel_in_fewer_regions_than_its_checks_is_planned(tiny_h200_full_fwd: Path) -> None:
+    # Found certifying the default h200 build on the H200 (2026-12-03): a kernel held in fewer regions than its
+    # checks took the small/boundary/large pass, which put the drawn points (dicts) in a set: TypeError, and no
+    # round of `fa4-aot certify` over that store planned anything
+    matrix = variants.load(TINY_VARIANTS)
+    sku = matrix.sku("h200")
+    store = Store(tiny_h200_full_fwd)
+    items = signatures_of(work_of(matrix, sku, matrix.select(["full-fwd"])))
+    many = plan.plan(store, sku, items, per_kernel=10)
+    assert {"small", "large"} <= {c.kind for c in many.checks}
+    points = [(c.sig, sorted(c.point.items())) for c in many.checks]
+    assert len(points) == len(set(map(str, points)))  # no size checked twice
+
+
+def test_typical_checks_are_bounded_per_kernel_not_per_region(tiny_h200_full_fwd: Path) -> None:
+    # the default h200 build holds 31 regions a kernel: a typical check of every region took hours on the H200
+    found, regions = planned(tiny_h200_full_fwd)
+    held = sum(len(regions.regions(sig)) for sig in {c.sig for c in found.checks})
+    typical = [c for c in found.checks if c.kind == "typical"]
+    assert held > plan.TYPICAL_PER_KERNEL * len(found.kernels())  # the store has more regions than the bound
+    assert 0 < len(typical) <= plan.TYPICAL_PER_KERNEL * len(found.kernels())

@@ -1,0 +1,45 @@
+"""`fa4-aot certify`'s progress says what each failing check found as it comes (tensor, error, bound; the crash's
+error; the kernels), in JSON lines and plain lines: the default h200 build's certification on the H200
+(2026-12-03) ran out of its lease before its end, and its 25 wrong checks and one crash were known only as
+"status": "wrong" with no tensor, no error and no kernel (verdicts are kept only when a run ends)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fa4_aot.certify.plan import Check, Use
+from fa4_aot.certify.pool import Outcome
+from fa4_aot.cli.certify_cmds import _progress
+from fa4_aot.cli.progress import Progress
+from fa4_aot.domain.signature import Signature
+
+SIG = Signature("varlen", "bwd", "bf16", 80, 80, "causal", (0, 0), 0.0, False, 1, 8, 8, 0)
+CHECK = Check(SIG, {"batch": 3, "max_seqlen_q": 2, "max_seqlen_k": 258, "total_q": 6, "total_k": 65,
+                    "heads_kv": 8}, (Use("FlashAttentionBackwardSm90", "ab" * 32),), "small", 27)
+
+
+def _events(capsys: pytest.CaptureFixture[str], outcome: Outcome, *, as_json: bool) -> str:
+    with Progress("certify", quiet=False, as_json=as_json, tty=False) as bar:
+        _progress(bar)(1, 2, outcome)
+    return capsys.readouterr().err
+
+
+def test_h200_default_build_partial_certify_says_what_failed(capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = Outcome("c1", CHECK, "wrong", "bwd", [{"tensor": "dq", "error": 1.92, "bound": 0.038}], "", 0.1)
+    event = json.loads(_events(capsys, wrong, as_json=True))
+    assert event["status"] == "wrong" and event["part"] == "bwd"
+    assert event["failures"] == [{"tensor": "dq", "error": 1.92, "bound": 0.038}]
+    assert event["kernels"] == ["ab" * 32]
+    assert "dq 1.92 > 0.038" in _events(capsys, wrong, as_json=False)
+
+    crash = Outcome("c2", CHECK, "crash", "fwd", [], "CUDA error: an illegal memory access was encountered", 0.3)
+    event = json.loads(_events(capsys, crash, as_json=True))
+    assert event["detail"].startswith("CUDA error: an illegal memory access")
+    assert "illegal memory access" in _events(capsys, crash, as_json=False)
+
+
+def test_a_passing_check_stays_one_short_event(capsys: pytest.CaptureFixture[str]) -> None:
+    event = json.loads(_events(capsys, Outcome("c3", CHECK, "pass", seconds=0.05), as_json=True))
+    assert event["status"] == "ok" and "failures" not in event and "kernels" not in event
