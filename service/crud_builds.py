@@ -17,8 +17,9 @@ from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.misses import LEAN_FAMILY, Miss
 
-from . import build_order, crud, crud_recipes, db, job_claims, models, schemas
+from . import build_order, crud, crud_recipes, db, job_claims, models
 from .build_schemas import BuildOut, BuildResult
 from .errors import NotFound
 
@@ -26,14 +27,13 @@ ACTIVE = ("queued", "running")
 MAX_ATTEMPTS = 3  # claims of one job: past them its builders kept dying on it, or kept failing
 FINAL = ("done", "failed", "rejected")
 RETRY_BASE, RETRY_MAX = 30.0, 900.0  # seconds a failed job waits before its next claim: doubling, capped
-FAMILY_RECIPE = "recipe"  # a lean call's miss (fa4_aot/runtime/misses.py): its build publishes recipe files
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-def enqueue(session: Session, *, miss: schemas.MissIn, requester: str, max_total: int,
+def enqueue(session: Session, *, miss: Miss, requester: str, max_total: int,
             max_per_requester: int) -> tuple[models.BuildJob | None, str]:
     """(the job that builds `miss`, ''), counting one more report of it when it exists in any state (a rejected
     or failed job is answered with its reason, never run again); else a new queued job. (None, why) when the
@@ -50,7 +50,7 @@ def enqueue(session: Session, *, miss: schemas.MissIn, requester: str, max_total
         return None, why
     job = models.BuildJob(sku=miss.sku, kernel_key=miss.kernel_key, family=miss.family,
                           compile_key=canonical_json(miss.compile_key), status="queued", requester=requester,
-                          call=None if miss.call is None else canonical_json(miss.call.model_dump()),
+                          call=None if miss.call is None else canonical_json(miss.call),
                           args=None if miss.args is None else canonical_json(miss.args),
                           reports=1, attempts=0, builder="", detail="", compile_seconds=0.0, built=0, created=now())
     session.add(job)
@@ -169,7 +169,7 @@ def retry_delay(attempts: int) -> timedelta:
 def published(session: Session, job: models.BuildJob) -> str:
     """'' when what `job` asked for is served: its kernel's row (a kernel miss), or a recipe file of its SKU's
     target (a lean call's miss, family "recipe"); else why it is not, and what a builder must do first."""
-    if job.family == FAMILY_RECIPE:
+    if job.family == LEAN_FAMILY:  # a lean call's miss: its build publishes recipe files
         target = crud_recipes.target_of(session, sku=job.sku)
         if session.scalar(select(models.Recipe.recipe_key).where(models.Recipe.target == target).limit(1)):
             return ""

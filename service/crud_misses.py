@@ -12,6 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.misses import Miss
 
 from . import db, models, schemas
 from .crud import record_audit
@@ -21,7 +22,7 @@ from .models import utcnow
 MAX_MISSES_PER_SKU = 10_000  # distinct kernel keys; a real matrix gap is a few hundred
 
 
-def record_miss(session: Session, *, miss: schemas.MissIn, may_add: Callable[[], bool] | None = None) -> None:
+def record_miss(session: Session, *, miss: Miss, may_add: Callable[[], bool] | None = None) -> None:
     """Insert the miss or count one more report of it, atomically (INSERT ... ON CONFLICT DO UPDATE). A
     report never replaces a call or exact record (`args`) already recorded. Raises NotFound for a SKU the service
     does not hold and TooMany when the SKU already has MAX_MISSES_PER_SKU distinct misses (a known key is still
@@ -44,7 +45,7 @@ def record_miss(session: Session, *, miss: schemas.MissIn, may_add: Callable[[],
     stmt = dialect.insert(models.Miss).values(
         kernel_key=miss.kernel_key, sku=miss.sku, family=miss.family,
         compile_key=canonical_json(miss.compile_key), count=1, first_seen=now, last_seen=now,
-        call=None if miss.call is None else canonical_json(miss.call.model_dump()),
+        call=None if miss.call is None else canonical_json(miss.call),
         args=None if miss.args is None else canonical_json(miss.args),
     )
     stmt = stmt.on_conflict_do_update(

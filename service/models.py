@@ -190,7 +190,7 @@ class AuditEntry(Base):
 class BuildJob(Base):
     """A build the service asks for (fa4_aot/compile/builder.py runs it): one per (SKU, missed key), so that any number
     of clients missing one kernel, or one lean region, cause one compile. `kernel_key` is the miss's key: a
-    kernel's, or for a lean miss the key of its call (fa4_aot/runtime/misses.py). A builder claims a job with a lease
+    kernel's, or for a lean miss the key of its call (fa4_aot/domain/misses.py). A builder claims a job with a lease
     it renews while it works; a job whose lease ran out (its builder died) is claimed again."""
 
     __tablename__ = "build_jobs"

@@ -9,9 +9,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from fa4_aot.domain import call_ranges, exact, hosts, kernel_keys
+from fa4_aot.domain import call_ranges, exact, hosts
 from fa4_aot.domain.calls import Call
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
+from fa4_aot.domain.misses import LEAN_FAMILY, Miss, lean_key
 
 HEX64 = r"^[0-9a-f]{64}$"
 KEY_ID = r"^[0-9a-f]{16}$"
@@ -240,9 +241,10 @@ def _call_record(value: Any) -> Any:
 
 
 class MissIn(BaseModel):
-    """A kernel a client lacked (fa4_aot.store.Miss). Other top-level fields, such as the client's `when`, are
-    ignored: the server's clock stamps first_seen and last_seen. `call`, when given, must be a whole Call;
-    `args`, when given, a whole exact call record (fa4_aot.domain.exact)."""
+    """A kernel a client lacked (fa4_aot.domain.misses.Miss, with the same field names). Other top-level fields,
+    such as the client's `when`, are ignored: the server's clock stamps first_seen and last_seen. `call`, when
+    given, must be a whole Call; `args`, when given, a whole exact call record (fa4_aot.domain.exact). `to_miss`
+    is the one conversion to the domain value the service's crud works with."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -259,25 +261,31 @@ class MissIn(BaseModel):
     @model_validator(mode="after")
     def _small_and_keyed_by_its_call(self) -> MissIn:
         """A miss is stored twice (its row and its job's), so it holds no more than a real one needs; a lean miss
-        (family "recipe") is keyed by its call, as the client computes it (kernel_keys.call_key), and its compile
+        (family "recipe") is keyed by its call, as the client computes it (misses.lean_key), and its compile
         key is that call: a key of one call carrying another would make the job of the first build the second
         (issue 28, D31)."""
         if len(canonical_json(self.compile_key)) > MAX_MISS_KEY_CHARS:
             raise ValueError(f"compile_key is longer than {MAX_MISS_KEY_CHARS} characters as JSON; a real FA4 compile "
                              "key is under 2 KiB")
-        if self.family != kernel_keys.LEAN_FAMILY:
+        if self.family != LEAN_FAMILY:
             return self
         if self.call is None or self.args is not None:
-            raise ValueError(f"a lean miss (family {kernel_keys.LEAN_FAMILY!r}) carries its call and no args, as "
-                             "fa4_aot.runtime.misses.miss_of makes it")
+            raise ValueError(f"a lean miss (family {LEAN_FAMILY!r}) carries its call and no args, as "
+                             "fa4_aot.domain.misses.Miss.lean makes it")
         call = self.call.call().to_dict()
         if canonical_json(self.compile_key) != canonical_json(call):
             raise ValueError(f"a lean miss's compile_key must be its call ({canonical_json(call)})")
-        expected = kernel_keys.call_key(call, self.sku)
+        expected = lean_key(call, self.sku)
         if self.kernel_key != expected:
             raise ValueError(f"kernel_key {self.kernel_key} is not the key of this call on SKU {self.sku} "
-                             f"({expected}, fa4_aot.domain.kernel_keys.call_key): report the key of the call you send")
+                             f"({expected}, fa4_aot.domain.misses.lean_key): report the key of the call you send")
         return self
+
+    def to_miss(self) -> Miss:
+        """The domain value of this report; its call as the service checked and stores it (CallIn's fields), its
+        `when` the server's (the client's is not trusted)."""
+        return Miss(kernel_key=self.kernel_key, family=self.family, compile_key=self.compile_key, sku=self.sku,
+                    call=None if self.call is None else self.call.model_dump(), args=self.args)
 
 
 class MissOut(MissIn):

@@ -187,14 +187,12 @@ def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str |
                   as_json: bool) -> None:
     """--from-misses: build the kernels the server's clients missed (--server; pushed there) or those this store
     recorded, and say per SKU what was built; exit 1 if any failed."""
-    from dataclasses import asdict
-
     from ..compile.rebuild import build_misses, rebuild_misses
 
     if server:
         reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs)
     else:
-        reports = build_misses(matrix, store, [asdict(m) for m in store.misses()], jobs=jobs)
+        reports = build_misses(matrix, store, store.misses(), jobs=jobs)
     docs = [r.to_dict() for r in reports]
     lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
              f"{d['failed']} failed, {d['refused']} refused" + (f"; pushed to {server}" if server else "")

@@ -88,8 +88,9 @@ def builds(server: str, token: str | None, status: str | None, job_id: int | Non
     """The server's build jobs, newest first: state, reports, compile seconds and why one failed."""
     remote = remote_for(server, token)
     found = [remote.build(job_id)] if job_id else remote.builds(status, limit)
-    lines = [f"{j['id']:>6} {j['status']:<8} {j['sku']} {j['family']} {j['kernel_key'][:16]} reports={j['reports']} "
-             f"built={j['built']} {j['compile_seconds']:.1f} CPU-s" + (f"\n       {j['detail']}" if j['detail'] and
-                                                                       (job_id or j['status'] != 'done') else "")
+    lines = [f"{j.id:>6} {j.status:<8} {j.sku} {j.family} {j.kernel_key[:16]} reports={j.reports} built={j.built} "
+             f"{j.compile_seconds:.1f} CPU-s" + (f"\n       {j.detail}" if j.detail and (job_id or j.status != "done")
+                                                 else "")
              for j in found]
-    emit(as_json, found[0] if job_id else found, "\n".join(lines) or f"{server} has no build jobs")
+    docs = [j.to_dict() for j in found]
+    emit(as_json, docs[0] if job_id else docs, "\n".join(lines) or f"{server} has no build jobs")

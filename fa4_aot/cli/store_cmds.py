@@ -166,7 +166,7 @@ def misses(store: Store, as_json: bool) -> None:
     found = existing(store).misses()
     rows = [f"{m.when}  {m.sku:<10} {m.family:<26} {m.kernel_key[:16]}" for m in found]
     rows.append(f"{len(found)} miss(es)")
-    emit(as_json, [asdict(m) for m in found], "\n".join(rows))
+    emit(as_json, [m.to_dict() for m in found], "\n".join(rows))
 
 
 @click.command()

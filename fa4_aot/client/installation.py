@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +23,12 @@ from ..domain import hosts, kernel_keys, narrow_build
 from ..domain.devices import detect_device, device_class
 from ..domain.kernel_keys import canonical, dumps, kernel_key
 from ..domain.matching import select
+from ..domain.misses import Miss
 from ..domain.signature import Signature
 from ..domain.skus import Constants, Sku
 from ..errors import Fa4AotError, KernelMissing, KernelRefused, TrustError
 from ..remote import wait as build_wait
-from ..store import Entry, Miss, Store
+from ..store import Entry, Store
 from ..trust.certified import ENV, Gate
 from ..trust.policy import Trust
 
@@ -185,7 +186,7 @@ class Installation:
             if found is not None:
                 return found
         elif self.remote is not None:
-            self.remote.report_miss(asdict(miss))
+            self.remote.report_miss(miss)
         if self.mode == "strict":
             server = f" nor on the server ({self.remote_error})" if self.remote else ""
             fix = why or f"Build it: {narrow_build.for_call(self.sku.name, call.to_dict() if call else None)}"
@@ -216,7 +217,7 @@ class Installation:
         FA4_AOT_CERTIFIED=require) the kernel did not pass certification on this device within them."""
         assert self.remote is not None
         end = time.monotonic() + wait
-        _job, problem = build_wait.wait(self.remote, asdict(miss), wait)
+        _job, problem = build_wait.wait(self.remote, miss, wait)
         if not problem:
             entry, why = self.find(miss.kernel_key)
             if entry is not None and self._trusted(entry) and not (problem := self._certified(entry, end)):

@@ -13,10 +13,11 @@ passes the client's trust policy (trust/policy.py), as the lean runtime's fetche
 
 What the server lacks becomes misses, reported through POST /v1/misses, which the on-demand builder turns into
 build jobs (issue 21, points 1-2): a signature with no recipe file on the server, or whose regions name kernels
-the server lacks, is reported as ONE lean-runtime miss of a call of it (runtime/misses.py), and the builder builds
-that call's whole signature (compile/rebuild.py: every region, kernel and library), so one round of misses completes
-the set (issue 30, point 2). Kernel misses, one per lacking kernel with a call at MISS_SEQLEN, did not: the
-builder re-plans a kernel miss's call, and at that size FA4 selects none of the kernels of other regions.
+the server lacks, is reported as ONE lean-runtime miss of a call of it (domain/misses.py: Miss.lean), and the
+builder builds that call's whole signature (compile/rebuild.py: every region, kernel and library), so one round
+of misses completes the set (issue 30, point 2). Kernel misses, one per lacking kernel with a call at
+MISS_SEQLEN, did not: the builder re-plans a kernel miss's call, and at that size FA4 selects none of the kernels
+of other regions.
 
 What the server HAS but the trust policy refuses (FA4_AOT_TRUSTED_KEYS, and a recipe file or kernel no valid
 signed manifest lists: an unsigned builder's) is no miss: a build would make the same unsigned files again. Such
@@ -34,15 +35,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import host_arch
 from ..domain import kernel_keys
+from ..domain.misses import Miss
 from ..domain.region import Region
 from ..domain.signature import Signature
 from ..domain.skus import Constants, Sku
 from ..errors import Fa4AotError, TrustError
 from ..matrix import models, modelwork
 from ..remote import lean_files, push_pull
-from ..runtime import misses
+from ..runtime import on_miss
 from ..runtime.fetch import Fetcher
-from ..store import Miss, Store
+from ..store import Store
 from ..store import recipes as recipe_store
 from ..trust.policy import Trust
 
@@ -137,7 +139,7 @@ def run(store: Store, remote: Remote, sku: Sku, model: models.Model, tps: tuple[
         regions = _regions(store, remote, sku, sig, listed, trust, result)
         if regions is None and not any(s.key in result.unsigned for s in recipe_store.sources(sig, sku)):
             result.unbuilt.append(label)
-            _report(remote, misses.miss_of(_call(sig), sku.name), result)
+            _report(remote, Miss.lean(_call(sig), sku.name), result)
         for region in regions or []:
             for k in region.kernels:
                 wanted.setdefault(k.kernel_key, (sig, region))
@@ -156,7 +158,7 @@ def run(store: Store, remote: Remote, sku: Sku, model: models.Model, tps: tuple[
         result.missing.append(key)
         lacking.setdefault(sig, region)
     for sig, region in lacking.items():  # one miss a signature: its build makes every kernel of it (see module)
-        _report(remote, misses.miss_of(_call(sig, region), sku.name), result)
+        _report(remote, Miss.lean(_call(sig, region), sku.name), result)
     return result
 
 
@@ -249,7 +251,7 @@ def _call(sig: Signature, region: Region | None = None) -> Any:
     lacks: a call the first round's miss, at MISS_SEQLEN, did not make), else one sequence of MISS_SEQLEN tokens
     (the decode layouts, a KV cache read through seqused_k or a page table: one token over that many)."""
     if region is not None and region.recorded_at:
-        return misses.call_of(sig, region.recorded_at)
+        return on_miss.call_of(sig, region.recorded_at)
     decode = sig.layout in ("paged", "seqused")
     return sig.call(1, 1 if decode else MISS_SEQLEN, MISS_SEQLEN)
 
@@ -258,7 +260,7 @@ def _report(remote: Remote, miss: Miss, result: Prefetched) -> None:
     """Report `miss` and wait for the server's answer (a CLI exits right after; Remote.report_miss's thread would
     die with it). A refused report is a failure; prefetch goes on."""
     try:
-        remote.request_build(asdict(miss))
+        remote.request_build(miss)
         result.reported += 1
     except Fa4AotError as e:
         result.failures.append(f"miss {miss.kernel_key[:16]} not reported: {e}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..domain import kernel_keys
+from ..domain.misses import BuildJob
 from ..errors import Fa4AotError, RemoteError
 from ..matrix.variants import Matrix
 from ..remote.http import Remote
@@ -50,11 +51,6 @@ class Outcome:
         detail = self.detail.replace("\x00", "\\x00").encode("utf-8", "replace").decode()[:MAX_DETAIL]
         return {"builder": builder, "status": self.status, "detail": detail,
                 "compile_seconds": round(self.compile_seconds, 3), "built": self.built}
-
-
-def miss_of(job: dict[str, Any]) -> dict[str, Any]:
-    """The Miss document a claimed job builds (what `build --from-misses` reads)."""
-    return {name: job.get(name) for name in ("kernel_key", "family", "compile_key", "sku", "call", "args")}
 
 
 def outcome_of(reports: list[Report], sku: str) -> Outcome:
@@ -103,18 +99,18 @@ class Builder(JobRunner):
         job = self.remote.claim_build(self.name, self.lease, sorted(self.matrix.skus))
         if job is None:
             return False
-        log.info("job %s: %s %s for %s (attempt %s)", job["id"], job["family"], job["kernel_key"][:16], job["sku"],
-                 job["attempts"])
-        with self.leased(job["id"], lambda remote: remote.renew_build(job, self.name, self.lease)) as lost:
+        log.info("job %s: %s %s for %s (attempt %s)", job.id, job.family, job.kernel_key[:16], job.sku,
+                 job.attempts)
+        with self.leased(job.id, lambda remote: remote.renew_build(job, self.name, self.lease)) as lost:
             outcome = self.build(job)
             if not lost.is_set():
                 self.report(job, outcome, lost)
         if lost.is_set():
-            log.warning("job %s: lease lost to another builder; its result is dropped", job["id"])
+            log.warning("job %s: lease lost to another builder; its result is dropped", job.id)
         self.done += 1
         return True
 
-    def report(self, job: dict[str, Any], outcome: Outcome, lost: threading.Event) -> None:
+    def report(self, job: BuildJob, outcome: Outcome, lost: threading.Event) -> None:
         """Send `outcome` while the claim holds, again after a server error (its database busy or out of space
         answers 503: issue 28, D41), so a job is not left running until its lease lapses. A done the server refuses
         (what the job asked for is not published) is sent as failed, with the server's reason: queued again."""
@@ -123,7 +119,7 @@ class Builder(JobRunner):
                 status, why = self.remote.finish_build(job, outcome.to_dict(self.name))
             except Fa4AotError as e:
                 wait = self.backoff(attempt)
-                log.warning("job %s: could not send its result (%s); again in %.1f s", job["id"], e, wait)
+                log.warning("job %s: could not send its result (%s); again in %.1f s", job.id, e, wait)
                 if lost.wait(wait):
                     return
                 self.remote.close()
@@ -136,22 +132,22 @@ class Builder(JobRunner):
                                   outcome.compile_seconds, outcome.built)
                 continue
             if status == 200:
-                log.info("job %s: %s (%s)", job["id"], outcome.status, outcome.detail[:300])
+                log.info("job %s: %s (%s)", job.id, outcome.status, outcome.detail[:300])
             return
         log.error("job %s: its result was not recorded after %d tries; its lease lapses and it is built again",
-                  job["id"], FINISH_TRIES)
+                  job.id, FINISH_TRIES)
 
-    def build(self, job: dict[str, Any]) -> Outcome:
+    def build(self, job: BuildJob) -> Outcome:
         """Build the job's miss into the builder's store and publish it; never raises for the build's sake."""
         try:
-            reports = build_misses(self.matrix, self.store, [miss_of(job)], executor=self.executor)
+            reports = build_misses(self.matrix, self.store, [job.miss], executor=self.executor)
             if any(r.interrupted for r in reports):  # stopped: the job stays leased, the next claim takes it
                 raise KeyboardInterrupt
-            outcome = outcome_of(reports, job["sku"])
+            outcome = outcome_of(reports, job.sku)
             if outcome.status == "done":
                 self.publish(reports[0])
         except Exception as e:  # one job's failure (FA4, the store, the push) must not stop the builder
-            log.exception("job %s failed", job["id"])
+            log.exception("job %s failed", job.id)
             return Outcome("failed", f"{type(e).__name__}: {e}")
         return outcome
 

@@ -13,18 +13,17 @@ signature's kernels (a few more compiles), not just those of its call."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ..domain import kernel_keys
 from ..domain.calls import Call
 from ..domain.exact import ExactCall
+from ..domain.misses import Miss
 from ..domain.recipe_format import call_sizes
 from ..domain.signature import Signature
 from ..domain.skus import Sku
 from ..matrix.variants import Matrix
 from ..remote.http import Remote
 from ..remote.push_pull import push
-from ..runtime import misses as lean_miss
 from ..store import Store, recipes
 from .executors import Executor
 from .orchestrator import Report, Result, Work, build_calls, describe
@@ -39,19 +38,19 @@ def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
     return reports
 
 
-def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], jobs: int = 1,
+def build_misses(matrix: Matrix, store: Store, misses: list[Miss], jobs: int = 1,
                  progress: Callable[..., None] | None = None, executor: Executor | None = None) -> list[Report]:
-    """Build every kernel in `misses` (Miss documents) for the SKUs `matrix` knows: a miss that carries the exact
+    """Build every kernel in `misses` for the SKUs `matrix` knows: a miss that carries the exact
     FA4 arguments of its call (`args`, domain/exact.py) is replayed through FA4 with them, an older one re-plans the
-    Call it carries; a lean runtime's miss (family "recipe", runtime/misses.py) plans its Call and its whole
+    Call it carries; a lean runtime's miss (Miss.is_lean, runtime/on_miss.py) plans its Call and its whole
     signature, which records its recipe regions with every kernel and library they name. A missed kernel the
     rebuild does not produce (no call recorded, or the call no longer selects it), or a lean call no region then
     serves, is a failure in its SKU's report, so nothing is left out silently. `executor` (default: a local
     pool of `jobs`) is left open for its owner."""
-    by_sku: dict[str, dict[str, dict[str, Any]]] = {}
+    by_sku: dict[str, dict[str, Miss]] = {}
     for miss in misses:
-        if miss.get("sku") in matrix.skus:
-            by_sku.setdefault(miss["sku"], {})[miss["kernel_key"]] = miss
+        if miss.sku in matrix.skus:
+            by_sku.setdefault(miss.sku, {})[miss.kernel_key] = miss
     reports = []
     for name, wanted in sorted(by_sku.items()):
         items = [each for m in wanted.values() for each in _work_items(m)]
@@ -63,13 +62,13 @@ def build_misses(matrix: Matrix, store: Store, misses: list[dict[str, Any]], job
     return reports
 
 
-def _work_items(miss: dict[str, Any]) -> list[Call | ExactCall | Signature]:
+def _work_items(miss: Miss) -> list[Call | ExactCall | Signature]:
     """The work items that close `miss`: its item (see _item), and for a lean miss its call's whole signature
     (see the module); none for a miss without a readable call."""
     item = _item(miss)
     if item is None:
         return []
-    whole = [Signature.of(item)] if miss.get("family") == lean_miss.FAMILY and isinstance(item, Call) else []
+    whole = [Signature.of(item)] if miss.is_lean and isinstance(item, Call) else []
     return [item, *whole]
 
 
@@ -83,29 +82,20 @@ def _set_aside(report: Report, wholes: set[str]) -> None:
         where[:] = [r for r in where if r.call not in wholes]
 
 
-def _item(miss: dict[str, Any]) -> Call | ExactCall | None:
+def _item(miss: Miss) -> Call | ExactCall | None:
     """What rebuilds a miss: its exact record when it carries a readable one, else its Call, else None (none
     recorded, or one this fa4-aot cannot read: a server may hold misses from other clients): that miss is then
     reported as not reproduced, and the others still build."""
-    call = _call(miss.get("call"))
-    if miss.get("args"):
+    call = miss.parsed_call()
+    if miss.args:
         try:
-            return ExactCall.from_dict(miss["args"], call)
+            return ExactCall.from_dict(miss.args, call)
         except ValueError:
             pass
     return call
 
 
-def _call(doc: Any) -> Call | None:
-    if not doc:
-        return None
-    try:
-        return Call.from_dict(doc)
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Store, sku: Sku) -> None:
+def _unreproduced(report: Report, wanted: dict[str, Miss], store: Store, sku: Sku) -> None:
     done = _done_keys(report, store)
     refused = {r.call for r in report.refused}  # the known-bad registry says why: no failure of the rebuild
     for key, miss in sorted(wanted.items()):
@@ -113,20 +103,20 @@ def _unreproduced(report: Report, wanted: dict[str, dict[str, Any]], store: Stor
         if key in done or _lean_served(miss, store, sku) or (item is not None and item.describe() in refused):
             continue
         why = ("no recipe region the build recorded serves this lean call (see the report's lean failures)"
-               if miss.get("family") == lean_miss.FAMILY and item is not None else
+               if miss.is_lean and item is not None else
                "the client could not describe the call (score_mod, block sparsity...)" if item is None
                else "replaying the recorded arguments did not ask for it (was FA4 or the SKU table changed?)"
                if isinstance(item, ExactCall) else
                "re-planning the recorded call did not select it (an older client's miss, without its exact "
                "arguments: run the workload again with this fa4-aot)")
-        report.results.append(Result("failed", miss["family"], key, "from-misses", item.describe() if item else "",
+        report.results.append(Result("failed", miss.family, key, "from-misses", item.describe() if item else "",
                                      error=f"missed kernel not rebuilt: {why}"))
 
 
-def _lean_served(miss: dict[str, Any], store: Store, sku: Sku) -> bool:
+def _lean_served(miss: Miss, store: Store, sku: Sku) -> bool:
     """A lean miss is closed when the store serves its call (a region and every kernel it launches)."""
-    call = _call(miss.get("call"))
-    return miss.get("family") == lean_miss.FAMILY and call is not None and served(store, sku, call)
+    call = miss.parsed_call()
+    return miss.is_lean and call is not None and served(store, sku, call)
 
 
 def _done_keys(report: Report, store: Store) -> set[str]:

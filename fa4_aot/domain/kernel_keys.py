@@ -82,16 +82,6 @@ def key_of(family: str, compile_key: Any, *, arch: str, cuda_major: int, toolcha
     return hashlib.sha256(dumps(doc).encode()).hexdigest()
 
 
-LEAN_FAMILY = "recipe"  # the family of a lean call's miss: it names a call, not a kernel
-
-
-def call_key(call: dict[str, Any], sku: str) -> str:
-    """The miss key of a lean call (fa4_aot.domain.calls.Call.to_dict()) on a SKU: sha256 of their canonical JSON.
-    The lean runtime reports its misses under it, and the service refuses a report whose key is not its call's
-    (issue 28, D31: a forged key would make the job of one call build another), so both use this one."""
-    return hashlib.sha256(dumps({"lean_call": call, "sku": sku}).encode()).hexdigest()
-
-
 def kernel_key(family: str, compile_key: Any, sku: Sku, tools: dict[str, str],
                consumed: dict[str, int] | None = None) -> str:
     """The key of FA4 kernel (family, raw compile key) built for `sku`'s arch and CUDA major by `tools` (the

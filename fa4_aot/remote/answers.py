@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+from ..domain.misses import BuildJob, Miss
 from ..domain.verdicts import Verdict
 from ..errors import RemoteError, StoreError
 from ..store import Entry, check_hex
@@ -54,12 +55,24 @@ def listing_of(doc: Any, source: str) -> dict[str, Any]:
     return cast("dict[str, Any]", doc)  # checked above to be a dict
 
 
-def miss_of(item: Any, source: str) -> dict[str, Any]:
-    """One item of the miss list: an object with a SKU, a kernel key and a family (what a rebuild reads)."""
-    if isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("sku", "kernel_key", "family")):
-        return item
-    raise RemoteError(f"{source} listed {json.dumps(item)[:120]}, not a miss (an object with sku, kernel_key and "
-                      f"family); {AGAIN}")
+def miss_of(item: Any, source: str) -> Miss:
+    """One item of the miss list (GET /v1/misses): a Miss (domain/misses.py; its count and times are dropped)."""
+    try:
+        return Miss.from_dict(item)
+    except (ValueError, RecursionError) as e:
+        raise RemoteError(f"{source} listed {_short(item)}, not a miss ({str(e)[:200]}); {AGAIN}") from None
+
+
+def build_job_of(doc: Any, source: str, claimed: bool = False) -> BuildJob:
+    """A build job (GET /v1/builds/<id>, the answer to a miss report); with `claimed`, the answer to a claim, which
+    must hold what its builder renews, finishes and builds (BuildJob.from_dict). RemoteError naming `source` and
+    the field when it is malformed: never a KeyError or ValueError that would kill a builder (issue 28, D42) or a
+    waiting client."""
+    try:
+        return BuildJob.from_dict(doc, claimed=claimed)
+    except (ValueError, RecursionError) as e:
+        what = "a claim with something that is not a build job" if claimed else f"{_short(doc)}, not a build job"
+        raise RemoteError(f"{source} answered {what} ({str(e)[:200]}); {AGAIN}") from None
 
 
 def verdict_of(item: Any, source: str) -> Verdict:
@@ -93,3 +106,10 @@ def _of(value: Any, kind: type) -> Any:
     if not isinstance(value, kind):
         raise TypeError(f"expected a JSON {'object' if kind is dict else 'list'}, got {json.dumps(value)[:80]}")
     return value
+
+
+def _short(value: Any) -> str:
+    try:
+        return json.dumps(value)[:120]
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)[:120]

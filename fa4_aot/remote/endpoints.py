@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 
 from ..domain import kernel_keys
+from ..domain.misses import BuildJob, Miss
 from ..domain.verdicts import Verdict
 from ..errors import RemoteAuthError, RemoteError, StoreError
 from ..store import Entry, check_hex
 from ..store.recipes import MAX_BYTES as MAX_RECIPE
 from . import deadline
-from .answers import entry_of, listing_of, miss_of, verdict_of
-from .build_jobs import claimed_of
+from .answers import build_job_of, entry_of, listing_of, miss_of, verdict_of
 from .certify_jobs import CertifyJob, job_of, jobs_of
 from .transport import AnswerTooLarge, Transport, decoded, detail, shaped
 
@@ -75,10 +75,10 @@ class Endpoints(Transport):
     def has_object(self, digest: str) -> bool:
         return self._request("HEAD", f"/v1/objects/{check_hex(digest)}", ok=(200, 404)).status_code == 200
 
-    def misses(self, page: int = 1000) -> list[dict[str, Any]]:
+    def misses(self, page: int = 1000) -> list[Miss]:
         """Every miss the server recorded, read a page at a time, at most MAX_MISSES bytes in all; RemoteError
         for more (a server whose pages never end) or for an item that is not a miss."""
-        found: list[dict[str, Any]] = []
+        found: list[Miss] = []
         read = 0
         while True:
             try:  # a page is read with what is left of the bound, never a whole MAX_JSON more
@@ -133,12 +133,15 @@ class Endpoints(Transport):
     def revoke(self, kind: str, ident: str, reason: str) -> None:
         self._request("POST", "/v1/revocations", ok=(200, 201), json={"kind": kind, "id": ident, "reason": reason})
 
-    def report_miss(self, doc: dict[str, Any]) -> None:
-        """Tell the server about a kernel this client lacked. Best effort: runs on a daemon thread, gives up
-        after MISS_REPORT_TIMEOUT seconds in all (however slowly the server drips its answer), and never raises."""
+    def report_miss(self, miss: Miss) -> None:
+        """Tell the server about `miss`, a kernel (or lean call) this client lacked. Best effort: runs on a daemon
+        thread, gives up after MISS_REPORT_TIMEOUT seconds in all (however slowly the server drips its answer), and
+        never raises."""
 
         if self.down:
             return
+
+        doc = miss.to_dict()
 
         def send() -> None:
             end = time.monotonic() + MISS_REPORT_TIMEOUT
@@ -217,42 +220,46 @@ class Endpoints(Transport):
         return stored
 
     # -- on-demand builds (service/routes/builds.py; fa4_aot/compile/builder.py runs them, wait.py waits) -----
-    def request_build(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """Report miss `doc` (a Miss document) and wait for the answer: {"build": the job that builds it, or
-        None, "detail": why none was queued}. RemoteError for a refused report (unknown SKU, oversized call)."""
-        answer = decoded(self._request("POST", "/v1/misses", ok=(200, 202), json=doc), self.url)
-        return shaped(answer, dict, self.url)
+    def request_build(self, miss: Miss) -> tuple[BuildJob | None, str]:
+        """Report `miss` and wait for the answer: (the job that builds it, '') or (None, why none was queued).
+        RemoteError for a refused report (unknown SKU, oversized call) or an answer that is not one."""
+        source = f"{self.url}/v1/misses"
+        answer = shaped(decoded(self._request("POST", "/v1/misses", ok=(200, 202), json=miss.to_dict()), self.url),
+                        dict, self.url)
+        job, why = answer.get("build"), answer.get("detail")
+        return (None if job is None else build_job_of(job, source)), why if isinstance(why, str) else ""
 
-    def build(self, job_id: int) -> dict[str, Any]:
+    def build(self, job_id: int) -> BuildJob:
         """Build job `job_id` (GET /v1/builds/{id})."""
-        return shaped(self._json("GET", f"/v1/builds/{int(job_id)}"), dict, self.url)
+        return build_job_of(self._json("GET", f"/v1/builds/{int(job_id)}"), f"{self.url}/v1/builds/{int(job_id)}")
 
-    def builds(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def builds(self, status: str | None = None, limit: int = 100) -> list[BuildJob]:
         """Build jobs newest first (of one status when given)."""
         query = f"?limit={int(limit)}" + (f"&status={status}" if status else "")
-        return shaped(self._json("GET", f"/v1/builds{query}"), list, self.url)
+        found = shaped(self._json("GET", f"/v1/builds{query}"), list, self.url)
+        return [build_job_of(job, f"{self.url}/v1/builds") for job in found]
 
-    def claim_build(self, builder: str, lease: float, skus: list[str] | None = None) -> dict[str, Any] | None:
+    def claim_build(self, builder: str, lease: float, skus: list[str] | None = None) -> BuildJob | None:
         """The next job of one of `skus` (those the builder can build) for `builder`, leased for `lease` seconds
         (its `claim` renews and finishes it), or None when none waits. Publish token allowed the job's SKU.
-        RemoteError for an answer that is not a claimed build job (build_jobs.claimed_of)."""
+        RemoteError for an answer that is not a claimed build job (answers.build_job_of)."""
         body: dict[str, Any] = {"builder": builder, "lease_seconds": lease, **({"skus": skus} if skus else {})}
         response = self._request("POST", "/v1/build-claims", ok=(200, 204), json=body)
         if response.status_code == 204:
             return None
-        return claimed_of(decoded(response, self.url), f"{self.url}/v1/build-claims")
+        return build_job_of(decoded(response, self.url), f"{self.url}/v1/build-claims", claimed=True)
 
-    def renew_build(self, job: dict[str, Any], builder: str, lease: float) -> bool:
+    def renew_build(self, job: BuildJob, builder: str, lease: float) -> bool:
         """Extend the lease of claimed `job`; False when its claim is no longer the job's (409)."""
-        body = {"builder": builder, "claim": job["claim"], "lease_seconds": lease}
-        return self._request("POST", f"/v1/builds/{int(job['id'])}/lease", ok=(200, 409), json=body).status_code == 200
+        body = {"builder": builder, "claim": job.claim, "lease_seconds": lease}
+        return self._request("POST", f"/v1/builds/{job.id}/lease", ok=(200, 409), json=body).status_code == 200
 
-    def finish_build(self, job: dict[str, Any], result: dict[str, Any]) -> tuple[int, str]:
+    def finish_build(self, job: BuildJob, result: dict[str, Any]) -> tuple[int, str]:
         """Send how claimed `job` ended (`result`: builder, status, detail, compile_seconds, built): (200, '') when
         recorded, (409, why) when its claim is no longer the job's, (422, why) when the server refuses the result
         (done with nothing of it published: send it as failed). RemoteError when the server cannot take it."""
-        response = self._request("POST", f"/v1/builds/{int(job['id'])}/finish", ok=(200, 409, 422),
-                                 json={**result, "claim": job["claim"]})
+        response = self._request("POST", f"/v1/builds/{job.id}/finish", ok=(200, 409, 422),
+                                 json={**result, "claim": job.claim})
         return response.status_code, "" if response.status_code == 200 else detail(response)
 
     # -- on-demand certification (service/routes/certify.py; certify/certifier.py runs jobs, wait.py waits) -----

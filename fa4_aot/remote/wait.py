@@ -13,21 +13,20 @@ keeps the verdicts in its store, and takes the kernel only with a pass verdict f
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, Fa4AotError, RemoteError
 from .deadline import capped
 
 if TYPE_CHECKING:  # httpx (through remote) is imported only when a server is configured
+    from ..domain.misses import BuildJob, Miss
     from ..domain.verdicts import Verdict
     from ..store import Store
     from .certify_jobs import CertifyJob
     from .http import Remote
 
-FINAL = ("done", "failed", "rejected")
 FIRST_POLL, MAX_POLL = 0.25, 2.0  # seconds between polls: from the first, growing 1.5x up to the most
 LAST_LOOK = 0.5  # seconds of the deadline left to the last poll (the request needs time to be answered)
 
@@ -46,56 +45,45 @@ def seconds() -> float:
     return wait
 
 
-def wait(remote: Remote, miss: dict[str, Any], deadline_s: float) -> tuple[dict[str, Any] | None, str]:
-    """Report `miss` (a Miss document) and wait until its job is done or `deadline_s` seconds have passed.
-    Returns (the done job, '') or (the job or None, why the wait did not help); never raises for the server, and
-    ends by the deadline however slow the server is: each request gets at most what is left of it."""
+def wait(remote: Remote, miss: Miss, deadline_s: float) -> tuple[BuildJob | None, str]:
+    """Report `miss` and wait until its job is done or `deadline_s` seconds have passed. Returns (the done job, '')
+    or (the job or None, why the wait did not help); never raises for the server, and ends by the deadline however
+    slow the server is: each request gets at most what is left of it."""
     end = time.monotonic() + deadline_s
     with capped(end):
         try:
-            answer = remote.request_build(miss)
+            job, why = remote.request_build(miss)
         except Fa4AotError as e:
             return None, f"the server refused the miss report: {e}"
-        job = answer.get("build")
-        if not isinstance(job, dict):
-            return None, f"the server queued no build for it: {answer.get('detail') or 'no reason given'}"
+        if job is None:
+            return None, f"the server queued no build for it: {why or 'no reason given'}"
         try:
             job = _poll(remote, job, end)
         except Fa4AotError as e:
-            return job, f"build job {str(job.get('id'))[:40]} could not be followed: {e}"
+            return job, f"build job {job.id} could not be followed: {e}"
     return job, _problem(job, deadline_s)
 
 
-def job_id(job: dict[str, Any]) -> int:
-    """The id of build job `job`; RemoteError when it is not a whole number (a string, NaN, null, a list...)."""
-    value = job.get("id")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RemoteError(f"the server answered a build job whose id is {json.dumps(value)[:40]}, not a job number: "
-                          "is it an fa4-aot server of this version?")
-    return value
-
-
-def _poll(remote: Remote, job: dict[str, Any], end: float) -> dict[str, Any]:
+def _poll(remote: Remote, job: BuildJob, end: float) -> BuildJob:
     """Poll `job` until it ends or `end`; its last look starts while some of the deadline is left (LAST_LOOK)."""
-    number, pause = job_id(job), FIRST_POLL
-    while job.get("status") not in FINAL and end - time.monotonic() > LAST_LOOK:
+    pause = FIRST_POLL
+    while not job.ended and end - time.monotonic() > LAST_LOOK:
         time.sleep(max(0.0, min(pause, end - time.monotonic() - LAST_LOOK)))
-        job = remote.build(number)
-        if job_id(job) != number:
-            raise RemoteError(f"the server answered build job {job_id(job)} when asked for job {number}")
-        pause = min(MAX_POLL, pause * 1.5)
+        polled = remote.build(job.id)
+        if polled.id != job.id:
+            raise RemoteError(f"the server answered build job {polled.id} when asked for job {job.id}")
+        job, pause = polled, min(MAX_POLL, pause * 1.5)
     return job
 
 
-def _problem(job: dict[str, Any], deadline_s: float) -> str:
-    status, detail = job.get("status"), job.get("detail") or ""
-    if status == "done":
+def _problem(job: BuildJob, deadline_s: float) -> str:
+    if job.status == "done":
         return ""
-    if status == "rejected":
-        return f"FA4 rejects this call (build job {job.get('id')}): {detail}"
-    if status == "failed":
-        return f"build job {job.get('id')} failed: {detail}"
-    return (f"build job {job.get('id')} was still {status} after FA4_AOT_BUILD_WAIT={deadline_s:g} s (is a "
+    if job.status == "rejected":
+        return f"FA4 rejects this call (build job {job.id}): {job.detail}"
+    if job.status == "failed":
+        return f"build job {job.id} failed: {job.detail}"
+    return (f"build job {job.id} was still {job.status} after FA4_AOT_BUILD_WAIT={deadline_s:g} s (is a "
             "builder running? `fa4-aot builds` lists the queue); raise FA4_AOT_BUILD_WAIT or retry later")
 
 

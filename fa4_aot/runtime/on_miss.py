@@ -3,32 +3,30 @@ store's misses/, which `fa4-aot misses` lists and `fa4-aot build --from-misses` 
 the server with its Call, as the FA4 path records a missing kernel; a build of that Call makes its kernels,
 libraries and recipe regions. With FA4_AOT_BUILD_WAIT the runtime waits for the server's build (remote/wait.py).
 
-A lean miss names no kernel: its key is the sha256 of its Call and SKU (family "recipe"), so every client
-missing one call reports one key, and the server builds it once.
+A lean miss names no kernel: its key is the sha256 of its Call and SKU (domain/misses.py: Miss.lean, family
+"recipe"), so every client missing one call reports one key, and the server builds it once.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ..domain import call_log, kernel_keys
+from ..domain import call_log
 from ..domain.calls import Call
+from ..domain.misses import Miss
 from ..domain.region import Region
 from ..domain.signature import Signature
 from ..errors import Fa4AotError
 from ..remote import wait as build_wait
-from ..store import Miss, recipes
+from ..store import recipes
 
 if TYPE_CHECKING:
     from ..domain.skus import Sku
     from ..store import Store
     from .fetch import Fetcher
     from .libraries import Libraries
-
-FAMILY = kernel_keys.LEAN_FAMILY
 
 
 class Parts(Protocol):
@@ -59,16 +57,6 @@ def call_of(sig: Signature, sizes: dict[str, int]) -> Call:
     return sig.call(sizes["batch"], seqlen_q, seqlen_k)
 
 
-def key_of(call: Call, sku: str) -> str:
-    """The miss key of a lean call on a SKU (kernel_keys.call_key: the server recomputes it from the call)."""
-    return kernel_keys.call_key(call.to_dict(), sku)
-
-
-def miss_of(call: Call, sku: str) -> Miss:
-    return Miss(kernel_key=key_of(call, sku), family=FAMILY, compile_key=call.to_dict(), sku=sku,
-                call=call.to_dict())
-
-
 _noted: set[tuple[Path, str]] = set()  # (store, miss key) recorded by this process: once is enough
 
 
@@ -92,17 +80,17 @@ def after_miss(attn: Missed, sizes: dict[str, int]) -> Region | None:
     `error`). Without a server or a wait: None at once."""
     rt = attn.rt
     call = call_of(attn.sig, sizes)
-    miss = miss_of(call, rt.sku.name)
+    miss = Miss.lean(call, rt.sku.name)
     first = note(rt.store, miss, call)
     if rt.fetcher is None:
         return None
     deadline = build_wait.seconds()
     if not deadline:
         if first:  # a call that misses on every step is reported once
-            rt.fetcher.remote.report_miss(asdict(miss))
+            rt.fetcher.remote.report_miss(miss)
         return None
     end = time.monotonic() + deadline
-    _job, problem = build_wait.wait(rt.fetcher.remote, asdict(miss), deadline)
+    _job, problem = build_wait.wait(rt.fetcher.remote, miss, deadline)
     if problem:
         rt.fetcher.error = problem
         return None

@@ -26,7 +26,7 @@ from ..errors import KernelMissing, Unsupported
 from ..store import Store, recipes
 from ..trust.certified import Gate
 from ..trust.policy import Trust
-from . import misses, replay
+from . import on_miss, replay
 from .fetch import Fetcher
 from .libraries import Libraries
 
@@ -149,7 +149,7 @@ class Attention:
             self.regions = self._load()
             found = recipes.find(self.regions, sizes)
         if found is None:  # recorded and reported; with FA4_AOT_BUILD_WAIT, built by the server and fetched
-            found = misses.after_miss(self, sizes)
+            found = on_miss.after_miss(self, sizes)
         if found is None:
             fields = ", ".join(f"{k}={v}" for k, v in sizes.items())
             fetcher = self.rt.fetcher

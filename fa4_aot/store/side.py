@@ -9,28 +9,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from ..domain.misses import Miss
 from ..domain.verdicts import Verdict, by_device
 from ..errors import StoreError
 from .beneath import lstat_beneath
 from .root import HEX64, Root, _check_sku, _listdir_beneath, check_hex
 
 
-@dataclass(frozen=True)
-class Miss:
-    """A kernel a client needed in fallback mode and compiled itself."""
-
-    kernel_key: str
-    family: str
-    compile_key: Any
-    sku: str
-    call: dict[str, Any] | None = None  # the Call that needed it, when the client could tell (calls.capture)
-    args: dict[str, Any] | None = None  # its exact FA4 arguments (domain/exact.py): what `build --from-misses` replays
-    when: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+def _miss(data: bytes, path: Path) -> Miss:
+    try:
+        return Miss.from_dict(json.loads(data))
+    except (ValueError, RecursionError) as e:
+        raise StoreError(f"{path} is not a miss ({str(e)[:200]}); delete it (`fa4-aot misses` lists the others) "
+                         "or record the miss again") from None
 
 
 class SideData(Root):
@@ -38,9 +31,10 @@ class SideData(Root):
 
     def record_miss(self, miss: Miss) -> None:
         path = self.root / "misses" / f"{check_hex(miss.kernel_key, 'kernel key')}.json"
-        self._write(path, json.dumps(asdict(miss), sort_keys=True, indent=1).encode())
+        self._write(path, json.dumps(miss.to_dict(), sort_keys=True, indent=1).encode())
 
     def misses(self) -> list[Miss]:
+        """The misses recorded in misses/, in key order; StoreError naming the file for one that is not a miss."""
         folder = self.root / "misses"
         if not self.ready() or lstat_beneath(self.root, ("misses",)) is None:
             return []
@@ -48,7 +42,7 @@ class SideData(Root):
         for name in sorted(os.listdir(folder)):
             if HEX64.fullmatch(name.removesuffix(".json")) and name.endswith(".json"):
                 with self._open(folder / name) as f:
-                    found.append(Miss(**json.loads(f.read())))
+                    found.append(_miss(f.read(), folder / name))
         return found
 
     def put_recipes(self, key: str, data: bytes) -> None:

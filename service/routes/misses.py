@@ -23,7 +23,7 @@ KeyPath = Annotated[str, Path(pattern=HEX64, min_length=64, max_length=64, descr
              responses={202: {"description": "Recorded; the build job that builds it, or why none was queued"},
                         **errors(400, 401, 403, 404, 413, 429)},  # 422: FastAPI's own list (schemas.MissIn)
              dependencies=[Depends(require_read)], openapi_extra=READ)
-def report_miss(miss: MissIn, request: Request, session: SessionDep, credentials: CredentialsDep) -> Response:
+def report_miss(report: MissIn, request: Request, session: SessionDep, credentials: CredentialsDep) -> Response:
     """Record that a client needed `kernel_key` and lacked it (count += 1), and answer with the build job that
     builds it (one per SKU and key, however many clients report it; a builder, `fa4-aot builder`, runs it), or
     why none was queued (the queue is bounded per token, FA4_AOT_BUILD_QUEUE_PER_TOKEN, and in all,
@@ -34,6 +34,7 @@ def report_miss(miss: MissIn, request: Request, session: SessionDep, credentials
     misses, and all such reports together may queue at most FA4_AOT_ANONYMOUS_BUILDS_PER_HOUR new build jobs per
     SKU an hour (429 with Retry-After; the miss is recorded); builders take a token's jobs before anonymous ones
     (service/build_order.py). Reports of known misses are always counted."""
+    miss = report.to_miss()
     token = crud_tokens.find_token(session, plaintext=credentials.credentials) if credentials else None
     anonymous = token is None or token.revoked
     client = request.client.host if request.client else ""

@@ -17,10 +17,10 @@ import pytest
 
 from fa4_aot.client import prefetch
 from fa4_aot.config import default_variants_file, host_arch
+from fa4_aot.domain.misses import LEAN_FAMILY, Miss
 from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.matrix import models, modelwork
 from fa4_aot.matrix.variants import load
-from fa4_aot.runtime import misses as lean_miss
 from fa4_aot.store import Store
 from fa4_aot.store import recipes as recipe_store
 from tests.conftest import ROOT, copy_store, run_cli
@@ -114,9 +114,9 @@ def test_what_the_server_lacks_is_reported_as_misses_and_the_pull_fails(built: t
     assert f"{len(unbuilt)} reported to it as misses" in done.stdout
     misses = httpx.get(f"{server.url}/v1/misses", headers={"Authorization": f"Bearer {server.tokens['read']}"},
                        timeout=30).json()
-    expected = {lean_miss.key_of(prefetch._call(i.signature), "h200") for i in unbuilt}
+    expected = {Miss.lean(prefetch._call(i.signature), "h200").kernel_key for i in unbuilt}
     assert {m["kernel_key"] for m in misses} == expected
-    assert {m["family"] for m in misses} == {lean_miss.FAMILY}
+    assert {m["family"] for m in misses} == {LEAN_FAMILY}
     # the prefill part still came: a node gets what exists at once
     assert len([e for e in Store(tmp_path / "node").entries() if not e.is_signpost]) == len(_keys)
 

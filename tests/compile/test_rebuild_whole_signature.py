@@ -6,7 +6,6 @@ on this CPU host (a small causal forward signature: seconds a kernel)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,9 @@ from fa4_aot.compile.builder import outcome_of
 from fa4_aot.compile.executors import LocalExecutor
 from fa4_aot.compile.rebuild import build_misses, served
 from fa4_aot.domain import known_bad
+from fa4_aot.domain.misses import Miss
 from fa4_aot.domain.signature import Signature
 from fa4_aot.matrix import variants
-from fa4_aot.runtime import misses as lean_miss
 from fa4_aot.store import Store
 from tests.conftest import TINY_VARIANTS
 from tests.helpers.builders import SKU, tiny
@@ -49,8 +48,8 @@ def test_i30_2_a_known_bad_kernel_of_other_sizes_does_not_reject_a_lean_miss(exe
     entry = {"id": "measured-other-size", "when": {"head_dim": 64}, "kernel_keys": [others[0]], "sku": ["h200"],
              "symptom": "wrong output (test)", "source": "fa4-aot certify (test)"}
     store.put_known_bad("h200", known_bad.measured_document([known_bad.parse_entry(entry, "test")]))
-    miss = lean_miss.miss_of(call, "h200")
-    reports = build_misses(MATRIX, store, [asdict(miss)], executor=executor)
+    miss = Miss.lean(call, "h200")
+    reports = build_misses(MATRIX, store, [miss], executor=executor)
     outcome = outcome_of(reports, "h200")
     assert outcome.status == "done" and outcome.built >= len(own), (outcome, reports[0].refused)
     assert served(store, SKU, call)

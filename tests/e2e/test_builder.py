@@ -12,17 +12,16 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from fa4_aot.domain.misses import Miss
 from fa4_aot.errors import KernelMissing
 from fa4_aot.remote import wait as build_wait
 from fa4_aot.remote.http import Remote
-from fa4_aot.runtime import misses as lean_miss
 from fa4_aot.store import Store
 from fa4_aot.trust import signing_keys
 from tests.helpers.builders import BuilderProcess, hold_sku, jobs, lean_client, served, tiny, wait_until
@@ -55,7 +54,7 @@ def builders(tmp_path: Path, server: Server) -> Iterator[Callable[..., BuilderPr
 
 
 def job_of(server: Server, call: Any) -> dict[str, Any]:
-    key = lean_miss.key_of(call, "h200")
+    key = Miss.lean(call, "h200").kernel_key
     found = [j for j in jobs(server) if j["kernel_key"] == key]
     assert len(found) <= 1, found
     return found[0] if found else {}
@@ -83,7 +82,7 @@ def test_a_lean_miss_is_built_once_then_served_without_compiling(server: Server,
 def test_32_clients_missing_one_call_cause_one_compile(server: Server, builders: Any, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     call = tiny(batch=5)
-    miss = asdict(lean_miss.miss_of(call, "h200"))
+    miss = Miss.lean(call, "h200")
     answers: list[Any] = [None] * 32
 
     def client(i: int) -> None:
@@ -100,7 +99,7 @@ def test_32_clients_missing_one_call_cause_one_compile(server: Server, builders:
     assert [problem for _job, problem in answers] == [""] * 32
     job = job_of(server, call)
     assert job["status"] == "done" and job["reports"] == 32 and job["attempts"] == 1, job
-    assert job["built"] >= 1 and len({j["id"] for j, _p in answers}) == 1
+    assert job["built"] >= 1 and len({j.id for j, _p in answers}) == 1
     monkeypatch.setenv("FA4_AOT_BUILD_WAIT", "30")
     # a late client that trusts only the builder's key is served (its manifest lists the kernel, the library and
     # the recipe file), and nothing more is built
@@ -111,7 +110,7 @@ def test_32_clients_missing_one_call_cause_one_compile(server: Server, builders:
 def test_a_builder_killed_mid_job_is_taken_over_after_its_lease(server: Server, builders: Any,
                                                                  tmp_path: Path) -> None:
     call = tiny(batch=7)
-    answer = Remote(server.url).request_build(asdict(lean_miss.miss_of(call, "h200")))
+    job, _why = Remote(server.url).request_build(Miss.lean(call, "h200"))
     first = builders(lease=10.0)
     wait_until(lambda: job_of(server, call).get("status") == "running", 60, "the builder to claim the job")
     first.kill()  # mid-job: planning or compiling, its workers with it
@@ -119,7 +118,7 @@ def test_a_builder_killed_mid_job_is_taken_over_after_its_lease(server: Server, 
     builders(lease=10.0, cache=tmp_path / "builder")  # its restart, on the same store
     done = wait_until(lambda: job_of(server, call) if job_of(server, call)["status"] in ("done", "failed") else None,
                       300, "the restarted builder to finish the job")
-    assert done["status"] == "done" and done["attempts"] == 2 and done["id"] == answer["build"]["id"], done
+    assert done["status"] == "done" and done["attempts"] == 2 and job is not None and done["id"] == job.id, done
     served(lean_client(server, tmp_path / "client"), call)
 
 
@@ -127,7 +126,7 @@ def test_a_builder_keeps_its_lease_while_it_builds(server: Server, builders: Any
     """Regression: the lease renewals ran in a thread that died at once (it made its Remote through the CLI's
     click context, which threads do not have), so a job longer than the lease went to the next claim."""
     call = tiny(batch=15)
-    Remote(server.url).request_build(asdict(lean_miss.miss_of(call, "h200")))
+    Remote(server.url).request_build(Miss.lean(call, "h200"))
     builders(lease=10.0)
     wait_until(lambda: job_of(server, call).get("status") == "running", 60, "the builder to claim the job")
     thief: list[int] = []
@@ -146,16 +145,16 @@ def test_a_builder_keeps_its_lease_while_it_builds(server: Server, builders: Any
 def test_broken_and_malicious_misses_cost_one_bounded_answer(launch: Any, tmp_path: Path) -> None:
     server = launch(build_queue_per_token="2")
     hold_sku(server)
-    good = asdict(lean_miss.miss_of(tiny(batch=9), "h200"))
+    good = Miss.lean(tiny(batch=9), "h200").to_dict()
     with server.client("publish") as c:
         assert c.post("/v1/misses", json=good).status_code == 202
         # unknown SKU (the miss's own key for it): 404 and no job; the h200 key under another SKU is forged: 422
-        assert c.post("/v1/misses", json=asdict(lean_miss.miss_of(tiny(batch=9), "nosuch"))).status_code == 404
+        assert c.post("/v1/misses", json=Miss.lean(tiny(batch=9), "nosuch").to_dict()).status_code == 404
         assert c.post("/v1/misses", json={**good, "sku": "nosuch"}).status_code == 422
         # an oversized call: refused before it is read (413), no job
         assert c.post("/v1/misses", json={**good, "args": {"x": "y" * 200_000}}).status_code == 413
         # a flood from one token: past its 2 queued jobs each miss is recorded, answered once, and queues nothing
-        flood = [asdict(lean_miss.miss_of(tiny(batch=100 + i), "h200")) for i in range(6)]
+        flood = [Miss.lean(tiny(batch=100 + i), "h200").to_dict() for i in range(6)]
         answers = [c.post("/v1/misses", json=m).json() for m in flood]
     assert [a["build"] is not None for a in answers] == [True] + [False] * 5
     assert all("FA4_AOT_BUILD_QUEUE_PER_TOKEN" in a["detail"] for a in answers[1:])
@@ -183,10 +182,10 @@ def test_a_call_fa4_rejects_is_answered_with_its_reason_and_not_built_again(
 def test_builds_command_lists_the_jobs(server: Server, builders: Any) -> None:
     from tests.conftest import run_cli
 
-    Remote(server.url).request_build(asdict(lean_miss.miss_of(tiny(batch=11), "h200")))
+    Remote(server.url).request_build(Miss.lean(tiny(batch=11), "h200"))
     listed = run_cli("builds", "--server", server.url, "--json")
     assert listed.returncode == 0, listed.stderr
-    assert any(j["kernel_key"] == lean_miss.key_of(tiny(batch=11), "h200") for j in json.loads(listed.stdout))
+    assert any(j["kernel_key"] == Miss.lean(tiny(batch=11), "h200").kernel_key for j in json.loads(listed.stdout))
 
 
 FA4_CLIENT = r'''

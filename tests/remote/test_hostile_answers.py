@@ -109,7 +109,7 @@ def test_d22_recipe_answer_is_capped(tmp_path: Path) -> None:
 def test_d22_miss_pages_that_never_end_are_capped() -> None:
     """A server that answers every page full: the client stops at MAX_MISSES bytes in all. (Before the cap it
     paged forever; this server gives up after twice the cap so that a failing run ends.)"""
-    page = json.dumps([{"sku": "h200", "kernel_key": "a" * 64, "family": "f", "call": "x" * (16 << 10)}] * 1000)
+    page = json.dumps([{"sku": "h200", "kernel_key": "a" * 64, "family": "f", "compile_key": "x" * (16 << 10)}] * 1000)
 
     def answer(server: RawServer, path: str, conn: socket.socket) -> None:
         body = page.encode() if server.sent < 2 * MAX_MISSES else b"[]"

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from fa4_aot.domain.misses import Miss
 from fa4_aot.errors import Fa4AotError, RemoteError, Unreachable
 from fa4_aot.remote import wait as build_wait
 from fa4_aot.remote.http import Remote
@@ -88,7 +89,8 @@ def test_d33_a_dripping_status_line_or_header_ends_by_the_deadline(tmp_path: Pat
     assert "FA4_AOT_FETCH_DEADLINE" in str(result), result
 
 
-MISS = {"sku": "h200", "kernel_key": "ab" * 32, "family": "f", "call": {}}
+MISS = Miss(kernel_key="ab" * 32, family="f", compile_key=None, sku="h200", call={})
+JOB = '"sku": "h200", "kernel_key": "' + "ab" * 32 + '", "family": "f"'  # the fields every build job names
 
 
 def test_d34_build_wait_ends_by_its_own_deadline_against_a_slow_server(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,19 +119,19 @@ def answers(miss_answer: bytes, build_answer: bytes = b"") -> RawServer:
 @pytest.mark.parametrize("job_id", ['"abc"', "NaN", "Infinity", "null", "[1]", "true", "-Infinity", "1e400"])
 def test_d34_a_malformed_job_id_is_the_servers_failure_not_a_raise(job_id: str) -> None:
     """Before: int(job["id"]) raised ValueError, OverflowError or TypeError out of wait(), which is documented
-    never to raise for the server. Now the wait returns why it could not follow the job."""
-    body = f'{{"build": {{"id": {job_id}, "status": "queued"}}}}'.encode()
+    never to raise for the server. Now the wait returns why: the answer is not a build job (its id)."""
+    body = f'{{"build": {{"id": {job_id}, "status": "queued", {JOB}}}}}'.encode()
     with answers(body) as server:
         done, result = finished(lambda: build_wait.wait(Remote(server.url, deadline=5.0), MISS, 2.0))
     assert done and not isinstance(result, BaseException), result
     _job, why = result
-    assert "could not be followed" in why and "id" in why
+    assert "not a build job" in why and "id" in why
 
 
 @pytest.mark.parametrize("answer", [b'{"id": "abc", "status": "queued"}', b"[1]", b'{"id": 7, "status": [1]}'])
 def test_d34_a_malformed_build_answer_while_polling_is_the_servers_failure(answer: bytes) -> None:
     """A job queued well, then polled into an answer that is not a build job: the wait says so, never raises."""
-    with answers(b'{"build": {"id": 7, "status": "queued"}}', answer) as server:
+    with answers(f'{{"build": {{"id": 7, "status": "queued", {JOB}}}}}'.encode(), answer) as server:
         done, result = finished(lambda: build_wait.wait(Remote(server.url, deadline=5.0), MISS, 2.0))
     assert done and not isinstance(result, BaseException), result
     assert result[1], "a malformed job was taken for a wait that helped"
@@ -170,7 +172,7 @@ def test_round3_a_bundle_that_lacks_a_librarys_bytes_stores_no_entry_naming_it(t
 def test_round3_an_endless_miss_list_stops_far_below_the_old_cap() -> None:
     """Before: the pages were capped at 256 MiB of JSON in all, which a client parsed into about 810 MB before
     it stopped. Now it stops at MAX_MISSES (far lower) and each page is read with what is left of that bound."""
-    page = json.dumps([{"sku": "h200", "kernel_key": "a" * 64, "family": "f", "call": "x" * (16 << 10)}] * 1000)
+    page = json.dumps([{"sku": "h200", "kernel_key": "a" * 64, "family": "f", "compile_key": "x" * (16 << 10)}] * 1000)
     with RawServer(lambda path, conn: conn.sendall(reply(200, page.encode()))) as server:
         tracemalloc.start()
         try:

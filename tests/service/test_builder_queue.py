@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 from sqlalchemy import update
 
-from fa4_aot.runtime import misses
+from fa4_aot.domain.misses import Miss
 from service import db, models
 from tests.helpers.builders import hold_sku, tiny
 from tests.helpers.servers import Server
 
 
 def miss(batch: int) -> dict[str, Any]:
-    return asdict(misses.miss_of(tiny(batch=batch), "h200"))
+    return Miss.lean(tiny(batch=batch), "h200").to_dict()
 
 
 def claim(c: httpx.Client, builder: str, lease: float = 60.0) -> httpx.Response:

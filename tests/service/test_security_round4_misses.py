@@ -7,15 +7,13 @@ written into the real database, as a builder's end would leave it."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import update
 
-from fa4_aot.domain import kernel_keys
-from fa4_aot.runtime import misses
+from fa4_aot.domain.misses import Miss, lean_key
 from service import db, models
 from tests.conftest import run_cli
 from tests.helpers.builders import hold_sku, tiny
@@ -25,7 +23,7 @@ Launch = Any
 
 
 def miss(batch: int, **changes: Any) -> dict[str, Any]:
-    return asdict(misses.miss_of(tiny(batch=batch, **changes), "h200"))
+    return Miss.lean(tiny(batch=batch, **changes), "h200").to_dict()
 
 
 def claim(c: httpx.Client, builder: str = "b") -> httpx.Response:
@@ -68,7 +66,7 @@ def test_d31_a_lean_key_must_be_its_calls_key(server: Server) -> None:
 
 def test_d31_client_and_service_share_one_key_function() -> None:
     call = tiny(batch=3103)
-    assert misses.key_of(call, "h200") == kernel_keys.call_key(call.to_dict(), "h200")
+    assert Miss.lean(call, "h200").kernel_key == lean_key(call.to_dict(), "h200")
 
 
 @pytest.mark.parametrize("changes", [

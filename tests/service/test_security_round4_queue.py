@@ -11,7 +11,6 @@ import socket
 import sqlite3
 import threading
 import time
-from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ from sqlalchemy import update
 
 from fa4_aot.compile.builder import Builder
 from fa4_aot.compile.executors import LocalExecutor
+from fa4_aot.domain.misses import Miss
 from fa4_aot.matrix.variants import load
 from fa4_aot.remote.http import Remote
-from fa4_aot.runtime import misses
 from fa4_aot.store import Store
 from service import db, models
 from tests.conftest import TINY_VARIANTS
@@ -37,7 +36,7 @@ Launch = Any
 
 
 def miss(batch: int) -> dict[str, Any]:
-    return asdict(misses.miss_of(tiny(batch=batch), "h200"))
+    return Miss.lean(tiny(batch=batch), "h200").to_dict()
 
 
 def claim(c: httpx.Client, builder: str = "b", lease: float = 60.0, **extra: Any) -> httpx.Response:
