@@ -26,6 +26,7 @@ from .kernel_keys import dumps
 LEAN_FAMILY = "recipe"  # the family of a lean call's miss: it names a call, not a kernel
 STATUSES = ("queued", "running", "done", "failed", "rejected")
 FINAL = ("done", "failed", "rejected")
+TIMES = ("created", "started", "finished", "lease_until", "not_before")  # a build job's, ISO 8601 strings
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -133,19 +134,19 @@ class BuildJob:
         ValueError naming the field when one is missing or of another type."""
         what = "claimed build job" if claimed else "build job"
         _check_object(doc, what)
-        if claimed:
+        job = cls(id=_count(doc, "id", what), sku=_text(doc, "sku", what), kernel_key=_key(doc, what),
+                  family=_text(doc, "family", what), status=_text(doc, "status", what),
+                  reports=_count(doc, "reports", what, 0), attempts=_count(doc, "attempts", what, 0),
+                  builder=_text(doc, "builder", what, default="", empty=True),
+                  detail=_text(doc, "detail", what, default="", empty=True),
+                  compile_seconds=_seconds(doc, what), built=_count(doc, "built", what, 0),
+                  call=_object(doc, "call", what), compile_key=doc.get("compile_key"),
+                  args=_object(doc, "args", what), claim=_text(doc, "claim", what, default=None),
+                  **{name: _text(doc, name, what, default=None) for name in TIMES})
+        if claimed:  # checked after the fields every job has, so that a wrong id is named before a missing claim
             _text(doc, "claim", what)
             _field(doc, "compile_key", what)
-        times = {name: _text(doc, name, what, default=None) for name in
-                 ("created", "started", "finished", "lease_until", "not_before")}
-        return cls(id=_count(doc, "id", what), sku=_text(doc, "sku", what), kernel_key=_key(doc, what),
-                   family=_text(doc, "family", what), status=_text(doc, "status", what),
-                   reports=_count(doc, "reports", what, 0), attempts=_count(doc, "attempts", what, 0),
-                   builder=_text(doc, "builder", what, default="", empty=True),
-                   detail=_text(doc, "detail", what, default="", empty=True),
-                   compile_seconds=_seconds(doc, what), built=_count(doc, "built", what, 0),
-                   call=_object(doc, "call", what), compile_key=doc.get("compile_key"), args=_object(doc, "args", what),
-                   claim=_text(doc, "claim", what, default=None), **times)
+        return job
 
 
 BUILD_JOB_FIELDS = tuple(f.name for f in fields(BuildJob))

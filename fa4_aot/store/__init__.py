@@ -35,11 +35,12 @@ level by level with O_NOFOLLOW); the root itself may be a symlink, resolved once
 
 from __future__ import annotations
 
+from ..domain.misses import Miss  # re-exported: the side data's misses are domain/misses.py's values
 from .hashing import sha256_file as sha256_file  # re-exported: callers hash object files by path
 from .index import Entry, Index, kernels
 from .objects import Objects, ObjectUpload
 from .root import HEX64, QUARANTINE, Found, check_hex
-from .side import Miss, SideData
+from .side import SideData
 from .upkeep import Upkeep
 
 __all__ = ["Store", "Entry", "Miss", "Found", "ObjectUpload", "check_hex", "sha256_file", "HEX64", "QUARANTINE",

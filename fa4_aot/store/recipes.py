@@ -34,12 +34,12 @@ MAX_BYTES = 8 << 20  # a recipe file a server accepts: regions are a few KB each
 def recipe_key(sig: Signature, sku: Sku, fmt: int = RECIPE_FORMAT) -> str:
     """The key of the file holding `sig`'s regions of format `fmt` on `sku` (format 3: by GQA ratio, mask without
     window, layout without page size; format 2: by GQA ratio; format 1: `legacy_key`)."""
-    return key_of(keyed_signature(sig.to_dict(), fmt), sku.target_facts())
+    return file_key(keyed_signature(sig.to_dict(), fmt), sku.target_facts())
 
 
 def legacy_key(sig: Signature, sku: Sku) -> str:
     """The key a format-1 file of `sig` on `sku` has (head counts named): stores built before format 2."""
-    return key_of(sig.to_dict(), sku.target_facts())
+    return file_key(sig.to_dict(), sku.target_facts())
 
 
 # A forward returning LSE (no grad) launches exactly what a training call's forward launches (FA4 allocates LSE
@@ -91,10 +91,10 @@ def keyed_signature(signature: Any, fmt: int = RECIPE_FORMAT) -> Any:
 def region_key(region: dict[str, Any], target: dict[str, Any]) -> str:
     """The key a file holding `region` has on a SKU with facts `target` (by its format)."""
     signature, fmt = region.get("signature"), region.get("format")
-    return key_of(signature if fmt == 1 else keyed_signature(signature, fmt if fmt in FORMATS else 0), target)
+    return file_key(signature if fmt == 1 else keyed_signature(signature, fmt if fmt in FORMATS else 0), target)
 
 
-def key_of(signature: Any, target: dict[str, Any]) -> str:
+def file_key(signature: Any, target: dict[str, Any]) -> str:
     """The recipe key of a signature (as Signature.to_dict writes it) on a SKU with target facts `target`."""
     doc = {"signature": signature, "target": target}
     return hashlib.sha256(kernel_keys.dumps(doc).encode()).hexdigest()

@@ -63,7 +63,8 @@ def test_build_wait_refuses_what_is_not_seconds(monkeypatch: pytest.MonkeyPatch,
     ({"id": 4, "status": "running", "detail": ""}, "build job 4 was still running after FA4_AOT_BUILD_WAIT=30 s"),
 ])
 def test_build_wait_says_why_a_job_did_not_help(job: dict, says: str) -> None:
+    from fa4_aot.domain.misses import BuildJob
     from fa4_aot.remote import wait
 
-    problem = wait._problem(job, 30.0)
+    problem = wait._problem(BuildJob.from_dict({**job, "sku": "h200", "kernel_key": "a" * 64, "family": "f"}), 30.0)
     assert problem.startswith(says) and bool(problem) == bool(says)

@@ -53,7 +53,7 @@ def region(signature: dict[str, Any], note: str = "") -> dict[str, Any]:
 
 def recipe_file(store: Store, n: int, extra: str = "") -> tuple[str, bytes]:
     signature: dict[str, Any] = {"layout": "dense", "head_dim": 64 * (n + 1), "causal": True}
-    key = recipe_store.key_of(signature, SKU.target_facts())
+    key = recipe_store.file_key(signature, SKU.target_facts())
     data = json.dumps({"key": key, "regions": [region(signature, extra)]}).encode()
     store.put_recipes(key, data)
     return key, data
@@ -143,7 +143,7 @@ def test_d26_server_refuses_recipe_with_foreign_op_or_unbounded_power(server: Se
     (fa4_aot.domain.recipe_format, through store.recipes.check_file) at upload."""
     store, [entry], _ = lean_store(tmp_path, kernels=1)
     signature: dict[str, Any] = {"layout": "dense", "head_dim": 80, "causal": True}
-    key = recipe_store.key_of(signature, SKU.target_facts())
+    key = recipe_store.file_key(signature, SKU.target_facts())
     url = f"/v1/skus/h200/recipes/{key}"
     step = {"op": "load_library.__call__.__call__", "args": [str(tmp_path / "evil.so")], "kwargs": {"kw": {}},
             "out": [0], "tuple": False}

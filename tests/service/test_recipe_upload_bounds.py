@@ -19,7 +19,7 @@ SIGNATURE: dict[str, Any] = {"layout": "dense", "head_dim": 96, "causal": True}
 
 
 def _file(regions: list[Any]) -> tuple[str, bytes]:
-    key = recipe_store.key_of(SIGNATURE, SKU.target_facts())
+    key = recipe_store.file_key(SIGNATURE, SKU.target_facts())
     return key, json.dumps({"key": key, "regions": regions}).encode()
 
 

@@ -42,7 +42,7 @@ def _recipe(note: str, facts: dict[str, Any]) -> tuple[str, bytes]:
     """A recipe file valid for a SKU with `facts` (the server's target: the facts without the name)."""
     signature = {"layout": "dense", "head_dim": 128, "causal": True}
     target = {k: facts[k] for k in ("arch", "sm_count", "l2_bytes", "cuda_major", "host")}
-    key = recipes.key_of(signature, target)
+    key = recipes.file_key(signature, target)
     return key, json.dumps({"key": key, "regions": [region(signature, note)]}).encode()
 
 
