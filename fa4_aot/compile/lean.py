@@ -23,6 +23,7 @@ import numpy as np
 from .. import fa4
 from ..domain import kernel_keys, probes, recipe_space
 from ..domain.calls import Call
+from ..domain.exact import ExactCall
 from ..domain.recipe_format import HEADS, PAGE_SIZE, SIZE_NAMES, bound_sizes, call_sizes, sizes_of_call
 from ..domain.region import Region
 from ..domain.signature import Signature
@@ -206,7 +207,7 @@ def record_work(worker: Worker, work: list[tuple[str, Call | Signature]], kernel
         sig = Signature.of(item) if isinstance(item, Call) else item
         first = [sizes_of_call(item.layout, item.batch, item.seqlen_q, item.seqlen_k, item.page_size)] \
             if isinstance(item, Call) else []
-        for each in (sig, *probes.forward_of(sig)):
+        for each in explored(item):
             if each in done:
                 continue
             done.add(each)
@@ -219,6 +220,22 @@ def record_work(worker: Worker, work: list[tuple[str, Call | Signature]], kernel
                 errors.append(f"recipes of {each.call(1, 1, 1).describe()}: FA4 refuses {len(found.refused)} "
                               f"point(s) of its size space, e.g. {found.refused[0]}")
     return recorded, errors
+
+
+def explored(item: Call | Signature) -> list[Signature]:
+    """The signatures `record_work` explores for a work item: its own and, for a training one, its forward
+    without LSE."""
+    sig = Signature.of(item) if isinstance(item, Call) else item
+    return [sig, *probes.forward_of(sig)]
+
+
+def recipe_keys(item: Call | ExactCall | Signature, sku: Sku) -> list[str]:
+    """The recipe files exploring `item` records into (an ExactCall stands as its Call, as worker.py's
+    _for_recipes passes it; one without a Call records nothing): planning groups items by them (plan_tasks)."""
+    stand_in = item.call if isinstance(item, ExactCall) else item
+    if stand_in is None:
+        return []
+    return [recipes.recipe_key(s, sku) for s in explored(stand_in) if s.layout in SIZE_NAMES]
 
 
 def relink(worker: Worker, keys: list[str], one_line: Any) -> list[str]:

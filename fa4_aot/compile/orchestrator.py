@@ -24,7 +24,7 @@ from ..matrix.call_variants import Variant
 from ..matrix.model_variants import ModelVariant
 from ..matrix.variants import Matrix
 from ..store import Store
-from . import lean
+from . import lean, plan_tasks
 from .commit import commit, commit_kernel, put_built, stored_key
 from .executors import CompileTask, Executor, LocalExecutor, Outcome, Work
 from .worker import Kernel
@@ -175,8 +175,8 @@ def _plan(ex: Executor, sku: Sku, store: Store, work: Work, report: Report, dry_
     in a dry run). An item several variants share is planned once (7% of the whole matrix's items)."""
     same = _same_items(work)
     distinct = list(same)
-    n = max(1, min(ex.plan_chunks(len(distinct)), len(distinct)))
-    offsets = [[distinct[j] for j in range(i, len(distinct), n)] for i in range(n)]
+    offsets = plan_tasks.strided(distinct, ex.plan_chunks(len(distinct))) if dry_run else \
+        plan_tasks.by_shared_keys(distinct, lambda i: lean.recipe_keys(work[i][1], sku))
     planned: dict[str, Kernel] = {}
     recorded: dict[str, list[Region]] = {}
     chunks = [[work[i] for i in chunk] for chunk in offsets]
