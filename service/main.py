@@ -92,20 +92,22 @@ def app_from_env() -> FastAPI:
 
 def serve(settings: Settings) -> None:
     """Run the service until interrupted (blocks), on settings.host:settings.port, request heads capped whatever
-    HTTP implementation is installed (headers.uvicorn_options). With several workers the
+    HTTP implementation is installed (headers.uvicorn_options), idle connections kept settings.keep_alive seconds
+    and settings.backlog connections waiting to be accepted. With several workers the
     database is migrated and the store imported once here, then each worker builds its app from FA4_AOT_*
     variables (uvicorn starts workers as fresh processes)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    connections = {"timeout_keep_alive": settings.keep_alive, "backlog": settings.backlog}
     if settings.workers == 1:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
-                    **uvicorn_options())
+                    **connections, **uvicorn_options())
         return
     prepare(settings)
     os.environ.update({f"FA4_AOT_{name.upper()}": str(value) for name, value in settings.model_dump().items()
                        if value is not None and name not in ("host", "port", "workers")})
     os.environ["FA4_AOT_PREPARE_ON_START"] = "false"
     uvicorn.run("service.main:app_from_env", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level="info", **uvicorn_options())
+                workers=settings.workers, log_level="info", **connections, **uvicorn_options())
 
 
 @asynccontextmanager

@@ -252,12 +252,13 @@ def is_last(attempt: int, retries: int, end: float, answer: httpx.Response | Non
 
 def backoff(attempt: int, end: float, answer: httpx.Response | None = None) -> None:
     """Sleep before retry `attempt` + 1 (exponential, jittered; at least the answer's Retry-After seconds, at
-    most 8 s), never past the deadline `end`."""
+    most 8 s), never more than half of what is left before the deadline `end`: the retry gets the other half (a
+    sleep to the deadline would leave it none, and a renewed deadline would be slept away again)."""
     wait = min(8.0, 0.2 * 2 ** min(attempt, 6)) * (0.5 + random.random())
     after = answer.headers.get("retry-after", "") if answer is not None else ""
     if after.isdigit():
         wait = max(wait, min(8.0, float(after)))
-    time.sleep(max(0.0, min(wait, remaining(end))))
+    time.sleep(max(0.0, min(wait, remaining(end) / 2)))
 
 
 class AnswerTooLarge(RemoteError):
