@@ -3,7 +3,7 @@ from `fa4-aot serve --workers W` on PostgreSQL, side by side with nginx serving 
 
 Each client is a light process (no GPU, no FA4) running the client library's fetch path for a list of kernel keys:
   per-kernel   what install()/fetch() does for one kernel: GET /v1/kernels/<key>, then GET /v1/objects/<digest>,
-               on 8 threads (client.FETCH_THREADS); against nginx the same URLs map to the store's files;
+               on client.FETCH_THREADS threads (4); against nginx the same URLs map to the store's files;
   bundle       what load() now does first: one POST /v1/bundles for all the keys (fa4-aot server only).
 All N processes start first and wait; then they are released together and timed until every one holds every
 kernel ("all ready"). Runs alternate between servers, so load from other work on the machine hits them alike.
@@ -62,6 +62,7 @@ def client_loop() -> None:
     """Read one JSON job per line on stdin, fetch, answer one JSON line on stdout; exit on EOF."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from fa4_aot.client import FETCH_THREADS
     from fa4_aot.remote.http import Remote
     from fa4_aot.store import Store
 
@@ -77,7 +78,8 @@ def client_loop() -> None:
                 assert not skipped and len(stored) == len(job["keys"]), skipped
                 latencies = [time.perf_counter() - started] * len(job["keys"])
             else:
-                with ThreadPoolExecutor(int(job.get("knobs", {}).get("threads", 8))) as pool:
+                threads = int(job.get("knobs", {}).get("threads", FETCH_THREADS))
+                with ThreadPoolExecutor(threads) as pool:
                     latencies = list(pool.map(lambda k, r=remote, s=store: _timed(r, k, s), job["keys"]))
             assert all(store.has_entry(k) for k in job["keys"])
         except Exception as e:  # a node that gave up (the library's retries exhausted): counted, not fatal

@@ -92,12 +92,13 @@ def app_from_env() -> FastAPI:
 
 def serve(settings: Settings) -> None:
     """Run the service until interrupted (blocks), on settings.host:settings.port, request heads capped whatever
-    HTTP implementation is installed (headers.uvicorn_options), idle connections kept settings.keep_alive seconds
-    and settings.backlog connections waiting to be accepted. With several workers the
-    database is migrated and the store imported once here, then each worker builds its app from FA4_AOT_*
-    variables (uvicorn starts workers as fresh processes)."""
+    HTTP implementation is installed (headers.uvicorn_options), idle connections kept settings.keep_alive seconds,
+    settings.backlog connections waiting to be accepted, a line per request only with settings.access_log. With
+    several workers the database is migrated and the store imported once here, then each worker builds its app
+    from FA4_AOT_* variables (uvicorn starts workers as fresh processes)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    connections = {"timeout_keep_alive": settings.keep_alive, "backlog": settings.backlog}
+    connections = {"timeout_keep_alive": settings.keep_alive, "backlog": settings.backlog,
+                   "access_log": settings.access_log}
     if settings.workers == 1:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
                     **connections, **uvicorn_options())
