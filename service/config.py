@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
-    keep_alive: float = Field(default=75.0, gt=0, le=3600, description="Seconds an idle client connection is kept "
+    keep_alive: int = Field(default=75, gt=0, le=3600, description="Seconds an idle client connection is kept "
                               "open (nginx's default; uvicorn's own 5 s closes a busy cluster's connections between "
                               "requests, and each new one costs an accept and a handshake more).")
     backlog: int = Field(default=4096, ge=64, le=65535, description="Connections waiting to be accepted (the "

@@ -97,18 +97,18 @@ def serve(settings: Settings) -> None:
     several workers the database is migrated and the store imported once here, then each worker builds its app
     from FA4_AOT_* variables (uvicorn starts workers as fresh processes)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    connections = {"timeout_keep_alive": settings.keep_alive, "backlog": settings.backlog,
-                   "access_log": settings.access_log}
     if settings.workers == 1:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
-                    **connections, **uvicorn_options())
+                    timeout_keep_alive=settings.keep_alive, backlog=settings.backlog, access_log=settings.access_log,
+                    **uvicorn_options())
         return
     prepare(settings)
     os.environ.update({f"FA4_AOT_{name.upper()}": str(value) for name, value in settings.model_dump().items()
                        if value is not None and name not in ("host", "port", "workers")})
     os.environ["FA4_AOT_PREPARE_ON_START"] = "false"
     uvicorn.run("service.main:app_from_env", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level="info", **connections, **uvicorn_options())
+                workers=settings.workers, log_level="info", timeout_keep_alive=settings.keep_alive,
+                backlog=settings.backlog, access_log=settings.access_log, **uvicorn_options())
 
 
 @asynccontextmanager
