@@ -3,7 +3,7 @@ from `fa4-aot serve --workers W` on PostgreSQL, side by side with nginx serving 
 
 Each client is a light process (no GPU, no FA4) running the client library's fetch path for a list of kernel keys:
   per-kernel   what install()/fetch() does for one kernel: GET /v1/kernels/<key>, then GET /v1/objects/<digest>,
-               on 8 threads (client.FETCH_THREADS); against nginx the same URLs map to the store's files;
+               on client.FETCH_THREADS threads (4); against nginx the same URLs map to the store's files;
   bundle       what load() now does first: one POST /v1/bundles for all the keys (fa4-aot server only).
 All N processes start first and wait; then they are released together and timed until every one holds every
 kernel ("all ready"). Runs alternate between servers, so load from other work on the machine hits them alike.
@@ -15,6 +15,7 @@ The store is synthetic (random bytes, sizes around the real h200 objects' mean):
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -61,12 +62,14 @@ def client_loop() -> None:
     """Read one JSON job per line on stdin, fetch, answer one JSON line on stdout; exit on EOF."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from fa4_aot.client import FETCH_THREADS
     from fa4_aot.remote.http import Remote
     from fa4_aot.store import Store
 
     print("ready", flush=True)
     for line in sys.stdin:
         job = json.loads(line)
+        _configure(job.get("knobs", {}))
         remote, store = Remote(job["url"]), Store(Path(job["cache"]))
         started, latencies, error = time.perf_counter(), [], ""
         try:
@@ -75,7 +78,8 @@ def client_loop() -> None:
                 assert not skipped and len(stored) == len(job["keys"]), skipped
                 latencies = [time.perf_counter() - started] * len(job["keys"])
             else:
-                with ThreadPoolExecutor(8) as pool:
+                threads = int(job.get("knobs", {}).get("threads", FETCH_THREADS))
+                with ThreadPoolExecutor(threads) as pool:
                     latencies = list(pool.map(lambda k, r=remote, s=store: _timed(r, k, s), job["keys"]))
             assert all(store.has_entry(k) for k in job["keys"])
         except Exception as e:  # a node that gave up (the library's retries exhausted): counted, not fatal
@@ -83,6 +87,25 @@ def client_loop() -> None:
         remote.close()
         print(json.dumps({"ready": time.perf_counter() - started, "latencies": latencies, "error": error}),
               flush=True)
+
+
+_DEFAULTS: dict[str, Any] = {}  # transport constants as they were before a knob changed them
+
+
+def _configure(knobs: dict[str, str]) -> None:
+    """A path's client settings (--paths NAME@knob=value,...): `deadline` sets FA4_AOT_FETCH_DEADLINE, any other
+    knob but `threads` (the node's fetch threads) a constant of fa4_aot.remote.transport, e.g. ATTEMPT_SHARE."""
+    from fa4_aot.remote import transport
+
+    os.environ.pop("FA4_AOT_FETCH_DEADLINE", None)
+    for name, value in _DEFAULTS.items():
+        setattr(transport, name, value)
+    for name, value in knobs.items():
+        if name == "deadline":
+            os.environ["FA4_AOT_FETCH_DEADLINE"] = value
+        elif name != "threads":
+            _DEFAULTS.setdefault(name, getattr(transport, name))
+            setattr(transport, name, type(getattr(transport, name))(float(value)))
 
 
 def _timed(remote: Any, key: str, store: Any) -> float:
@@ -119,14 +142,15 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run(clients: list[subprocess.Popen[str]], url: str, mode: str, keys: list[str], tmp: Path,
-        server_pids: list[int], budget: float) -> dict[str, Any]:
+        server_pids: list[int], budget: float, knobs: dict[str, str] | None = None) -> dict[str, Any]:
     caches = tmp / "nodes"
     shutil.rmtree(caches, ignore_errors=True)
     cpu0 = sum(cpu_seconds(p) for p in server_pids)
     started = time.perf_counter()
     for i, c in enumerate(clients):
         assert c.stdin is not None
-        c.stdin.write(json.dumps({"url": url, "mode": mode, "keys": keys, "cache": str(caches / str(i))}) + "\n")
+        c.stdin.write(json.dumps({"url": url, "mode": mode, "keys": keys, "cache": str(caches / str(i)),
+                                     "knobs": knobs or {}}) + "\n")
         c.stdin.flush()
     answers = collect(clients, started + budget)
     wall = time.perf_counter() - started
@@ -139,7 +163,8 @@ def run(clients: list[subprocess.Popen[str]], url: str, mode: str, keys: list[st
             "median_node_s": round(statistics.median(a["ready"] for a in ok), 3) if ok else None,
             "object_p50_ms": round(1000 * lat[len(lat) // 2], 1),
             "object_p99_ms": round(1000 * lat[int(len(lat) * .99)], 1), "server_cpu_s": round(cpu, 2),
-            "objects": len(lat), "first_error": next((a["error"] for a in answers if a and a["error"]), "")}
+            "objects": len(lat), "first_error": next((a["error"] for a in answers if a and a["error"]), ""),
+            "errors": dict(collections.Counter(a["error"][:80] for a in answers if a and a["error"]).most_common(4))}
 
 
 def collect(clients: list[subprocess.Popen[str]], deadline: float) -> list[dict[str, Any] | None]:
@@ -214,6 +239,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--budget", type=float, default=300.0, help="seconds a run may take; later nodes count as "
                         "unfinished (and their processes are replaced)")
+    parser.add_argument("--paths", default="nginx,per-kernel,bundle",
+                        help="what each round runs, in order: nginx (per-kernel against nginx), per-kernel and bundle "
+                        "(against fa4-aot); NAME@knob=value@... sets a path's client knobs (deadline, threads, or a "
+                        "constant of fa4_aot/remote/transport.py), e.g. per-kernel@ATTEMPT_SHARE=1")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -228,14 +257,13 @@ def main() -> None:
     rows = []
     # side by side: nginx and both fa4-aot paths in each round, so load from other work hits them alike (the
     # per-kernel path ran once, last, while it failed under load: issue 18's D29 made it hold)
-    plan = [("nginx", nginx, "per-kernel", servers[1]), ("fa4-aot", ours, "per-kernel", servers[0]),
-            ("fa4-aot", ours, "bundle", servers[0])] * args.rounds
+    plan = parse_paths(args.paths, (ours, servers[0]), (nginx, servers[1])) * args.rounds
     try:
-        for r, (name, url, mode, proc) in enumerate(plan):
+        for r, (name, url, mode, proc, knobs) in enumerate(plan):
             clients = [c for c in clients if c.poll() is None]
             clients += start_clients(args.clients - len(clients))
-            row = {"run": r, "server": name, **run(clients, url, mode, keys, tmp, [proc.pid, *pg_pids(pg, name)],
-                                                    args.budget)}
+            row = {"run": r, "server": name, "knobs": knobs,
+                   **run(clients, url, mode, keys, tmp, [proc.pid, *pg_pids(pg, name)], args.budget, knobs)}
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
@@ -248,6 +276,19 @@ def main() -> None:
                "clients": args.clients, "kernels": args.kernels, "workers": args.workers, "runs": rows}
         if args.out:
             args.out.write_text(json.dumps(doc, indent=1))
+
+
+def parse_paths(text: str, ours: tuple[str, Any], nginx: tuple[str, Any]) -> list[tuple[str, str, str, Any, dict]]:
+    """(server name, URL, fetch mode, server process, client knobs) for each path of --paths."""
+    plan = []
+    for item in text.split(","):
+        path, *knobs = item.strip().split("@")
+        if path not in ("nginx", "per-kernel", "bundle"):
+            raise SystemExit(f"invalid path {path!r} in --paths: expected nginx, per-kernel or bundle")
+        url, proc = nginx if path == "nginx" else ours
+        plan.append(("nginx" if path == "nginx" else "fa4-aot", url, "bundle" if path == "bundle" else "per-kernel",
+                     proc, dict(k.split("=", 1) for k in knobs)))
+    return plan
 
 
 def pg_pids(pg: Any, server: str) -> list[int]:

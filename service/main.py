@@ -92,12 +92,14 @@ def app_from_env() -> FastAPI:
 
 def serve(settings: Settings) -> None:
     """Run the service until interrupted (blocks), on settings.host:settings.port, request heads capped whatever
-    HTTP implementation is installed (headers.uvicorn_options). With several workers the
-    database is migrated and the store imported once here, then each worker builds its app from FA4_AOT_*
-    variables (uvicorn starts workers as fresh processes)."""
+    HTTP implementation is installed (headers.uvicorn_options), idle connections kept settings.keep_alive seconds,
+    settings.backlog connections waiting to be accepted, a line per request only with settings.access_log. With
+    several workers the database is migrated and the store imported once here, then each worker builds its app
+    from FA4_AOT_* variables (uvicorn starts workers as fresh processes)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     if settings.workers == 1:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+                    timeout_keep_alive=settings.keep_alive, backlog=settings.backlog, access_log=settings.access_log,
                     **uvicorn_options())
         return
     prepare(settings)
@@ -105,7 +107,8 @@ def serve(settings: Settings) -> None:
                        if value is not None and name not in ("host", "port", "workers")})
     os.environ["FA4_AOT_PREPARE_ON_START"] = "false"
     uvicorn.run("service.main:app_from_env", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level="info", **uvicorn_options())
+                workers=settings.workers, log_level="info", timeout_keep_alive=settings.keep_alive,
+                backlog=settings.backlog, access_log=settings.access_log, **uvicorn_options())
 
 
 @asynccontextmanager

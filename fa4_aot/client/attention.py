@@ -12,7 +12,10 @@ from ..domain.calls import Call
 from .arguments import call_from
 from .installation import Installation, has_cuda, install, installed
 
-FETCH_THREADS = 8
+# Requests one process keeps in flight to the server while it fetches kernels one by one. Under a cluster's start
+# every node's requests queue at the server, and each waits about as long as the whole queue: 8 a node let 64 nodes'
+# tails pass a 10 s deadline where 4 held them all, no slower in all (issue 28, bench/RESULTS.md session 14).
+FETCH_THREADS = 4
 
 
 class AttentionFn:

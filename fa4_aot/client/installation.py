@@ -113,7 +113,7 @@ class Installation:
         self.stats.fetched += 1
         return True
 
-    def fetch_many(self, kernel_keys: list[str], threads: int = 8) -> int:
+    def fetch_many(self, kernel_keys: list[str], threads: int = 4) -> int:
         """fetch() for several kernels: one request (a bundle) when the server offers it, else one by one on
         `threads` threads. Returns how many were downloaded; never raises (reasons kept as in fetch())."""
         if self.remote is None or not kernel_keys:

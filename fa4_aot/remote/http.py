@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,13 +41,13 @@ class Remote(Endpoints):
         if store.object_state(digest, size) == "ok":
             return False
         self._check_up()
-        end = self._end()
+        began, end = time.monotonic(), self._end()
         with store.lock(digest, timeout=max(0.0, remaining(end))):
             if store.object_state(digest, size) == "ok":
                 return False
             self._check_up()
-            return self._with_retries(f"download of {digest}", end,
-                                      functools.partial(self._download, digest, store, size, end))
+            return self._with_retries(f"download of {digest}", began, end,
+                                      functools.partial(self._download, digest, store, size))
 
     def _download(self, digest: str, store: Store, size: int | None, end: float) -> bool:
         with self._streamed("GET", f"/v1/objects/{digest}", end) as body:
@@ -89,14 +90,14 @@ class Remote(Endpoints):
         fetch_object does: a bundle that misses it marks the server down. With `host_arch` (the lean runtime),
         each entry's library for that arch and the runtime libraries it needs come along."""
         self._check_up()
-        end = self._end()
+        began, end = time.monotonic(), self._end()
         body: dict[str, Any] = {"kernel_keys": kernel_keys, **({"host_arch": host_arch} if host_arch else {})}
 
-        def attempt() -> tuple[list[Entry], dict[str, str]]:
+        def attempt(end: float) -> tuple[list[Entry], dict[str, str]]:
             with self._streamed("POST", "/v1/bundles", end, json=body) as chunks:
                 return unbundle(BundleReader(chunks), store, accept, self.url, set(kernel_keys), host_arch)
 
-        return self._with_retries(f"bundle of {len(kernel_keys)} kernels", end, attempt)
+        return self._with_retries(f"bundle of {len(kernel_keys)} kernels", began, end, attempt)
 
     # -- uploads ------------------------------------------------------------------------------
     def push_entry(self, entry: Entry, read: Callable[[str], bytes]) -> dict[str, int]:

@@ -1,10 +1,16 @@
-"""The transport to one fa4-aot server: every request within a total deadline (deadline.py: connect, status line,
+"""The transport to one fa4-aot server: every request within a deadline (deadline.py: connect, status line,
 headers and body alike, however slowly a server drips them), retried with exponential backoff on
 timeouts, connection errors and 5xx (a busy server's 503, a timeout or a dropped connection until the deadline,
 waiting at least a 503's Retry-After), its body read with a cap; the server treated as down once nothing listens
-there, or after DOWN_AFTER requests in a row failed for want of it (one slow answer under a cluster's load is
-retried, never a reason to give up on the server: issue 28); an answer's status turned into the error that names
-the fix (a 401 or 403 names the token scope the route wants).
+there, or after DOWN_AFTER requests in a row failed for want of it; an answer's status turned into the error that
+names the fix (a 401 or 403 names the token scope the route wants).
+
+A request whose deadline runs out while the server goes on answering this process's other requests is renewed,
+not failed (issue 28): under a cluster's start every answer waits behind every node's requests, so how long one
+takes grows with the cluster, not with the server's health; a server busy but answering is slow, not down. A
+request ends without an answer only when the server answered nothing for a whole deadline (or refuses
+connections), or after PATIENCE deadlines in all, which bounds a server that answers some requests and drips
+others.
 
 The typed calls stand on this (endpoints.py), the downloads and uploads on those (http.py: Remote)."""
 
@@ -32,6 +38,9 @@ MIN_ATTEMPT = 0.1  # seconds: with less left before the deadline, another attemp
 # An attempt waits at most this share of the deadline for an answer, so that a slow one (a server busy with a
 # cluster's start) is tried again within the deadline rather than using all of it (issue 28).
 ATTEMPT_SHARE = 1 / 3
+# A request is renewed (another deadline) while the server answered this process's other requests within the last
+# deadline, until this many deadlines have passed since it began.
+PATIENCE = 5
 DOWN_AFTER = 3  # requests in a row that failed for want of the server, each after its retries: then it is down
 # The most a client reads of an answer that is not an object (objects stop at their listed size): a JSON answer
 # (a SKU's manifest lists every kernel, a miss page 1,000 call records). endpoints.py caps its larger answers.
@@ -40,10 +49,11 @@ ENV_ADVICE = "check FA4_AOT_SERVER or set FA4_AOT_OFFLINE=1 to use the local sto
 
 
 class Transport:
-    """One server, for one process start: every request and download has a total deadline (retries included,
-    FA4_AOT_FETCH_DEADLINE, read at call time unless `deadline` is given). The server is treated as down (later
-    calls fail at once) when nothing listens there, or after DOWN_AFTER requests in a row failed for want of
-    it (too slow, 5xx, connections lost, each retried to its deadline); any answer resets that count.
+    """One server, for one process start: every request and download has a deadline (retries included,
+    FA4_AOT_FETCH_DEADLINE, read at call time unless `deadline` is given), renewed while the server answers
+    other requests of this Transport (_renewed, at most PATIENCE deadlines in all). The server is treated as down
+    (later calls fail at once) when nothing listens there, or after DOWN_AFTER requests in a row failed for want
+    of it (no answer in time, 5xx, connections lost, each retried to its deadline); any answer resets that count.
     `advice` ends a "cannot reach" message: the default names the environment variables a client reads; a
     command given --server passes its own (the variables did not choose the server)."""
 
@@ -57,6 +67,7 @@ class Transport:
         self.advice = advice
         self.down = ""  # why the server was given up on, once it was
         self.failures = 0  # requests in a row that failed for want of the server
+        self.answered_at: float | None = None  # time.monotonic() of the server's last answer to this Transport
         self._failures_lock = threading.Lock()  # install()'s fetch threads share one Transport
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT,
@@ -65,17 +76,31 @@ class Transport:
     def close(self) -> None:
         self._client.close()
 
+    def _whole(self) -> float:
+        """The deadline of one request, in seconds: `deadline`, else FA4_AOT_FETCH_DEADLINE."""
+        return self.deadline if self.deadline is not None else config.fetch_deadline()
+
     def _end(self) -> float:
         """When a request starting now must end: the fetch deadline from now, or sooner where the caller's own
         deadline (deadline.capped, a strict miss's wait) ends first."""
-        end = time.monotonic() + (self.deadline if self.deadline is not None else config.fetch_deadline())
+        end = time.monotonic() + self._whole()
         caller = deadlines.caller_end()
         return end if caller is None else min(end, caller)
 
+    def _renewed(self, began: float, end: float) -> float:
+        """The deadline of a request begun at `began` whose deadline `end` ran out: another whole deadline from now
+        while the server answered this Transport's other requests within the last deadline (busy, not down), never
+        past PATIENCE deadlines from `began` nor the caller's own deadline; else `end` (the request fails)."""
+        whole, now, last = self._whole(), time.monotonic(), self.answered_at
+        if remaining(end) >= MIN_ATTEMPT or last is None or now - last > whole:
+            return end
+        caller = deadlines.caller_end()
+        renewed = min(now + whole, began + PATIENCE * whole, caller if caller is not None else float("inf"))
+        return renewed if renewed - now >= MIN_ATTEMPT else end
+
     def _timeouts(self, end: float) -> httpx.Timeout:
         """One attempt's timeouts: within the deadline `end`, and at most ATTEMPT_SHARE of the whole deadline."""
-        whole = self.deadline if self.deadline is not None else config.fetch_deadline()
-        return timeouts(end, max(1.0, whole * ATTEMPT_SHARE))
+        return timeouts(end, max(1.0, self._whole() * ATTEMPT_SHARE))
 
     def _check_up(self) -> None:
         if self.down:
@@ -106,6 +131,7 @@ class Transport:
     def _answered(self) -> None:
         with self._failures_lock:
             self.failures = 0
+            self.answered_at = time.monotonic()
 
     def _request(self, method: str, path: str, ok: tuple[int, ...] = (200,), cap: int = MAX_JSON,
                  **kwargs: Any) -> httpx.Response:
@@ -113,7 +139,7 @@ class Transport:
         most `cap` bytes); raises RemoteError for anything not in `ok`, and marks the server down when it cannot
         be reached in time or keeps failing."""
         self._check_up()
-        end = self._end()
+        began, end = time.monotonic(), self._end()
         for attempt in itertools.count():
             response = None
             try:
@@ -121,6 +147,7 @@ class Transport:
                         self._client.stream(method, path, timeout=self._timeouts(end), **kwargs) as response:
                     self._read(response, end, cap)
             except (httpx.TimeoutException, httpx.TransportError) as e:
+                end = self._renewed(began, end)
                 if is_last(attempt, self.retries, end, error=e):
                     raise self._give_up(f"cannot reach {self.url} ({type(e).__name__}: {e}){ran_out(end)}", e,
                                         nobody_listens=isinstance(e, httpx.ConnectError)) from e
@@ -139,18 +166,20 @@ class Transport:
         proxy's or a wrong URL's HTML page."""
         return decoded(self._request(method, path, ok=ok, cap=cap), self.url)
 
-    def _with_retries(self, what: str, end: float, attempt: Callable[[], _T]) -> _T:
-        """`attempt()`'s result, tried again after a timeout, a connection error or a 5xx (ServerError), with
-        backoff, until the retries (is_last) or the deadline `end` run out; then the request fails (Unreachable:
-        "<what> from <server> failed: <why>", counted by _failed). For streamed transfers, whose answer is read
-        inside `attempt`."""
+    def _with_retries(self, what: str, began: float, end: float, attempt: Callable[[float], _T]) -> _T:
+        """`attempt(end)`'s result, tried again after a timeout, a connection error or a 5xx (ServerError), with
+        backoff, until the retries (is_last) or the deadline `end` (renewed while the server answers others:
+        _renewed, for a request begun at `began`) run out; then the request fails (Unreachable: "<what> from
+        <server> failed: <why>", counted by _failed). For streamed transfers, whose answer is read inside
+        `attempt`, within the deadline it is given."""
         for n in itertools.count():
             try:
-                result = attempt()
+                result = attempt(end)
                 self._answered()
                 return result
             except (httpx.TimeoutException, httpx.TransportError, ServerError) as e:
                 answer = e.response if isinstance(e, ServerError) else None
+                end = self._renewed(began, end)
                 if is_last(n, self.retries, end, answer, e):
                     raise self._give_up(f"{what} from {self.url} failed: {e}{ran_out(end)}", e,
                                         nobody_listens=isinstance(e, httpx.ConnectError)) from e
@@ -223,12 +252,13 @@ def is_last(attempt: int, retries: int, end: float, answer: httpx.Response | Non
 
 def backoff(attempt: int, end: float, answer: httpx.Response | None = None) -> None:
     """Sleep before retry `attempt` + 1 (exponential, jittered; at least the answer's Retry-After seconds, at
-    most 8 s), never past the deadline `end`."""
+    most 8 s), never more than half of what is left before the deadline `end`: the retry gets the other half (a
+    sleep to the deadline would leave it none, and a renewed deadline would be slept away again)."""
     wait = min(8.0, 0.2 * 2 ** min(attempt, 6)) * (0.5 + random.random())
     after = answer.headers.get("retry-after", "") if answer is not None else ""
     if after.isdigit():
         wait = max(wait, min(8.0, float(after)))
-    time.sleep(max(0.0, min(wait, remaining(end))))
+    time.sleep(max(0.0, min(wait, remaining(end) / 2)))
 
 
 class AnswerTooLarge(RemoteError):

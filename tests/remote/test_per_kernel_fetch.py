@@ -138,3 +138,69 @@ def test_fetched_bytes_are_the_servers(served: tuple[Server, list[str]], tmp_pat
         entry = store.get_entry(key)
         assert entry is not None and hashlib.sha256(store.read_object(entry.object_digest)).hexdigest() == \
             entry.object_digest
+
+
+def _held_for(path_end: str, times: int | None) -> Callable[[str, int], bool]:
+    """A Proxy `hold`: the first `times` requests whose path ends with `path_end` are held (None: all of them)."""
+    seen = [0]
+
+    def hold(path: str, _n: int) -> bool:
+        if not path.endswith(path_end):
+            return False
+        seen[0] += 1
+        return times is None or seen[0] <= times
+
+    return hold
+
+
+def _fetch_while_answered(url: str, keys: list[str], store: Store) -> str:
+    """Fetch keys[0] while another thread of the same Remote keeps getting answers (keys[1]'s entry, again and
+    again), as a node's other fetch threads do while one request waits behind a cluster's; the error, or ''."""
+    from fa4_aot.errors import Fa4AotError
+    from fa4_aot.remote.http import Remote
+
+    remote, done = Remote(url), threading.Event()
+
+    def others() -> None:
+        while not done.wait(0.2):
+            remote.kernel(keys[1])
+
+    background = threading.Thread(target=others)
+    background.start()
+    try:
+        remote.fetch_kernel(keys[0], store)
+        return ""
+    except Fa4AotError as e:
+        return str(e)
+    finally:
+        done.set()
+        background.join()
+        remote.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_request_past_its_deadline_is_renewed_while_the_server_answers(
+        served: tuple[Server, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One kernel's first 5 requests are held, more than its whole fetch deadline of retries, while the server
+    answers the node's other requests: the client renews that request's deadline (a busy server, not a down one)
+    and the kernel arrives. Before: the request failed at its deadline, and the node with it (issue 28: 48-103 of
+    256 nodes ready)."""
+    server, keys = served
+    monkeypatch.setenv("FA4_AOT_FETCH_DEADLINE", "3")
+    store = Store(tmp_path / "node")
+    with Proxy(server.url, _held_for(keys[0], 5)).raw as raw:
+        assert _fetch_while_answered(raw.url, keys, store) == ""
+    assert store.has_entry(keys[0])
+
+
+@pytest.mark.timeout(120)
+def test_renewals_end_for_a_request_never_answered(served: tuple[Server, list[str]], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers other requests but never this one (dripping or holding it) cannot hold it for
+    ever: it fails after PATIENCE deadlines, naming the deadline."""
+    server, keys = served
+    monkeypatch.setenv("FA4_AOT_FETCH_DEADLINE", "1")
+    store = Store(tmp_path / "node")
+    with Proxy(server.url, _held_for(keys[0], None)).raw as raw:
+        assert "FA4_AOT_FETCH_DEADLINE" in _fetch_while_answered(raw.url, keys, store)
+    assert not store.has_entry(keys[0])
