@@ -12,8 +12,9 @@ from starlette.concurrency import run_in_threadpool
 
 from fa4_aot.store import Store
 
-from . import crud, crud_tokens, models, schemas
+from . import crud, models, schemas
 from .config import Settings
+from .crud import tokens as crud_tokens
 
 bearer = HTTPBearer(auto_error=False, description="A token from `fa4-aot token create --scope read|publish|admin`.")
 READ_SCOPES = frozenset({"read", "publish", "admin"})

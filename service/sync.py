@@ -19,7 +19,11 @@ from fa4_aot.store import Entry, Store, maintenance
 from fa4_aot.store import recipes as recipe_store
 from fa4_aot.trust import signing
 
-from . import crud, crud_certify, crud_recipes, crud_trust, crud_verdicts, models, schemas
+from . import crud, models, schemas
+from .crud import certify as crud_certify
+from .crud import recipes as crud_recipes
+from .crud import trust as crud_trust
+from .crud import verdicts as crud_verdicts
 from .errors import Conflict, ServiceError
 
 log = logging.getLogger(__name__)

@@ -132,7 +132,8 @@ def _where(db_url: str | None) -> str:
 @_db
 def token_create(scope: str, name: str, skus: tuple[str, ...], db_url: str | None) -> None:
     """Print a new token once; the database keeps only its hash."""
-    from service import crud, crud_tokens
+    from service import crud
+    from service.crud import tokens as crud_tokens
 
     with _session(db_url, create=True) as session:
         for sku in skus:  # a token limited to a mistyped SKU could publish nothing
@@ -147,7 +148,7 @@ def token_create(scope: str, name: str, skus: tuple[str, ...], db_url: str | Non
 @_db
 def token_rotate(name: str, db_url: str | None) -> None:
     """Print a new token for NAME (same scope and SKUs) and revoke the old one."""
-    from service import crud_tokens
+    from service.crud import tokens as crud_tokens
 
     with _session(db_url, create=True) as session:
         click.echo(crud_tokens.rotate_token(session, name=name))
@@ -159,7 +160,7 @@ def token_rotate(name: str, db_url: str | None) -> None:
 @_db
 def token_revoke(name: str, db_url: str | None) -> None:
     """Revoke every active token called NAME."""
-    from service import crud_tokens
+    from service.crud import tokens as crud_tokens
 
     with _session(db_url, create=True) as session:
         count = crud_tokens.revoke_token(session, name=name)
@@ -171,7 +172,7 @@ def token_revoke(name: str, db_url: str | None) -> None:
 @json_option()
 def token_list(db_url: str | None, as_json: bool) -> None:
     """Every token's name, scope, SKUs and state (never the token itself)."""
-    from service import crud_tokens
+    from service.crud import tokens as crud_tokens
 
     with _session(db_url) as session:
         rows = crud_tokens.list_tokens(session)

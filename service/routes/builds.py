@@ -10,11 +10,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 
-from .. import crud_builds, crud_tokens
-from ..build_schemas import BuildOut, BuildResult, ClaimIn, LeaseIn
+from ..crud import builds as crud_builds
+from ..crud import tokens as crud_tokens
 from ..deps import PublisherDep, SessionDep, check_sku_allowed, require_read
 from ..models import Token
 from ..openapi import PUBLISH, READ
+from ..schemas.builds import BuildOut, BuildResult, ClaimIn, LeaseIn
 from . import errors
 
 router = APIRouter(tags=["builds"])

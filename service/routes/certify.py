@@ -14,13 +14,16 @@ from sqlalchemy.orm import Session
 from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.store import Store
 
-from .. import crud, crud_certify, crud_tokens, crud_verdicts
-from ..certify_schemas import CertifyClaimIn, CertifyJobOut, CertifyLeaseIn, CertifyResult
+from .. import crud
+from ..crud import certify as crud_certify
+from ..crud import tokens as crud_tokens
+from ..crud import verdicts as crud_verdicts
 from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import InvalidBody, NotFound
 from ..models import Token
 from ..openapi import PUBLISH, READ
 from ..schemas import HEX64, SKU_NAME, SkuFacts
+from ..schemas.certify import CertifyClaimIn, CertifyJobOut, CertifyLeaseIn, CertifyResult
 from . import errors
 
 router = APIRouter(tags=["certify"])

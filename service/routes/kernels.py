@@ -13,7 +13,9 @@ from fa4_aot.domain import kernel_keys
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Entry, Store
 
-from .. import crud, crud_certify, crud_tokens
+from .. import crud
+from ..crud import certify as crud_certify
+from ..crud import tokens as crud_tokens
 from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import Conflict, NotFound
 from ..openapi import PUBLISH, READ

@@ -9,7 +9,9 @@ from fastapi import APIRouter, Depends, Path, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from .. import crud, crud_tokens, crud_trust
+from .. import crud
+from ..crud import tokens as crud_tokens
+from ..crud import trust as crud_trust
 from ..deps import PublisherDep, SessionDep, check_sku_allowed, require_read
 from ..errors import InvalidBody, NotFound, ServiceError
 from ..openapi import PUBLISH, READ

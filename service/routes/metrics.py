@@ -5,7 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .. import crud, crud_builds, crud_certify, crud_verdicts
+from .. import crud
+from ..crud import builds as crud_builds
+from ..crud import certify as crud_certify
+from ..crud import verdicts as crud_verdicts
 from ..deps import SessionDep, require_read
 from ..openapi import READ
 

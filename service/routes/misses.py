@@ -8,11 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
-from .. import build_budget, build_order, crud_builds, crud_misses, crud_tokens
-from ..build_schemas import MissAnswer
+from .. import build_budget, build_order
+from ..crud import builds as crud_builds
+from ..crud import misses as crud_misses
+from ..crud import tokens as crud_tokens
 from ..deps import AdminDep, CredentialsDep, SessionDep, require_read
 from ..openapi import ADMIN, READ
 from ..schemas import HEX64, MissIn, MissOut
+from ..schemas.builds import MissAnswer
 from . import errors
 
 router = APIRouter(prefix="/v1/misses", tags=["misses"])

@@ -16,7 +16,8 @@ from starlette.requests import ClientDisconnect
 
 from fa4_aot.store import Store
 
-from .. import crud, crud_tokens
+from .. import crud
+from ..crud import tokens as crud_tokens
 from ..deps import PublisherDep, SessionDep, SettingsDep, StoreDep, require_read
 from ..errors import NotFound, ServiceError, TooLarge
 from ..openapi import PUBLISH, READ

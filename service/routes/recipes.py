@@ -17,7 +17,9 @@ from starlette.concurrency import run_in_threadpool
 from fa4_aot.domain import recipe_file
 from fa4_aot.store import recipes as recipe_store
 
-from .. import crud, crud_recipes, crud_tokens, models, schemas
+from .. import crud, models, schemas
+from ..crud import recipes as crud_recipes
+from ..crud import tokens as crud_tokens
 from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import InvalidBody, NotFound, TooLarge
 from ..openapi import PUBLISH, READ

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response, status
 
-from .. import crud_tokens, crud_trust
+from ..crud import tokens as crud_tokens
+from ..crud import trust as crud_trust
 from ..deps import AdminDep, SessionDep, require_read
 from ..openapi import ADMIN, READ
 from ..schemas import RevocationIn, RevocationOut, Revocations

@@ -8,12 +8,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Response, status
 
-from .. import crud_tokens, crud_verdicts
+from ..crud import tokens as crud_tokens
+from ..crud import verdicts as crud_verdicts
 from ..deps import PublisherDep, SessionDep, StoreDep, check_sku_allowed, require_read
 from ..errors import Conflict
 from ..openapi import PUBLISH, READ
 from ..schemas import HEX64, SKU_NAME
-from ..verdict_schemas import DEVICE, MAX_PER_REQUEST, Status, VerdictIn, VerdictOut, VerdictsStored
+from ..schemas.verdicts import DEVICE, MAX_PER_REQUEST, Status, VerdictIn, VerdictOut, VerdictsStored
 from . import READ_ERRORS, errors
 
 router = APIRouter(prefix="/v1/verdicts", tags=["verdicts"])

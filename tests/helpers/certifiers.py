@@ -26,7 +26,8 @@ from fa4_aot.domain.skus import Sku
 from fa4_aot.domain.verdicts import DeviceClass, Verdict
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Store
-from service import crud_tokens, db
+from service import db
+from service.crud import tokens as crud_tokens
 from tests.helpers.servers import H200, Server, kernel_doc
 
 DEVICE = "nvidia-h200.132sm.driver-13.0.cuda-13.0"

@@ -24,7 +24,8 @@ import httpx
 from sqlalchemy import func, select
 
 from fa4_aot.domain import kernel_keys
-from service import crud, crud_tokens, db, models
+from service import crud, db, models
+from service.crud import tokens as crud_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = {"sku": "h200", "arch": "sm_90a", "sm_count": 132, "l2_bytes": 62914560, "cuda_major": 13, "host": "x86-64-v3"}

@@ -283,3 +283,13 @@ def _public_names(path: Path) -> set[str]:
         elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             names |= set(ast.literal_eval(node.value))
     return names
+
+
+def test_service_is_grouped_by_kind_as_fa4_aot_is() -> None:
+    """issue 30: the service's database work and its wire models live in service/crud/ and service/schemas/, one
+    module per resource (builds, certify, misses, ...), not as crud_*.py and *_schemas.py files at its root."""
+    root = ROOT / "service"
+    flat = sorted(p.name for p in root.glob("*.py") if p.stem.startswith("crud") or p.stem.endswith("schemas"))
+    assert flat == []
+    assert {p.stem for p in (root / "crud").glob("*.py")} >= {"__init__", "builds", "certify", "misses", "tokens"}
+    assert {p.stem for p in (root / "schemas").glob("*.py")} >= {"__init__", "builds", "certify", "verdicts"}

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from fa4_aot.domain.calls import Call
 from fa4_aot.domain.kernel_keys import dumps
 from fa4_aot.domain.misses import BUILD_JOB_FIELDS, MISS_FIELDS, BuildJob, Miss
-from service.build_schemas import BuildOut
 from service.schemas import MissIn, MissOut
+from service.schemas.builds import BuildOut
 
 CALL = Call(layout="dense", pass_="fwd", dtype="bf16", head_dim=128, head_dim_v=128, mask="causal", window=(-1, -1),
             softcap=0.0, sink=False, num_splits=1, batch=2, seqlen_q=256, seqlen_k=256, heads_q=8, heads_kv=8)

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from fa4_aot.store import Store
-from service import crud_tokens, db
+from service import db
+from service.crud import tokens as crud_tokens
 from service.limits import JSON_BODY_LIMIT, MANIFEST_BODY_LIMIT
 from tests.helpers.servers import Launch, Server, kernel_doc, raw_request, row_counts
 

@@ -18,7 +18,8 @@ from sqlalchemy import func, select, text
 
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Entry, Store, recipes
-from service import crud_tokens, db, models
+from service import db, models
+from service.crud import tokens as crud_tokens
 from tests.helpers.servers import H200, Launch, Server, kernel_doc, publish_random_kernels, unread_bundle
 from tests.remote.test_lean_entries import region
 
@@ -158,7 +159,7 @@ def test_d27_concurrent_token_create_makes_one_token_of_a_name(launch: Launch) -
 
 
 def test_d27_miss_cap_holds_under_concurrency(launch: Launch) -> None:
-    from service.crud_misses import MAX_MISSES_PER_SKU
+    from service.crud.misses import MAX_MISSES_PER_SKU
 
     server = launch()
     with server.client("publish") as c:

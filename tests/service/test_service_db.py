@@ -16,8 +16,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import select
 
 from fa4_aot.errors import DatabaseError
-from service import crud_tokens, db, models
+from service import db, models
 from service.config import Settings
+from service.crud import tokens as crud_tokens
 from service.errors import InvalidInput, TokenNotFound
 from tests.helpers.servers import Server, kernel_doc
 

@@ -14,7 +14,8 @@ import pytest
 
 from fa4_aot.domain.skus import Sku
 from fa4_aot.trust import signing, signing_keys
-from service import crud_tokens, db
+from service import db
+from service.crud import tokens as crud_tokens
 from service.errors import InvalidInput, TokenNotFound
 from service.limits import MANIFEST_BODY_LIMIT
 from tests.helpers.servers import H200, Launch, Server, kernel_doc, row_counts, store_files

@@ -20,7 +20,8 @@ from fa4_aot.domain.verdicts import Verdict
 from fa4_aot.store import Store
 from fa4_aot.trust import signing, signing_keys
 from fa4_aot.trust.signing import Revocations
-from service import crud_tokens, db
+from service import db
+from service.crud import tokens as crud_tokens
 from tests.helpers.servers import H200, Launch, Server, kernel_doc, row_counts
 
 B200 = {"sku": "b200", "arch": "sm_100a", "sm_count": 148, "l2_bytes": 132120576, "cuda_major": 13,

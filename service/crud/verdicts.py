@@ -19,10 +19,10 @@ from fa4_aot.domain.verdicts import STATUSES, Verdict
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Store
 
-from . import models
-from .crud import record_audit, retrying
-from .models import utcnow
-from .verdict_schemas import VerdictOut
+from .. import models
+from ..crud import record_audit, retrying
+from ..models import utcnow
+from ..schemas.verdicts import VerdictOut
 
 _IN_CHUNK = 500  # keys per IN (...) query: far below SQLite's and PostgreSQL's parameter limits
 Write = Callable[[list[Verdict]], None]

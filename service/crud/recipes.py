@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session
 
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 
-from . import models, schemas
-from .crud import record_audit, retrying
-from .errors import Conflict, NotFound
-from .models import utcnow
+from .. import models, schemas
+from ..crud import record_audit, retrying
+from ..errors import Conflict, NotFound
+from ..models import utcnow
 
 
 def target_of(session: Session, *, sku: str, read: bool = False) -> str:

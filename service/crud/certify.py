@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.domain.verdicts import Verdict, worst
 
-from . import db, job_claims, models
-from .certify_schemas import CertifyJobOut, CertifyResult
-from .errors import InvalidBody, NotFound
+from .. import db, job_claims, models
+from ..errors import InvalidBody, NotFound
+from ..schemas.certify import CertifyJobOut, CertifyResult
 
 ACTIVE = ("queued", "running")
 FINAL = ("done", "failed")

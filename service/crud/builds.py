@@ -19,9 +19,10 @@ from sqlalchemy.orm import Session
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.domain.misses import LEAN_FAMILY, Miss
 
-from . import build_order, crud, crud_recipes, db, job_claims, models
-from .build_schemas import BuildOut, BuildResult
-from .errors import NotFound
+from .. import build_order, crud, db, job_claims, models
+from ..errors import NotFound
+from ..schemas.builds import BuildOut, BuildResult
+from . import recipes as crud_recipes
 
 ACTIVE = ("queued", "running")
 MAX_ATTEMPTS = 3  # claims of one job: past them its builders kept dying on it, or kept failing

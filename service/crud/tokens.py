@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 
-from . import db, models, schemas
-from .crud import record_audit
-from .errors import InvalidInput, TokenNotFound
-from .models import utcnow
+from .. import db, models, schemas
+from ..crud import record_audit
+from ..errors import InvalidInput, TokenNotFound
+from ..models import utcnow
 
 SCOPES = ("read", "publish", "admin")
 TOKEN_PREFIX = "fa4_"

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from .job_claims import ClaimId
-from .schemas import SkuName, Text
+from ..job_claims import ClaimId
+from . import SkuName, Text
 
 BuilderName = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 # seconds a claim holds a job without renewal (a builder renews every third of it): shorter than a renewal round

@@ -21,10 +21,10 @@ from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.errors import StoreError, TrustError
 from fa4_aot.trust import signing, signing_keys
 
-from . import models, schemas
-from .crud import record_audit, retrying
-from .errors import Conflict, InvalidBody, TooMany
-from .models import utcnow
+from .. import models, schemas
+from ..crud import record_audit, retrying
+from ..errors import Conflict, InvalidBody, TooMany
+from ..models import utcnow
 
 _IN_CHUNK = 500  # kernel keys per IN (...) query: far below SQLite's and PostgreSQL's parameter limits
 ENVELOPE_FIELDS = frozenset({"format", "manifest", "key_id", "public_key", "signature"})

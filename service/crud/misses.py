@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.domain.misses import Miss
 
-from . import db, models, schemas
-from .crud import record_audit
-from .errors import Conflict, NotFound, TooMany
-from .models import utcnow
+from .. import db, models, schemas
+from ..crud import record_audit
+from ..errors import Conflict, NotFound, TooMany
+from ..models import utcnow
 
 MAX_MISSES_PER_SKU = 10_000  # distinct kernel keys; a real matrix gap is a few hundred
 

@@ -9,10 +9,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from fa4_aot.domain.verdicts import DeviceClass
 
-from .build_schemas import BuilderName
-from .job_claims import ClaimId
-from .schemas import SkuName, Text
-from .verdict_schemas import VerdictIn
+from ..job_claims import ClaimId
+from . import SkuName, Text
+from .builds import BuilderName
+from .verdicts import VerdictIn
 
 MIN_LEASE, MAX_LEASE = 10.0, 3600.0  # seconds: a lease shorter than a renewal round trip would burn attempts
 MAX_VERDICTS = 64  # a job certifies one kernel; a certifier sends one verdict per device class it ran on

@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.store import Entry
 
-from . import models, schemas
-from .errors import Conflict
-from .models import utcnow
+from .. import models, schemas
+from ..errors import Conflict
+from ..models import utcnow
 
 T = TypeVar("T")
 

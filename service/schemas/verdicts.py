@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fa4_aot.domain.verdicts import MAX_DETAIL, Verdict
 
-from .schemas import Hex64, SkuName, Text
+from . import Hex64, SkuName, Text
 
 DEVICE = r"^[a-z0-9][a-z0-9-]*\.\d+sm\.driver-[0-9.]+\.cuda-[0-9.]+$"
 UTC_TIME = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
