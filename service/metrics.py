@@ -64,13 +64,13 @@ class Metrics:
             self.certify_jobs.labels(status).set(n)
 
     def observe_certify(self, job: Any) -> None:
-        """A certify job got a result (service/crud_certify.finish): its seconds and, once it ended, its verdict."""
+        """A certify job got a result (service/crud/certify.finish): its seconds and, once it ended, its verdict."""
         self.certify_seconds.observe(job.seconds)
         if job.status in ("done", "failed"):
             self.certify_ended.labels(job.verdict or "none").inc()
 
     def observe_build(self, job: Any) -> None:
-        """A job finished (service/crud_builds.finish): its compile seconds and, when done, miss to publish."""
+        """A job finished (service/crud/builds.finish): its compile seconds and, when done, miss to publish."""
         self.build_compile.observe(job.compile_seconds)
         if job.status == "done" and job.finished is not None:
             self.miss_to_publish.observe(max(0.0, (job.finished - job.created).total_seconds()))

@@ -254,7 +254,7 @@ class CertifyJob(Base):
     published kernel key (signposts excepted: they name another key's kernel), queued when the kernel is published.
     A certifier claims a job of its SKU with a lease it renews while it works; only the claiming token, with the
     claim id its claim was answered with, may renew or finish it. A job whose lease ran out (its certifier died,
-    perhaps killed by the kernel) is claimed again, at most MAX_ATTEMPTS times (service/crud_certify.py)."""
+    perhaps killed by the kernel) is claimed again, at most MAX_ATTEMPTS times (service/crud/certify.py)."""
 
     __tablename__ = "certify_jobs"
     # ids are never reused (SQLite: AUTOINCREMENT), so a client following job N never follows another job

@@ -1,6 +1,6 @@
 """`fa4-aot certifier --server URL`: the GPU-host process that certifies what builders publish (issue 27, point 5).
 
-The server keeps one certify job per published kernel (service/crud_certify.py). A certifier on a GPU of a SKU
+The server keeps one certify job per published kernel (service/crud/certify.py). A certifier on a GPU of a SKU
 claims the oldest job of that SKU with a lease, renews the lease on a thread while it works, pulls the job's
 kernels (with their libraries) and the SKU's recipe files into its own store under the client's trust policy,
 runs the certification (fa4_aot.certify.driver) and finishes the job with its verdicts. Only its token, with the

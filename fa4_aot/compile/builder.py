@@ -1,6 +1,6 @@
 """`fa4-aot builder --server URL`: the process that turns clients' misses into published kernels (issue 21).
 
-The server keeps the build jobs (service/crud_builds.py: one per SKU and missed key, however many clients miss
+The server keeps the build jobs (service/crud/builds.py: one per SKU and missed key, however many clients miss
 it, persisted in its database); a builder claims the oldest with a lease, renews the lease while it works, and
 on its end tells the server how it went. A builder killed mid-job loses nothing: its lease runs out and the next
 claim (its restart, or another builder) takes the job over. A job is `build --from-misses` of its one miss
