@@ -80,6 +80,8 @@ wait)
     echo "$(( $(date +%s) - t0 )) s | build: $(tail -c 300 "$run/build.log" 2>/dev/null | tr '\r' '\n' | grep . | tail -1) | $(tail -1 "$run/pipeline.log")"
   done
   mkdir -p "$out"
+  journals=${XDG_STATE_HOME:-$HOME/.local/state}/fa4-aot/certify  # a run's outcomes before its verdicts are kept
+  [ -d "$journals" ] && cp -r "$journals" "$run/journals"
   tar czf "$out/dc.tgz" -C "$run" . 2>/dev/null
   tail -5 "$run/pipeline.log"
   [ -f "$run/done" ] && echo DONE || echo "not done yet"
