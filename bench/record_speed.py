@@ -58,7 +58,8 @@ COMPARE = r"""
 import json, sys
 from pathlib import Path
 import numpy as np
-from fa4_aot.domain import recipe_space
+from fa4_aot.domain import recipe_space, symexpr
+from fa4_aot.domain.recipe_format import bound_sizes
 from fa4_aot.domain.signature import Signature
 from fa4_aot.matrix import variants
 from fa4_aot import config
@@ -67,10 +68,27 @@ sku = variants.load(config.default_variants_file()).sku(sys.argv[1])
 a, b = Store(Path(sys.argv[2])), Store(Path(sys.argv[3]))
 def files(s):
     return sorted(p.name.split(".")[0] for p in (s.root / "recipes").rglob("*") if p.is_file())
+def first(judge, regions):
+    found = np.full(judge.count, -1)
+    for n, r in reversed(list(enumerate(regions))):
+        found = np.where(judge.covered(r.guards), n, found)
+    return found
+def recipe(region, at):
+    # the recipe's steps, tensors, kernels and outputs with every size expression evaluated at `at` (a region
+    # general in batch and one pinned to batch 1 write `batch` and `1`), guards, recorded_at and signature aside
+    sizes = {**bound_sizes(Signature.from_dict(region.signature)), **at}
+    def value(x):
+        if isinstance(x, dict):
+            return symexpr.evaluate(x["e"], sizes) if set(x) == {"e"} else {k: value(v) for k, v in x.items()}
+        return [value(y) for y in x] if isinstance(x, list) else x
+    doc = region.to_json()
+    return json.dumps(value({k: v for k, v in doc.items() if k not in ("guards", "recorded_at", "signature")}),
+                      sort_keys=True)
 fa, fb = files(a), files(b)
 out = {"files_before": len(fa), "files_after": len(fb), "same_files": fa == fb, "regions_before": 0,
        "regions_after": 0, "points": 0, "covered_before": 0, "covered_after": 0, "before_not_after": 0,
-       "after_not_before": 0, "same_region_sets": 0}
+       "after_not_before": 0, "same_region_sets": 0,
+       "same_recipe_at_point": 0, "other_recipe_at_point": 0}
 for key in fa:
     ra, rb = recipes.load(a, key), recipes.load(b, key)
     out["regions_before"] += len(ra); out["regions_after"] += len(rb)
@@ -85,6 +103,12 @@ for key in fa:
         ca, cb = judge.any_covers([r.guards for r in ra]), judge.any_covers([r.guards for r in rb])
         out["points"] += len(ca); out["covered_before"] += int(ca.sum()); out["covered_after"] += int(cb.sum())
         out["before_not_after"] += int((ca & ~cb).sum()); out["after_not_before"] += int((cb & ~ca).sum())
+        # where both cover a point: the same recipe (steps, kernels, outputs), guards and recorded_at aside
+        first_a, first_b = first(judge, ra), first(judge, rb)
+        for i in np.flatnonzero(ca & cb)[:500]:
+            at = recipe_space.point(pts, int(i))
+            same = recipe(ra[first_a[i]], at) == recipe(rb[first_b[i]], at)
+            out["same_recipe_at_point"] += same; out["other_recipe_at_point"] += not same
 print(json.dumps(out))
 """
 

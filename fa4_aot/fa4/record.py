@@ -113,7 +113,13 @@ def _trace(sig: Signature, sizes: dict[str, int], session: Session, defaults: tu
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     seen: dict[tuple[str, str], Any] = {}
-    with FakeTensorMode(shape_env=session.env), launching(interface), \
+    mode = FakeTensorMode(shape_env=session.env)
+    # torch's fake-tensor cache, on symbolic sizes, costs more than it saves (keys and outputs rebuilt per op: two
+    # thirds of recording's CPU) and its metadata checks add guards of its own (`batch != 1`, ...) that no choice
+    # of FA4's makes: without it a region is recorded in a third of the CPU and holds at least as widely
+    # (issue 29, part 3; the differential tests judge the regions)
+    mode.cache_enabled = False
+    with mode, launching(interface), \
             caches.swapped(lambda family, _old: LaunchRecorder(family, session, seen)):
         dims = {name: session.size(name, sizes[name]) if _symbolic(sig, name, sizes.get(name, 0)) else sizes.get(name)
                 for name in size_names(sig.layout)}
