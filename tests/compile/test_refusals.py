@@ -22,6 +22,7 @@ from fa4_aot.compile.rebuild import build_misses
 from fa4_aot.compile.worker import PlanOut
 from fa4_aot.domain import known_bad
 from fa4_aot.domain.calls import Call
+from fa4_aot.domain.misses import Miss
 from fa4_aot.domain.signature import Signature
 from fa4_aot.errors import ConfigError, StoreError
 from fa4_aot.matrix import variants
@@ -178,8 +179,8 @@ def test_measured_entries_of_the_store_are_honoured(workers: dict[str, LocalExec
 @pytest.mark.slow
 def test_the_on_demand_builder_ends_a_refused_job_rejected_with_the_reason(
         workers: dict[str, LocalExecutor], store: Store, no_measured: None) -> None:
-    miss = {"kernel_key": "ab" * 32, "family": "_flash_attn_bwd", "compile_key": ["x"], "sku": "h200",
-            "call": TRAIN72.to_dict(), "args": None}
+    miss = Miss.from_dict({"kernel_key": "ab" * 32, "family": "_flash_attn_bwd", "compile_key": ["x"],
+                           "sku": "h200", "call": TRAIN72.to_dict(), "args": None})
     reports = build_misses(MATRIX, store, [miss], executor=workers["h200"])
     assert reports[0].failed == 0 and [r.status for r in reports[0].refused] == ["refused"]
     outcome = outcome_of(reports, "h200")
