@@ -130,18 +130,18 @@ def _checks(sig: Signature, sku: Sku, regions: list[Region], resolver: _Resolver
         return []
     held = _held_points(sig, sku, regions)
     chosen: list[tuple[str, int, dict[str, int]]] = []
-    for limit, kinds in ((TYPICAL_PER_KERNEL, "typical"), (TYPICAL_PER_KERNEL + per_kernel, "picked")):
+    for limit, stage in ((TYPICAL_PER_KERNEL, "typical"), (TYPICAL_PER_KERNEL + per_kernel, "picked")):
         for index, region in enumerate(regions):
             uses, points = resolver.uses(region), held.get(index)
             lacking = [counts.get(u.kernel_key, 0) for u in uses if keys is None or u.kernel_key in keys]
             if not lacking or min(lacking) >= limit:
                 continue
             if not points:
-                if kinds == "typical":
+                if stage == "typical":
                     unreached.append(f"{sig}: region {index} ({len(region.guards)} guards) held at no drawn size "
                                      "within the check's bounds")
                 continue
-            picks = [("typical", points[len(points) // 2])] if kinds == "typical" else \
+            picks = [("typical", points[len(points) // 2])] if stage == "typical" else \
                 _pick(points, region, limit - min(lacking))
             for kind, point in picks:
                 if (index, point) not in [(i, p) for _k, i, p in chosen]:  # points are dicts: compared, not hashed

@@ -207,7 +207,7 @@ def record_work(worker: Worker, work: list[tuple[str, Call | Signature]], kernel
         sig = Signature.of(item) if isinstance(item, Call) else item
         first = [sizes_of_call(item.layout, item.batch, item.seqlen_q, item.seqlen_k, item.page_size)] \
             if isinstance(item, Call) else []
-        for each in explored(item):
+        for each in explored(sig):
             if each in done:
                 continue
             done.add(each)
@@ -222,10 +222,9 @@ def record_work(worker: Worker, work: list[tuple[str, Call | Signature]], kernel
     return recorded, errors
 
 
-def explored(item: Call | Signature) -> list[Signature]:
-    """The signatures `record_work` explores for a work item: its own and, for a training one, its forward
-    without LSE."""
-    sig = Signature.of(item) if isinstance(item, Call) else item
+def explored(sig: Signature) -> list[Signature]:
+    """The signatures `record_work` explores for a work item of signature `sig`: its own and, for a training
+    one, its forward without LSE."""
     return [sig, *probes.forward_of(sig)]
 
 
@@ -235,7 +234,8 @@ def recipe_keys(item: Call | ExactCall | Signature, sku: Sku) -> list[str]:
     stand_in = item.call if isinstance(item, ExactCall) else item
     if stand_in is None:
         return []
-    return [recipes.recipe_key(s, sku) for s in explored(stand_in) if s.layout in SIZE_NAMES]
+    sig = Signature.of(stand_in) if isinstance(stand_in, Call) else stand_in
+    return [recipes.recipe_key(s, sku) for s in explored(sig) if s.layout in SIZE_NAMES]
 
 
 def relink(worker: Worker, keys: list[str], one_line: Any) -> list[str]:
