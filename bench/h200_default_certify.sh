@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 27's run on the H200: the default h200 build (variants.toml), then `fa4-aot certify` over the whole store
-# twice (the second must find nothing left to check); with DC_CONCURRENT=1 also rounds over the kernels built so
-# far while it builds. Issue 29's figures from the same store:
-# build time, object and recipe bytes, the lean first call. Run on the device from the repo root, after
+# twice (the second must find nothing left to check; DC_JOBS workers, default 16); with DC_CONCURRENT=1 also rounds
+# over the kernels built so far while it builds. Issue 29's figures from the same store, taken between the build and
+# certification: build time, object and recipe bytes, a new signature's first call (lean and FA4), and at the end
+# a fresh process's first call. Run on the device from the repo root, after
 # .device/p2/install.sh:
 #   bash bench/h200_default_certify.sh start               # snapshot the code, start the pipeline in its own session
 #   bash bench/h200_default_certify.sh wait SECONDS OUT    # progress lines until done or SECONDS; results into OUT
@@ -31,7 +32,8 @@ start)
   mkdir -p "$code/bench" "$run"
   src=${DC_SRC:-.}  # a tree to run instead of the working tree (e.g. a `git archive` of a commit, carried)
   cp -r "$src/fa4_aot" "$src/variants.toml" "$src/pyproject.toml" "$code/"
-  cp "$src/bench/h200_default_certify.sh" "$src/bench/recipe_bytes.py" "$src/bench/lean_first_call_profile.py" "$code/bench/"
+  cp "$src/bench/h200_default_certify.sh" "$src/bench/recipe_bytes.py" "$src/bench/lean_first_call_profile.py" \
+    "$src/bench/lean_new_signature.py" "$code/bench/"
   cd "$code" && setsid nohup bash bench/h200_default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 2
   echo "pipeline started: $run/pipeline.log"
@@ -57,18 +59,24 @@ pipeline)
     sleep 15
   done
   echo "$(date +%T) build ended: exit $(cat "$run/build.rc"), $(( $(cat "$run/build.end") - $(cat "$run/t0") )) s"
+  # issue 29's figures first (a minute): they need the store, not the verdicts
+  du -sb "$store"/* > "$run/du.txt" 2>&1
+  py bench/recipe_bytes.py "$store" "$run/recipe_bytes.json" > "$run/recipe_bytes.log" 2>&1
+  for runtime in lean fa4 lean; do
+    FA4_AOT_CACHE="$store" py bench/lean_new_signature.py "$run/new_signature-$runtime.json" "$runtime" \
+      >> "$run/new_signature.log" 2>&1
+  done
+  echo "$(date +%T) issue 29's figures taken"
   for final in 1 2; do  # the command issue 27 names, over the whole store; the second must find nothing left
     start=$(date +%s)
-    py -m fa4_aot --cache-dir "$store" certify --sku h200 -j 14 --recheck-known-bad --json \
+    py -m fa4_aot --cache-dir "$store" certify --sku h200 -j "${DC_JOBS:-16}" --recheck-known-bad --json \
       > "$run/certify-final$final.json" 2> "$run/certify-final$final.err"
     rc=$?; echo "$(date +%T) certify over the whole store ($final): exit $rc, $(( $(date +%s) - start )) s"
   done
   date +%s > "$run/certified"
   py -m fa4_aot --cache-dir "$store" list --sku h200 --json > "$run/list.json" 2> "$run/list.err"
   py -m fa4_aot --cache-dir "$store" known-bad --sku h200 --json > "$run/known-bad.json" 2>&1
-  py bench/recipe_bytes.py "$store" "$run/recipe_bytes.json" > "$run/recipe_bytes.log" 2>&1
   FA4_AOT_CACHE="$store" py bench/lean_first_call_profile.py "$run/first_call.json" > "$run/first_call.log" 2>&1
-  du -sb "$store"/* > "$run/du.txt" 2>&1
   date +%s > "$run/done"
   ;;
 wait)
@@ -77,7 +85,7 @@ wait)
   while [ "$(date +%s)" -lt "$end" ] && [ ! -f "$run/done" ]; do
     sleep 30
     t0=$(cat "$run/t0" 2>/dev/null || date +%s)
-    echo "$(( $(date +%s) - t0 )) s | build: $(tail -c 300 "$run/build.log" 2>/dev/null | tr '\r' '\n' | grep . | tail -1) | $(tail -1 "$run/pipeline.log")"
+    echo "$(( $(date +%s) - t0 )) s | build: $(tail -c 300 "$run/build.log" 2>/dev/null | tr '\r' '\n' | grep . | tail -1) | $(tail -1 "$run/pipeline.log") | $(tail -1 "$run/certify-final1.json" 2>/dev/null | cut -c1-240)"
   done
   mkdir -p "$out"
   journals=${XDG_STATE_HOME:-$HOME/.local/state}/fa4-aot/certify  # a run's outcomes before its verdicts are kept
