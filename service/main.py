@@ -52,6 +52,11 @@ from .routes import (
 )
 
 log = logging.getLogger("service")
+# The event loop `serve` runs: asyncio's, not uvloop (uvicorn's pick where it is installed). libuv accepts one
+# connection per loop iteration (since 1.45), and a busy worker's iteration serves every ready connection: at 256
+# connections on 2 cores about 100 ms, so new connections waited seconds to be accepted (serve_load's p99 of 1 s,
+# issue 28). asyncio's loop accepts every waiting connection at once, at the same throughput here.
+LOOP = "asyncio"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -92,22 +97,22 @@ def app_from_env() -> FastAPI:
 
 def serve(settings: Settings) -> None:
     """Run the service until interrupted (blocks), on settings.host:settings.port, request heads capped whatever
-    HTTP implementation is installed (headers.uvicorn_options), idle connections kept settings.keep_alive seconds,
-    settings.backlog connections waiting to be accepted, a line per request only with settings.access_log. With
-    several workers the database is migrated and the store imported once here, then each worker builds its app
-    from FA4_AOT_* variables (uvicorn starts workers as fresh processes)."""
+    HTTP implementation is installed (headers.uvicorn_options), on asyncio's event loop (LOOP), idle connections
+    kept settings.keep_alive seconds, settings.backlog connections waiting to be accepted, a line per request only
+    with settings.access_log. With several workers the database is migrated and the store imported once here, then
+    each worker builds its app from FA4_AOT_* variables (uvicorn starts workers as fresh processes)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     if settings.workers == 1:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
-                    timeout_keep_alive=settings.keep_alive, backlog=settings.backlog, access_log=settings.access_log,
-                    **uvicorn_options())
+                    loop=LOOP, timeout_keep_alive=settings.keep_alive, backlog=settings.backlog,
+                    access_log=settings.access_log, **uvicorn_options())
         return
     prepare(settings)
     os.environ.update({f"FA4_AOT_{name.upper()}": str(value) for name, value in settings.model_dump().items()
                        if value is not None and name not in ("host", "port", "workers")})
     os.environ["FA4_AOT_PREPARE_ON_START"] = "false"
     uvicorn.run("service.main:app_from_env", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level="info", timeout_keep_alive=settings.keep_alive,
+                workers=settings.workers, log_level="info", loop=LOOP, timeout_keep_alive=settings.keep_alive,
                 backlog=settings.backlog, access_log=settings.access_log, **uvicorn_options())
 
 
