@@ -103,9 +103,9 @@ def timed_build(variants_file: Path, sku: str, folder: Path, names: list[str] | 
     seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     doc = report.to_dict()
     assert report.failed == 0, doc["failures"][:3]
-    out = {"jobs": jobs, "built": report.count("built"), "present": report.count("present"),
-           "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "regions": report.recipes,
-           "lean_failures": len(report.lean_failures), **rates(report.count("built"), seconds, cpu)}
+    out: dict[str, Any] = {"jobs": jobs, "built": report.count("built"), "present": report.count("present"),
+                           "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "regions": report.recipes,
+                           "lean_failures": len(report.lean_failures), **rates(report.count("built"), seconds, cpu)}
     if detail:
         out |= {"kernel_keys": doc["kernel_keys"], "recipe_files": recipe_files(store)}
     return out
