@@ -3,9 +3,12 @@ takes them (flash_attn_func for dense, flash_attn_varlen_func for varlen, sequse
 
 `make_inputs(sig, point, seed, device)` builds q, k, v and the per-sequence tensors so that the call has exactly
 the sizes the recipe regions read (domain/recipe_space.py names them; `point` also holds the KV head count): varlen
-sequences summing to total_q/total_k with the longest at max_seqlen_q/k where the totals allow it, seqused_k whose
-largest is max_seqlen_k, page tables over a pool of num_pages pages. `Inputs.kwargs()` is the call's keyword
-arguments after q, k and v, the same for FA4 and for fa4_aot's lean runtime (runtime/api.py takes FA4's names).
+sequences summing to total_q/total_k with the longest at max_seqlen_q/k, seqused_k in [seqlen_q, max_seqlen_k] with
+the largest at max_seqlen_k, page tables over a pool of num_pages pages. The sizes are those FA4's callers pass
+(certify.plan.in_domain): a KV cache already holds its new queries' keys (vLLM and SGLang append them before
+attention), so no sequence has fewer keys than queries; a varlen max length is a real sequence's.
+`Inputs.kwargs()` is the call's keyword arguments after q, k and v, the same for FA4 and for fa4_aot's lean
+runtime (runtime/api.py takes FA4's names).
 
 Pure torch; never imports FA4. The same seed gives the same tensors on the same kind of device.
 """
@@ -75,7 +78,8 @@ def make_inputs(sig: Signature, point: Mapping[str, int], seed: int, device: str
     the signature's GQA ratio times it; the signature's own count when absent). q, k, v and learnable_sink are
     standard normal in the signature's dtype (q times softcap / 4 with a softcap, as FA4's tests do, so that scores
     reach the cap); a training pass gives q, k, v and the sink requires_grad and draws `dout`. Raises ValueError
-    for sizes no call can have (a max length above its tensor's, a total above batch x max)."""
+    for sizes no call can have (a max length above its tensor's, a total above batch x max) or no caller passes
+    (a varlen max length above its total; a KV cache of max_seqlen_k keys shorter than seqlen_q queries)."""
     heads_kv = int(point.get(HEADS, sig.heads_kv))
     heads_q = sig.heads_q // sig.heads_kv * heads_kv
     gen = torch.Generator().manual_seed(seed)  # lengths and page tables: small, drawn on the CPU
@@ -116,19 +120,21 @@ def _layout(sig: Signature, point: Mapping[str, int],
         return ((batch, p["seqlen_q"]), (batch, p["seqlen_k"])), {}, {}
     maxes = {"max_seqlen_q": p["max_seqlen_q"], "max_seqlen_k": p["max_seqlen_k"]}
     if sig.layout == "varlen":
+        _at_most(p, "max_seqlen_q", p["total_q"], "total_q")
+        _at_most(p, "max_seqlen_k", p["total_k"], "total_k")
         cu_q = _cumulative(_split(p["total_q"], batch, p["max_seqlen_q"], gen))
         cu_k = _cumulative(_split(p["total_k"], batch, p["max_seqlen_k"], gen))
         return ((p["total_q"],), (p["total_k"],)), {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}, maxes
     if sig.layout == "seqused":
         _at_most(p, "max_seqlen_q", p["seqlen_q"], "seqlen_q")
         _at_most(p, "max_seqlen_k", p["seqlen_k"], "seqlen_k")
-        used = _used(batch, p["max_seqlen_k"], gen)
+        used = _used(batch, p["seqlen_q"], p["max_seqlen_k"], gen)
         return ((batch, p["seqlen_q"]), (batch, p["seqlen_k"])), {"seqused_k": used}, maxes
     if sig.layout == "paged":
         _at_most(p, "max_seqlen_q", p["seqlen_q"], "seqlen_q")
         _at_most(p, "max_seqlen_k", p["pages_per_seq"] * sig.page_size, "pages_per_seq x page_size")
         table = _page_table(batch, p["pages_per_seq"], p["num_pages"], gen)
-        used = _used(batch, p["max_seqlen_k"], gen)
+        used = _used(batch, p["seqlen_q"], p["max_seqlen_k"], gen)
         return (((batch, p["seqlen_q"]), (p["num_pages"], sig.page_size)),
                 {"page_table": table, "seqused_k": used}, maxes)
     raise ValueError(f"layout {sig.layout!r} has no certification inputs")
@@ -139,9 +145,16 @@ def _at_most(point: Mapping[str, int], name: str, high: int, what: str) -> None:
         raise ValueError(f"invalid point {dict(point)!r}: {name} {point[name]} exceeds {what} ({high})")
 
 
-def _used(batch: int, high: int, gen: torch.Generator) -> torch.Tensor:
-    """seqused_k: uniform in [0, high] per sequence, one sequence (at random) exactly `high`."""
-    used = torch.randint(0, high + 1, (batch,), generator=gen)
+def _used(batch: int, low: int, high: int, gen: torch.Generator) -> torch.Tensor:
+    """seqused_k: uniform in [low, high] per sequence, one sequence (at random) exactly `high`. `low` is the query
+    count: a serving engine calls with the new queries' keys in the cache (low >= 1), and a cache shorter than
+    its queries leaves causal rows that see no key, which no caller passes (the H200's paged illegal addresses
+    over the default build: seqused_k drawn from 0, most sequences shorter than their queries). Raises
+    ValueError when high < low."""
+    if not 1 <= low <= high:
+        raise ValueError(f"no KV cache of at most {high} keys holds {low} new queries' keys: max_seqlen_k must be "
+                         f"at least seqlen_q >= 1, as its callers pass it (certify.plan.in_domain)")
+    used = torch.randint(low, high + 1, (batch,), generator=gen)
     used[int(torch.randint(0, batch, (1,), generator=gen))] = high
     return used.to(torch.int32)
 

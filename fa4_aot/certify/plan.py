@@ -11,7 +11,7 @@ consumed some).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +139,7 @@ def _checks(sig: Signature, sku: Sku, regions: list[Region], resolver: _Resolver
             if not points:
                 if stage == "typical":
                     unreached.append(f"{sig}: region {index} ({len(region.guards)} guards) held at no drawn size "
-                                     "within the check's bounds")
+                                     "in the callers' domain within the check's bounds")
                 continue
             picks = [("typical", points[len(points) // 2])] if stage == "typical" else \
                 _pick(points, region, limit - min(lacking))
@@ -216,10 +216,31 @@ def _work(sig: Signature, points: dict[str, Any]) -> Any:
     return points["batch"] * points["seqlen_q"] * points["seqlen_k"] * heads_q * dims
 
 
+def in_domain(sig: Signature, points: Mapping[str, Any]) -> Any:
+    """Where `points` (recipe_space's sizes of sig.layout: int arrays, or ints for one point) are calls FA4's
+    callers make, the only calls a certification checks (a bool array, or a bool):
+    - seqused, paged (a KV cache, as vLLM and SGLang call it): max_seqlen_q is the query tensor's length (FA4 takes
+      a shorter one, and on sm_100 sizes its grid from it: the rows past it are never written, a call no
+      reference can judge), and the new queries' own keys are in the cache already, so each sequence holds at
+      least its query count of keys: max_seqlen_k >= max_seqlen_q >= 1 (inputs draws every seqused_k in
+      [seqlen_q, max_seqlen_k]);
+    - varlen: max_seqlen_q and max_seqlen_k are the longest sequence's lengths, at most total_q and total_k;
+    - dense: every point.
+    A call outside it (a cache shorter than its queries: rows that see no key, sequences with none; the H200's
+    12 illegal addresses over the default build were all such paged calls) may be an FA4 bug worth reporting,
+    but it must not condemn the kernel every decode uses; regions it alone holds are reported unreached."""
+    if sig.layout in ("seqused", "paged"):
+        rows = np.asarray(points["max_seqlen_q"])
+        return (rows == np.asarray(points["seqlen_q"])) & (rows >= 1) & (np.asarray(points["max_seqlen_k"]) >= rows)
+    if sig.layout == "varlen":
+        return (np.asarray(points["max_seqlen_q"]) <= np.asarray(points["total_q"])) & \
+            (np.asarray(points["max_seqlen_k"]) <= np.asarray(points["total_k"]))
+    return np.ones(np.shape(points["batch"]), dtype=bool)
+
+
 def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
-    """Points of valid calls whose attention and largest input stay within MAX_WORK and MAX_ELEMENTS (FA4 takes a
-    max_seqlen_q below a 4-d query's length, and on sm_100 sizes its grid from it: the rows past it are never
-    written, a call no reference can judge)."""
+    """Points in the callers' domain (in_domain) whose attention and largest input stay within MAX_WORK and
+    MAX_ELEMENTS."""
     heads_q = points[HEADS] * (sig.heads_q // max(1, sig.heads_kv))
     dim = max(sig.head_dim, sig.head_dim_v)
     if sig.layout == "varlen":
@@ -230,10 +251,7 @@ def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
     else:
         rows = np.maximum(points["batch"] * points["seqlen_q"] * heads_q, points["batch"] * points["seqlen_k"]
                           * points[HEADS])
-    valid = np.ones(len(points[HEADS]), dtype=bool)
-    if sig.layout in ("seqused", "paged"):  # a valid call's max_seqlen_q is its query tensor's length
-        valid = points["max_seqlen_q"] == points["seqlen_q"]
-    return (_work(sig, points) <= MAX_WORK) & (rows * dim <= MAX_ELEMENTS) & valid
+    return (_work(sig, points) <= MAX_WORK) & (rows * dim <= MAX_ELEMENTS) & in_domain(sig, points)
 
 
 class _Resolver:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fa4_aot.certify.inputs import Inputs, _split, make_inputs
+from fa4_aot.certify.plan import in_domain
 from fa4_aot.domain import recipe_space
 from fa4_aot.domain.signature import Signature
 from fa4_aot.domain.skus import Sku
@@ -31,11 +32,14 @@ def sig_of(layout: str, **changes: Any) -> Signature:
 
 
 def small_points(sig: Signature, count: int = 30) -> list[dict[str, int]]:
-    """Points recipe_space draws for `sig`, those whose tensors and attention are small enough for a CPU test."""
+    """Points recipe_space draws for `sig` in the callers' domain, those whose tensors and attention are small
+    enough for a CPU test."""
     points = recipe_space.draw(recipe_space.space(sig, SKU), np.random.default_rng(7), 20000)
     found = []
     for i in range(len(points["batch"])):
         p = recipe_space.point(points, i)
+        if not in_domain(sig, p):
+            continue
         rows = max(p.get("total_q", p["batch"] * p.get("seqlen_q", 1)), p.get("total_k", 0),
                    p["batch"] * p.get("seqlen_k", 1), p.get("num_pages", 0) * sig.page_size)
         if rows * p["heads_kv"] <= 20000 and p["batch"] * p.get("pages_per_seq", 1) <= 20000:
@@ -84,7 +88,7 @@ def _varlen(inputs: Inputs, p: dict[str, int], heads_q: int, sig: Signature) -> 
 def _used(inputs: Inputs, p: dict[str, int]) -> None:
     used = inputs.tensors["seqused_k"]
     assert used.dtype == torch.int32 and used.shape == (p["batch"],)
-    assert int(used.min()) >= 0 and int(used.max()) == p["max_seqlen_k"]
+    assert int(used.min()) >= p["seqlen_q"] >= 1 and int(used.max()) == p["max_seqlen_k"]
     assert (inputs.options["max_seqlen_q"], inputs.options["max_seqlen_k"]) == (p["max_seqlen_q"], p["max_seqlen_k"])
 
 
@@ -206,3 +210,40 @@ def test_both_runtimes_take_every_argument_by_name(layout: str) -> None:
     lean = inspect.signature(getattr(api, name)).parameters
     assert set(kwargs) <= {n for n, p in lean.items() if p.kind is not p.VAR_KEYWORD}
     inspect.signature(getattr(api, name)).bind(*(torch.empty(0),) * 3, **kwargs)
+
+
+@pytest.mark.parametrize("point", [
+    {"batch": 68, "seqlen_q": 29, "num_pages": 7, "pages_per_seq": 257, "max_seqlen_q": 29, "max_seqlen_k": 2,
+     "heads_kv": 8},
+    {"batch": 21, "seqlen_q": 2193, "num_pages": 40, "pages_per_seq": 2, "max_seqlen_q": 2193, "max_seqlen_k": 5,
+     "heads_kv": 1},
+])
+def test_h200_default_certify_paged_keys_cover_queries(point: dict[str, int]) -> None:
+    # Found certifying the default h200 build on the H200 (2026-12-03): all 12 illegal addresses were paged
+    # forwards such as "fwd paged bf16 d=128 causal h=6:1 batch=68 seqlen_q=29 ... max_seqlen_k=2 page_size=128":
+    # seqused_k was drawn from 0, so most sequences held fewer keys than queries (causal rows with no key, caches
+    # with none), which no serving engine passes: each sequence's cache holds its new queries' keys
+    sig = dataclasses.replace(sig_of("paged"), page_size=128)
+    with pytest.raises(ValueError, match="seqlen_q"):
+        make_inputs(sig, point, 0, "cpu")
+    rows, keys = min(point["seqlen_q"], 40), min(point["pages_per_seq"] * 128, 200)
+    inside = {**point, "seqlen_q": rows, "max_seqlen_q": rows, "max_seqlen_k": keys}
+    for layout_sig, sizes in ((sig, inside), (sig_of("seqused"), {**inside, "seqlen_k": keys + 3})):
+        for seed in range(5):
+            used = make_inputs(layout_sig, sizes, seed, "cpu").tensors["seqused_k"]
+            assert int(used.min()) >= rows and int(used.max()) == keys, (layout_sig.layout, seed)
+    exact = {**point, "seqlen_q": 5, "max_seqlen_q": 5, "max_seqlen_k": 5}  # a cache of just its queries' keys
+    assert make_inputs(sig, exact, 0, "cpu").tensors["seqused_k"].tolist() == [5] * point["batch"]
+
+
+def test_h200_default_certify_varlen_max_is_a_real_length() -> None:
+    # Found certifying the default h200 build on the H200 (2026-12-03): varlen checks such as batch=453
+    # max_seqlen_q=262142 total_q=1 ran, a max_seqlen_q no sequence has (callers pass the longest one's length)
+    sig = sig_of("varlen")
+    point = {"batch": 453, "total_q": 1, "total_k": 600, "max_seqlen_q": 262142, "max_seqlen_k": 600}
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        make_inputs(sig, point, 0, "cpu")
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        make_inputs(sig, {**point, "max_seqlen_q": 1, "total_k": 3}, 0, "cpu")
+    inputs = make_inputs(sig, {**point, "max_seqlen_q": 1, "heads_kv": 1}, 0, "cpu")
+    assert int(inputs.tensors["cu_seqlens_k"].diff().max()) == 600

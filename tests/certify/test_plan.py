@@ -4,8 +4,11 @@ sizes stay within the reference's bounds, and --keys narrows the checks."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from fa4_aot.certify import plan
@@ -13,6 +16,8 @@ from fa4_aot.certify.driver import signatures_of
 from fa4_aot.compile.coverage_lean import Regions
 from fa4_aot.compile.orchestrator import work_of
 from fa4_aot.domain.recipe_format import HEADS
+from fa4_aot.domain.region import KernelUse, Region
+from fa4_aot.domain.signature import Signature
 from fa4_aot.matrix import variants
 from fa4_aot.store import Store, recipes
 from tests.conftest import TINY_VARIANTS
@@ -116,3 +121,77 @@ def test_typical_checks_are_bounded_per_kernel_not_per_region(tiny_h200_full_fwd
     bounded, _ = planned(tiny_h200_full_fwd)
     assert [c for c in bounded.checks if c.kind == "typical"] == []
     assert {"small", "large"} <= {c.kind for c in bounded.checks}
+
+
+def _region(*guards: list[Any]) -> Region:
+    """A region holding where every guard holds, launching one stand-in kernel."""
+    return Region(format=1, signature={}, guards=list(guards), inputs={}, tensors=0, meta=(), fwd=(), bwd=(),
+                  outputs={}, kernels=(KernelUse("FlashAttentionForwardSm90", None, "ab" * 32),), softmax_scale=1.0)
+
+
+def _sym(name: str) -> list[str]:
+    return ["sym", name]
+
+
+PAGED = Signature("paged", "fwd", "bf16", 128, 128, "causal", (0, 0), 0.0, False, 1, 48, 8, 128)
+VARLEN = Signature("varlen", "bwd", "bf16", 128, 128, "causal", (0, 0), 0.0, False, 1, 8, 8, 0)
+DOMAIN = [  # (signature, point, in the callers' domain)
+    (PAGED, {"batch": 68, "seqlen_q": 29, "num_pages": 7, "pages_per_seq": 257, "max_seqlen_q": 29,
+             "max_seqlen_k": 2}, False),  # the H200's illegal address: a cache shorter than its queries
+    (PAGED, {"batch": 68, "seqlen_q": 29, "num_pages": 7, "pages_per_seq": 257, "max_seqlen_q": 29,
+             "max_seqlen_k": 29}, True),
+    (PAGED, {"batch": 8, "seqlen_q": 4, "num_pages": 64, "pages_per_seq": 8, "max_seqlen_q": 2,
+             "max_seqlen_k": 128}, False),  # max_seqlen_q below the query tensor's length
+    (dataclasses.replace(PAGED, layout="seqused", page_size=0),
+     {"batch": 15, "seqlen_q": 4097, "seqlen_k": 5000, "max_seqlen_q": 4097, "max_seqlen_k": 159}, False),
+    (VARLEN, {"batch": 453, "max_seqlen_q": 262142, "max_seqlen_k": 7, "total_q": 1, "total_k": 9}, False),
+    (VARLEN, {"batch": 453, "max_seqlen_q": 1, "max_seqlen_k": 10, "total_q": 1, "total_k": 9}, False),
+    (VARLEN, {"batch": 453, "max_seqlen_q": 1, "max_seqlen_k": 7, "total_q": 1, "total_k": 9}, True),
+    (dataclasses.replace(VARLEN, layout="dense"), {"batch": 1, "seqlen_q": 1, "seqlen_k": 1048575}, True),
+]
+
+
+@pytest.mark.parametrize("sig,point,inside", DOMAIN)
+def test_the_domain_is_the_callers(sig: Signature, point: dict[str, int], inside: bool) -> None:
+    assert bool(plan.in_domain(sig, point)) is inside
+    arrays = {name: np.array([value, value]) for name, value in point.items()}
+    assert plan.in_domain(sig, arrays).tolist() == [inside, inside]
+
+
+def _planned_outside(sig: Signature, outside: list[Any], tmp_path: Path,
+                     monkeypatch: pytest.MonkeyPatch) -> tuple[list[plan.Check], list[str]]:
+    """The checks of two regions of `sig`: the first holding only outside the callers' domain, the second
+    everywhere; (checks, unreached lines). The regions' stand-in kernel counts as built."""
+    matrix = variants.load(TINY_VARIANTS)
+    sku = matrix.sku("h200")
+    regions = [_region(outside), _region()]
+    held = plan._held_points(sig, sku, regions)
+    assert 0 not in held and held[1] and all(plan.in_domain(sig, p) for p in held[1])
+    unreached: list[str] = []
+    resolver = plan._Resolver(Store(tmp_path / "store"), sku.constants())
+    monkeypatch.setattr(resolver, "built", lambda key: True, raising=False)
+    checks = plan._checks(sig, sku, regions, resolver, {}, None, plan.PER_KERNEL, "test", unreached)
+    return checks, unreached
+
+
+def test_h200_default_certify_paged_keys_cover_queries_in_the_plan(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found certifying the default h200 build on the H200 (2026-12-03): the 12 illegal addresses were paged
+    # checks whose max_seqlen_k was below seqlen_q (e.g. seqlen_q=29 max_seqlen_k=2), calls no serving engine
+    # makes: the plan draws only points where each cache can hold its queries' keys, and says a region held only
+    # elsewhere is unreached
+    outside = ["lt", _sym("max_seqlen_k"), _sym("seqlen_q")]
+    checks, unreached = _planned_outside(PAGED, outside, tmp_path, monkeypatch)
+    assert checks and all(c.point["max_seqlen_k"] >= c.point["seqlen_q"] >= 1 for c in checks)
+    assert any("region 0" in line and "callers' domain" in line for line in unreached)
+
+
+def test_h200_default_certify_varlen_max_is_a_real_length_in_the_plan(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found certifying the default h200 build on the H200 (2026-12-03): varlen checks such as batch=453
+    # max_seqlen_q=262142 total_q=1 were planned; callers pass the longest sequence's length
+    for outside in (["gt", _sym("max_seqlen_q"), _sym("total_q")], ["gt", _sym("max_seqlen_k"), _sym("total_k")]):
+        checks, unreached = _planned_outside(VARLEN, outside, tmp_path, monkeypatch)
+        assert checks and all(c.point["max_seqlen_q"] <= c.point["total_q"] for c in checks)
+        assert all(c.point["max_seqlen_k"] <= c.point["total_k"] for c in checks)
+        assert any("region 0" in line for line in unreached)
