@@ -7,7 +7,10 @@ crash or hang in the backward, at the backward's. Within that part, a failure bl
 evidence clears (a kernel shared with checks that passed, such as a combine kernel, is not blamed for another
 kernel's fault); when every one of them passed elsewhere, it blames them all (the combination fails).
 Evidence of passing: every kernel of a passing check, and the forward's kernels of a check whose forward outputs
-were right. A check that raised a Python error (FA4 refusing the call, a kernel missing) is evidence of nothing.
+were right. A check that raised a Python error (FA4 refusing the call, a kernel missing) is evidence of nothing,
+and so is one that ran out of GPU memory, whatever status it came with (out_of_memory: the GPU was full, at a size
+no kernel's fault; the default h200 build's certification at -j 16 on the H200 gave 8 kernels a crash verdict and a
+measured known-bad entry for a tiny call that met a GPU full of other workers' cached memory).
 """
 
 from __future__ import annotations
@@ -21,6 +24,20 @@ from .plan import Use
 from .pool import Outcome
 
 _FORWARD = ("out", "lse")
+_MEMORY = ("out of memory", "outofmemoryerror")  # torch's OutOfMemoryError, CUDA's cudaErrorMemoryAllocation
+MEMORY_NOTE = "out of GPU memory, not a kernel fault"  # how the checker's answer says so
+
+
+def out_of_memory(detail: str) -> bool:
+    """Whether an error's text says the GPU ran out of memory (torch.OutOfMemoryError, or a CUDA error 'out of
+    memory' from a kernel launch or a module load)."""
+    text = detail.lower()
+    return any(m in text for m in _MEMORY)
+
+
+def evidence(outcome: Outcome) -> bool:
+    """Whether an outcome says anything about its kernels: not a Python error, not running out of memory."""
+    return outcome.status != "error" and not out_of_memory(outcome.detail)
 
 
 def part_of_failure(failure: dict[str, Any]) -> str:
@@ -30,6 +47,8 @@ def part_of_failure(failure: dict[str, Any]) -> str:
 
 
 def failing_parts(outcome: Outcome) -> set[str]:
+    if not evidence(outcome):
+        return set()
     if outcome.status == "wrong":
         return {part_of_failure(f) for f in outcome.failures}
     if outcome.status in ("crash", "hang"):
@@ -54,7 +73,7 @@ def verdicts(outcomes: list[Outcome], device: str, toolchain: str) -> list[Verdi
     blamed: dict[str, list[Outcome]] = defaultdict(list)
     checks: dict[str, int] = defaultdict(int)
     for o in outcomes:
-        if o.status == "error":
+        if not evidence(o):
             continue
         for u in o.check.kernels:
             checks[u.kernel_key] += 1

@@ -4,7 +4,13 @@
 each: {"id", "part": "fwd"|"bwd"} before each part runs (so that a hang or a death is blamed on the part that was
 running), then {"id", "status", ...}. Statuses: pass; wrong (failures: [{tensor, error, bound}]); crash (a CUDA
 error: the worker exits after saying so, its context is lost); error (a Python error before or around the kernels,
-e.g. a kernel missing from the store: no verdict follows from it).
+e.g. a kernel missing from the store, or the GPU out of memory: no verdict follows from it). Running out of memory
+is never a crash, even when it cost the CUDA context: its answer is an error whose detail says so
+(blame.MEMORY_NOTE), with "restart": true when the context is lost (the worker exits after saying so, as for a
+crash, and the parent starts another).
+
+The worker keeps to its share of the GPU (pool.memory_fraction of FA4_AOT_CERTIFY_JOBS workers per GPU) and
+frees its cached memory after each check, so that one large check does not starve the others.
 
 Each check runs FA4 itself over install() (strict: kernels from the store only) on random inputs and compares
 out, lse and the gradients with an fp32 reference in FA4's test style (reference.compare); a deterministic
@@ -30,8 +36,10 @@ from .. import fa4
 from ..domain.signature import Signature
 from ..errors import Fa4AotError
 from . import reference
+from .blame import MEMORY_NOTE, out_of_memory
 from .inputs import Inputs, make_inputs
 from .plan import Check
+from .pool import memory_fraction
 
 GRADS = ("dq", "dk", "dv", "dsink")
 
@@ -52,6 +60,7 @@ def main() -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
     torch.backends.cudnn.allow_tf32 = False
+    _limit_memory()
     installation.install(mode="strict")
     out = sys.stdout
     sys.stdout = sys.stderr  # whatever FA4 or CuTe print must not end up in the answers
@@ -62,8 +71,16 @@ def main() -> None:
         runtimes = Runtimes(lambda sig: partial(fa4.attend, sig.call(1, 1, 1)), lean)
         answer = run(request["id"], Check.from_dict(request["check"]), runtimes, partial(_say, out))
         _say(out, answer)
-        if answer["status"] == "crash":
+        if answer["status"] == "crash" or answer.get("restart"):
             os._exit(3)  # the CUDA context is lost: the parent starts another worker
+        torch.cuda.empty_cache()  # this check's blocks go back to the GPU, for the other workers' checks
+
+
+def _limit_memory() -> None:
+    """Keep this worker's PyTorch allocator (FA4's buffers included) to its share of the GPU: a check past it
+    raises OutOfMemoryError in this worker instead of starving the other workers' checks."""
+    jobs = int(os.environ.get("FA4_AOT_CERTIFY_JOBS", "1"))
+    torch.cuda.set_per_process_memory_fraction(memory_fraction(jobs), 0)  # 0: the one GPU the worker sees
 
 
 def run(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -153,10 +170,21 @@ def _lean(sig: Signature, got: reference.Outputs, lean: reference.Outputs, ref32
 def _failed(ident: str, e: BaseException, device: str) -> dict[str, Any]:
     """The answer for a check that raised (the parent knows the part that was running from the part lines)."""
     text = f"{type(e).__name__}: {e}".splitlines()[0][:500] if str(e) else type(e).__name__
+    if isinstance(e, torch.OutOfMemoryError) or out_of_memory(text):
+        return _memory(ident, text, device)
     if isinstance(e, Fa4AotError) or device != "cuda" or not _cuda_lost():
         tail = traceback.format_exception(e)[-3:]
         return {"id": ident, "status": "error", "detail": text, "trace": "".join(tail)[-1500:]}
     return {"id": ident, "status": "crash", "detail": text}
+
+
+def _memory(ident: str, text: str, device: str) -> dict[str, Any]:
+    """The answer for a check that ran out of GPU memory: an error (the GPU was full, or the check too large for
+    this worker's share: no kernel's fault), and a restart when the context did not survive it."""
+    answer: dict[str, Any] = {"id": ident, "status": "error", "detail": f"{MEMORY_NOTE}: {text}"}
+    if device == "cuda" and _cuda_lost():
+        answer["restart"] = True
+    return answer
 
 
 def _cuda_lost() -> bool:

@@ -4,8 +4,10 @@
    model, calls), PER_KERNEL per kernel. Kernels that already have a verdict for this device class are skipped
    (a run is resumable; `again` checks them anew). A check whose kernels the known-bad registry names is not run:
    they get `refused`, unless `recheck_known_bad` (to see whether a new FA4 fixed them).
-2. Run (pool.py, worker.py): `jobs` worker processes per GPU, each check under a deadline; every outcome is
-   appended to a journal as it comes, so an interrupted run resumes where it stopped.
+2. Run (pool.py, checker.py): `jobs` worker processes per GPU, each check under a deadline; every outcome is
+   appended to a journal as it comes, so an interrupted run resumes where it stopped. A check that ran out of GPU
+   memory (an error, never a verdict: blame.out_of_memory) is run once more at the end with one worker per GPU,
+   the GPU to itself.
 3. Judge (blame.py) and keep: verdicts into the store; for each failure, a measured known-bad entry for the SKU
    (its signature, part, symptom and this run as its source), which the planner and both runtimes then honour.
 """
@@ -45,6 +47,7 @@ class Report:
     skipped: int = 0  # checks whose kernels all had a verdict for this device already
     after_crash: int = 0  # checks not run: the same kernels had crashed or hung in another check
     errors: list[str] = field(default_factory=list)  # checks that raised before judging (no verdict from them)
+    out_of_memory: int = 0  # of those, checks that ran out of GPU memory (also when run alone on the GPU)
     unreached: list[str] = field(default_factory=list)
     measured: list[known_bad.Bad] = field(default_factory=list)
     seconds: float = 0.0
@@ -61,6 +64,7 @@ class Report:
                 "skipped": self.skipped, "after_crash": self.after_crash, "seconds": round(self.seconds, 1),
                 "interrupted": self.interrupted,
                 "verdicts": [v.to_dict() for v in self.verdicts], "errors": self.errors,
+                "out_of_memory": self.out_of_memory,
                 "unreached": self.unreached, "measured_known_bad": [b.to_dict() for b in self.measured]}
 
 
@@ -94,20 +98,11 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     todo, refused = _split(fresh, store, sku, device, options.recheck_known_bad)
     done = _journal_read(options.journal) if options.journal else {}
     named = _ids(todo)
-    outcomes = [done[i] for i, _c in named if i in done]
     pending = [(i, c) for i, c in named if i not in done]
     report.checks = len(todo)
-    gpus = list(options.gpus) or _visible_gpus()
-    pool = Pool(store.root, sku.name, gpus, options.jobs, options.deadline, options.lean)
-    lost: set[frozenset[str]] = set()  # kernel sets that crashed or hung: their other checks would only do it again
-    for outcome in pool.run(pending, stop, skip=lambda c: frozenset(u.kernel_key for u in c.kernels) in lost):
-        outcomes.append(outcome)
-        if outcome.status in ("crash", "hang"):
-            lost.add(frozenset(u.kernel_key for u in outcome.check.kernels))
-        if options.journal:
-            _journal_add(options.journal, outcome)
-        if progress:
-            progress(len(outcomes), len(todo), outcome)
+    run = _Run(store, sku, options, {i: done[i] for i, _c in named if i in done}, len(todo), progress, stop)
+    run.all(pending)
+    outcomes = list(run.found.values())
     report.interrupted = stop()
     report.after_crash = len(todo) - len(outcomes)
     _keep(store, sku, device, report, outcomes, refused)
@@ -115,6 +110,48 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
         options.journal.unlink(missing_ok=True)  # kept in the store now: a later run starts afresh
     report.seconds = time.monotonic() - start
     return report
+
+
+@dataclass
+class _Run:
+    """The outcomes of one certification run by check id (a later outcome of a check replaces its first), each
+    journalled and shown as it comes."""
+
+    store: Store
+    sku: Sku
+    options: Options
+    found: dict[str, Outcome]
+    total: int
+    progress: Progress | None
+    stop: Callable[[], bool]
+    lost: set[frozenset[str]] = field(default_factory=set)  # kernel sets that crashed or hung: their other checks
+    # would only do it again
+
+    def all(self, pending: list[tuple[str, plan.Check]]) -> None:
+        """Run `pending` on the options' workers, then once more with one worker per GPU each check that ran out of
+        GPU memory (too large for its worker's share, or it met a GPU the others had filled): the GPU to itself."""
+        self.checks(pending, self.options.jobs)
+        if self.options.jobs > 1:
+            self.checks([(o.ident, o.check) for o in self.found.values() if blame.out_of_memory(o.detail)], 1)
+
+    def checks(self, pending: list[tuple[str, plan.Check]], jobs: int) -> None:
+        """Run `pending` on `jobs` workers per GPU."""
+        if not pending or self.stop():
+            return
+        gpus = list(self.options.gpus) or _visible_gpus()
+        pool = Pool(self.store.root, self.sku.name, gpus, jobs, self.options.deadline, self.options.lean)
+        for outcome in pool.run(pending, self.stop, skip=lambda c: _kernels(c) in self.lost):
+            self.found[outcome.ident] = outcome
+            if outcome.status in ("crash", "hang"):
+                self.lost.add(_kernels(outcome.check))
+            if self.options.journal:
+                _journal_add(self.options.journal, outcome)
+            if self.progress:
+                self.progress(len(self.found), self.total, outcome)
+
+
+def _kernels(check: plan.Check) -> frozenset[str]:
+    return frozenset(u.kernel_key for u in check.kernels)
 
 
 def signatures_of(work: Iterable[tuple[str, Any]]) -> list[tuple[str, Signature]]:
@@ -134,6 +171,7 @@ def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes:
     toolchain = _toolchain(store, outcomes)
     report.verdicts = blame.verdicts(outcomes, device.id, toolchain) + refused
     report.errors = [f"{o.check.describe()}: {o.detail}" for o in outcomes if o.status == "error"]
+    report.out_of_memory = sum(blame.out_of_memory(o.detail) for o in outcomes)
     store.put_verdicts(report.verdicts)
     report.measured = _measured(outcomes, report.verdicts, sku, device, store)
     if report.measured:

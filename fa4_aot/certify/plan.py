@@ -33,6 +33,10 @@ TYPICAL_PER_KERNEL = 2  # regions per kernel checked at their typical point: the
 # runtime's replay of it) are the CPU differential tests' to check, the kernel's code is this run's
 MAX_WORK = 1 << 34  # multiply-adds of one check's attention (the reference's cost), at most
 MAX_ELEMENTS = 1 << 28  # elements of one input tensor, at most (1 GiB of fp32 in the reference)
+MAX_BYTES = 6 << 30  # a check's estimated peak GPU memory (_memory), at most: a worker's share at -j 16 on an H200
+# is 7.9 GiB (pool.GPU_SHARED); the default h200 build's certification met checks of 624 GiB and 2.7 TiB there
+TILE = 128  # rows FA4's backward pads each sequence to (at most) in its fp32 accumulators, per head
+SCORE_BLOCK = 1 << 26  # reference.CHUNK_ELEMENTS: scores of one block of the reference (this module has no torch)
 KINDS = ("typical", "small", "boundary", "large")
 
 
@@ -129,12 +133,9 @@ def _checks(sig: Signature, sku: Sku, regions: list[Region], resolver: _Resolver
         unreached.append(f"{sig}: no recipe file in the store")
         return []
     held = _held_points(sig, sku, regions)
-    unbuilt = _unbuilt(sig, regions, resolver, keys, unreached)
     chosen: list[tuple[str, int, dict[str, int]]] = []
     for limit, stage in ((TYPICAL_PER_KERNEL, "typical"), (TYPICAL_PER_KERNEL + per_kernel, "picked")):
         for index, region in enumerate(regions):
-            if index in unbuilt:
-                continue
             uses, points = resolver.uses(region), held.get(index)
             lacking = [counts.get(u.kernel_key, 0) for u in uses if keys is None or u.kernel_key in keys]
             if not lacking or min(lacking) >= limit:
@@ -154,30 +155,6 @@ def _checks(sig: Signature, sku: Sku, regions: list[Region], resolver: _Resolver
             for n, (kind, index, point) in enumerate(chosen)]
 
 
-def _unbuilt(sig: Signature, regions: list[Region], resolver: _Resolver, keys: set[str] | None,
-             unreached: list[str]) -> set[int]:
-    """Indices of the regions launching a kernel the store lacks for the device, reported (one line for the
-    signature) where wanted. A build records regions over the whole size space but compiles a grid variant's or a
-    calls file's kernels at their sizes only, a paged signature's at its page size (its page-size-1 regions name
-    the non-TMA kernel where its page size is FA4's tile): there FA4 and the lean runtime alike raise
-    KernelMissing, and the store holds no kernel to certify (the default h200 build's certification on the H200,
-    2026-12-03: 154 such checks failed)."""
-    found, wanted = set(), 0
-    named: dict[str, None] = {}  # the absent kernels of the wanted regions, in order
-    for index, region in enumerate(regions):
-        uses = resolver.uses(region)
-        absent = [u for u in uses if not resolver.built(u.kernel_key)]
-        if absent:
-            found.add(index)
-        if absent and (keys is None or keys & {u.kernel_key for u in uses}):
-            wanted += 1
-            named.update({f"{u.family} {u.kernel_key[:16]}…": None for u in absent})
-    if wanted:
-        unreached.append(f"{sig}: {wanted} region(s) launch kernels the store lacks ({', '.join(list(named)[:3])}"
-                         f"{', ...' if len(named) > 3 else ''}): not built, not checked")
-    return found
-
-
 def _count(counts: dict[str, int], uses: tuple[Use, ...]) -> None:
     for u in uses:
         counts[u.kernel_key] = counts.get(u.kernel_key, 0) + 1
@@ -194,7 +171,7 @@ def _held_points(sig: Signature, sku: Sku, regions: list[Region]) -> dict[int, l
         points = recipe_space.pinned(recipe_space.draw(sp, np.random.default_rng(SEED + own), POINTS, extra), sig)
         if own:
             points[HEADS][:] = sig.heads_kv
-        keep = _within_bounds(sig, points)
+        keep = _within_bounds(sig, points) & (_memory(sig, points) <= MAX_BYTES)
         points = {k: v[keep] for k, v in points.items()}
         open_, judge = np.ones(len(points[HEADS]), dtype=bool), recipe_space.Judge(points)
         work = _work(sig, points)
@@ -281,22 +258,57 @@ def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
     return (_work(sig, points) <= MAX_WORK) & (rows * dim <= MAX_ELEMENTS) & in_domain(sig, points)
 
 
+def _memory(sig: Signature, points: dict[str, Any]) -> Any:
+    """Estimated peak GPU bytes of a check at each point (a sum, so an upper bound): the inputs; FA4's and the lean
+    runtime's results (FA4's twice for a deterministic backward); FA4's backward accumulators in fp32, padded to
+    TILE rows per sequence and head (batch x heads x TILE rows more than the call's: what ran out at batch 65,534)
+    and its split-KV partial outputs; both references' results, the fp32 one's converted inputs and its padded
+    copies (varlen sequences padded per group, paged keys gathered per sequence) and a few score blocks."""
+    f = {name: np.asarray(v, dtype=np.float64) for name, v in points.items()}  # float: no int64 overflow
+    heads_kv, dims, training = f[HEADS], sig.head_dim + sig.head_dim_v, sig.pass_ in ("bwd", "bwd_det")
+    heads_q = heads_kv * (sig.heads_q // max(1, sig.heads_kv))
+    rows_q, rows_k = _rows(sig, f)
+    q, kv, out = rows_q * heads_q * sig.head_dim, rows_k * heads_kv * dims, rows_q * heads_q * sig.head_dim_v
+    grads = training * (q + kv)
+    padded = f["batch"] * TILE
+    fa4 = 4 * (training * heads_q * (rows_q + padded) * (sig.head_dim + 2) + max(1, sig.num_splits) * out
+               + (training and sig.heads_q != sig.heads_kv) * heads_kv * (rows_k + padded) * dims)
+    results = (3 if sig.pass_ == "bwd_det" else 2) * 2 * (out + grads) + (4 + 2) * (out + grads)
+    copies = (1 + training) * _gathered(sig, f, heads_q, heads_kv, dims)
+    scores = 5 * np.minimum(SCORE_BLOCK, _work(sig, points) / dims)  # s, exp, P and their casts of a block
+    return 2 * (q + kv + training * out) + fa4 + results + 4 * (q + kv + copies + scores)
+
+
+def _rows(sig: Signature, f: dict[str, Any]) -> tuple[Any, Any]:
+    """(query rows, key rows) of the call's q and k/v tensors at each point."""
+    if sig.layout == "varlen":
+        return f["total_q"], f["total_k"]
+    if sig.layout == "paged":
+        return f["batch"] * f["seqlen_q"], f["num_pages"] * max(1, sig.page_size)
+    return f["batch"] * f["seqlen_q"], f["batch"] * f["seqlen_k"]
+
+
+def _gathered(sig: Signature, f: dict[str, Any], heads_q: Any, heads_kv: Any, dims: int) -> Any:
+    """Elements the reference copies out of the call's tensors: varlen's sequences with rows (at most total_q of
+    them), each padded to max_seqlen_q rows and max_seqlen_k keys; paged's keys gathered to max_seqlen_k a
+    sequence. Dense and seqused slice without copying."""
+    if sig.layout == "varlen":
+        live = np.minimum(f["batch"], f["total_q"])
+        return live * (f["max_seqlen_q"] * heads_q + f["max_seqlen_k"] * heads_kv) * dims
+    if sig.layout == "paged":
+        return f["batch"] * f["max_seqlen_k"] * heads_kv * dims
+    return np.zeros_like(heads_kv)
+
+
 class _Resolver:
     """A region's kernels as the device loads them: the entry for the device's constants (Libraries' rule)."""
 
     def __init__(self, store: Store, constants: Constants) -> None:
         self.store, self.constants = store, constants
         self._keys: dict[str, str] = {}
-        self._built: dict[str, bool] = {}
 
     def uses(self, region: Region) -> tuple[Use, ...]:
         return tuple(Use(k.family, self.key(k.kernel_key)) for k in region.kernels)
-
-    def built(self, kernel_key: str) -> bool:
-        """Whether the store holds the kernel under `kernel_key` (a key `key` resolved)."""
-        if kernel_key not in self._built:
-            self._built[kernel_key] = self.store.get_entry(kernel_key) is not None
-        return self._built[kernel_key]
 
     def key(self, base_key: str) -> str:
         if base_key not in self._keys:

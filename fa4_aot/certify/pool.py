@@ -3,7 +3,8 @@
 A check that crashes its worker (a CUDA error poisons the process's context), kills it (a signal, an abort inside
 the driver) or outlives its deadline (a hang: the worker's process group is killed) costs one outcome and a new
 worker, never the run. Each outcome names the part (fwd or bwd) that was running, from the part lines the worker
-prints before each part (worker.py).
+prints before each part (checker.py). A worker that ran out of GPU memory and lost its context says so with an
+error answer marked "restart": it is replaced as after a crash, and the outcome stays an error (no verdict).
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ from .plan import Check
 
 STARTUP_SECONDS = 300.0  # importing torch and FA4 and the first kernels' loads, on a loaded host (a worker's
 # first check gets this much more time than its deadline)
+GPU_SHARED = 0.9  # of a GPU's memory, shared by its workers' PyTorch allocators (FA4's buffers are allocated
+# through PyTorch too); the rest is for what no allocator sees: each worker's CUDA context (~0.5 GiB: 8 GiB, 6% of
+# an H200's 141 GiB, at -j 16), the kernels' modules and the driver. An H200 worker's share is 127 GiB at -j 1,
+# 7.9 GiB at -j 16: plan.MAX_BYTES (a check's estimated peak) keeps planned checks within the latter.
+
+
+def memory_fraction(jobs: int) -> float:
+    """The fraction of its GPU's memory that one of `jobs` workers on it may hold (GPU_SHARED split evenly)."""
+    return GPU_SHARED / max(1, jobs)
 
 
 @dataclass
@@ -103,7 +113,7 @@ class Pool:
         self.command = command or [sys.executable, "-m", "fa4_aot.certify.checker"]
         self.env = {k: v for k, v in os.environ.items() if k not in ("FA4_AOT_SERVER", "FA4_AOT_TRUSTED_KEYS")}
         self.env.update(FA4_AOT_CACHE=str(store_root), FA4_AOT_SKU=sku, FA4_AOT_CERTIFIED="off",
-                        FA4_AOT_OFFLINE="1", PYTHONUNBUFFERED="1")
+                        FA4_AOT_OFFLINE="1", PYTHONUNBUFFERED="1", FA4_AOT_CERTIFY_JOBS=str(jobs))
         self.answers: queue.Queue[tuple[_Worker, Any]] = queue.Queue()
         self.slots = [(gpu, n) for gpu in gpus for n in range(jobs)]
         self.workers: dict[int, _Worker] = {}
@@ -161,8 +171,8 @@ class Pool:
             outcome = Outcome(ident, check, answer["status"], worker.part, answer.get("failures", []),
                               answer.get("detail", ""), time.monotonic() - worker.since)
             worker.job = None
-            if outcome.status == "crash":
-                worker.kill()
+            if outcome.status == "crash" or answer.get("restart"):
+                worker.kill()  # its context is lost: the next hand-out starts another
             yield outcome
         yield from self._overdue()
 

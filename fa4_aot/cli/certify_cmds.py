@@ -210,5 +210,8 @@ def _summary(report: Report) -> str:
     lines += [f"not checked: {u}" for u in report.unreached[:20]]
     if len(report.unreached) > 20:
         lines.append(f"... and {len(report.unreached) - 20} more not checked (--json lists them)")
+    if report.errors:  # no verdict from these: the 20 below may be a small part of them
+        lines.append(f"{len(report.errors)} check(s) ended in an error, no verdict from them; "
+                     f"{report.out_of_memory} ran out of GPU memory (not a kernel fault; try fewer --jobs)")
     lines += [f"error: {e}" for e in report.errors[:20]]
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """A stand-in for fa4_aot.certify.checker that needs no GPU, for tests/certify/test_pool.py: it speaks the worker's
 protocol and does what each check's label tells it (pass, wrong, crash: say so and exit, die: exit without a
-word, hang: sleep, bwd-hang: announce the backward part, then sleep), so that the pool's real process handling is
-exercised."""
+word, hang: sleep, bwd-hang: announce the backward part, then sleep, oom: out of GPU memory with the context lost:
+an error marked restart, then exit, jobs: pass, saying the worker count per GPU it was told), so that the pool's
+real process handling is exercised."""
 
 import json
 import os
@@ -21,6 +22,12 @@ for line in sys.stdin:
     elif how == "crash":
         say({"id": ident, "status": "crash", "detail": "CUDA error: an illegal memory access was encountered"})
         os._exit(3)
+    elif how == "oom":
+        say({"id": ident, "status": "error", "restart": True,
+             "detail": "out of GPU memory, not a kernel fault: AcceleratorError: CUDA error: out of memory"})
+        os._exit(3)
+    elif how == "jobs":
+        say({"id": ident, "status": "pass", "failures": [], "detail": os.environ.get("FA4_AOT_CERTIFY_JOBS", "")})
     elif how == "die":
         os._exit(9)
     elif how in ("hang", "bwd-hang"):

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from fa4_aot.certify import blame, checker
 from fa4_aot.certify.checker import Runtimes, run
 from fa4_aot.certify.plan import Check, Use
+from fa4_aot.certify.pool import Outcome
 from fa4_aot.domain.signature import Signature
 from fa4_aot.errors import KernelMissing
 
@@ -95,3 +97,36 @@ def test_a_kernel_that_raises_is_an_error_not_a_verdict() -> None:
 
     answer = judged(FWD, missing)
     assert answer["status"] == "error" and "not in the store" in answer["detail"]
+
+
+@pytest.mark.parametrize("lost", [True, False], ids=["context lost", "context kept"])
+def test_h200_default_certify_out_of_memory_is_not_a_crash(monkeypatch: pytest.MonkeyPatch, lost: bool) -> None:
+    # The default h200 build's certification at -j 16 on the H200 (2026-12-03): 16 workers kept PyTorch's cached
+    # memory (one 39 GiB), and a tiny call (bwd varlen bf16 d=64 causal h=6:1 batch=1 max_seqlen_q=28 total_q=1
+    # total_k=1 heads_kv=1) met a full GPU: "AcceleratorError: CUDA error: out of memory",
+    # then the context check failed too, so 8 kernels got a crash verdict and a measured known-bad entry.
+    monkeypatch.setattr(checker, "_cuda_lost", lambda: lost)
+    answer = checker._failed("c1", torch.AcceleratorError("CUDA error: out of memory\nCUDA kernel errors ..."), "cuda")
+    assert answer["status"] == "error" and "not a kernel fault" in answer["detail"], answer
+    assert "CUDA error: out of memory" in answer["detail"]
+    assert answer.get("restart", False) is lost  # a lost context still costs the worker (pool.py replaces it)
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2687.96 GiB. GPU 0 has a total capacity ...")
+    assert checker._failed("c2", oom, "cuda")["status"] == "error"
+    # ... and whatever a journal from before kept, blame gives no verdict and no known-bad entry for it
+    check = Check(dataclasses.replace(BWD, layout="varlen"), POINT, (Use("_flash_attn_bwd", "b" * 64),), "small", 1)
+    journalled = Outcome("c1", check, "crash", "fwd", [], "AcceleratorError: CUDA error: out of memory")
+    assert blame.verdicts([journalled], "nvidia-h200", "t") == [] and blame.failing_parts(journalled) == set()
+
+
+def test_a_lost_context_without_memory_words_is_still_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checker, "_cuda_lost", lambda: True)
+    error = torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    assert checker._failed("c1", error, "cuda")["status"] == "crash"
+
+
+def test_a_worker_keeps_to_its_share_of_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[float, int]] = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: asked.append((f, d)))
+    monkeypatch.setenv("FA4_AOT_CERTIFY_JOBS", "16")
+    checker._limit_memory()
+    assert asked == [(pytest.approx(0.9 / 16), 0)]

@@ -123,6 +123,35 @@ def test_typical_checks_are_bounded_per_kernel_not_per_region(tiny_h200_full_fwd
     assert {"small", "large"} <= {c.kind for c in bounded.checks}
 
 
+def test_h200_default_certify_huge_varlen_batches_are_not_planned() -> None:
+    # The default h200 build's certification on the H200 (2026-12-03): 1,693 checks ran out of memory at points
+    # MAX_WORK and MAX_ELEMENTS let through, e.g. these two (2,688 GiB and 624 GiB asked): FA4's varlen backward
+    # keeps fp32 accumulators padded per sequence, batch x heads x tile rows, whatever total_q is
+    import numpy as np
+
+    from fa4_aot.certify import reference
+    from fa4_aot.domain.signature import Signature
+
+    def at(**sizes: int) -> dict[str, np.ndarray]:
+        return {name: np.array([v]) for name, v in sizes.items()}
+
+    def kept(sig: Signature, points: dict[str, np.ndarray]) -> bool:
+        return bool((plan._within_bounds(sig, points) & (plan._memory(sig, points) <= plan.MAX_BYTES))[0])
+
+    d64 = Signature("varlen", "bwd", "bf16", 64, 64, "causal", (0, 0), 0.0, False, 1, 14, 1)
+    d128 = Signature("varlen", "bwd", "bf16", 128, 128, "causal", (0, 0), 0.0, False, 1, 13, 1)
+    for sig, point in ((d64, at(batch=65534, max_seqlen_q=8, max_seqlen_k=224, total_q=1, total_k=176, heads_kv=96)),
+                       (d128, at(batch=65536, max_seqlen_q=2, max_seqlen_k=3, total_q=1, total_k=22, heads_kv=24))):
+        assert plan._memory(sig, point)[0] > plan.MAX_BYTES  # whatever else rules the point out
+        assert not kept(sig, point)
+    # a training call as a model makes it: 4 sequences of up to 512 tokens, GQA 32/8, head dim 128
+    train = Signature("varlen", "bwd", "bf16", 128, 128, "causal", (0, 0), 0.0, False, 1, 32, 8)
+    assert kept(train, at(batch=4, max_seqlen_q=512, max_seqlen_k=512, total_q=2048, total_k=2048, heads_kv=8))
+    dense = Signature("dense", "bwd_det", "fp16", 128, 128, "full", (0, 0), 0.0, False, 1, 16, 16)
+    assert kept(dense, at(batch=2, seqlen_q=1024, seqlen_k=1024, heads_kv=16))
+    assert plan.SCORE_BLOCK == reference.CHUNK_ELEMENTS
+
+
 def _region(*guards: list[Any]) -> Region:
     """A region holding where every guard holds, launching one stand-in kernel."""
     return Region(format=1, signature={}, guards=list(guards), inputs={}, tensors=0, meta=(), fwd=(), bwd=(),

@@ -62,3 +62,17 @@ def test_checks_skip_passes_over_get_no_outcome() -> None:
     for outcome in pool.run(checks, skip=lambda c: bool(crashed)):
         crashed.append(outcome.ident)
     assert crashed[0] == "c0" and len(crashed) <= 2  # at most the check already handed out when c0 crashed
+
+
+def test_h200_default_certify_out_of_memory_restarts_the_worker_without_a_crash() -> None:
+    # the default h200 build's certification at -j 16 (H200, 2026-12-03): a worker that ran out of GPU memory and
+    # lost its context answered "crash"; now an error marked restart, and the worker is replaced all the same
+    found = run(["oom", "pass", "oom", "jobs"], jobs=1)
+    assert [found[f"c{i}"][0] for i in range(4)] == ["error", "pass", "error", "pass"]
+    assert "not a kernel fault" in found["c0"][2]
+    assert found["c3"][2] == "1"  # the worker knows its count per GPU: its share of the GPU's memory
+
+
+def test_workers_learn_how_many_share_their_gpu() -> None:
+    found = run(["jobs"] * 3, jobs=3)
+    assert {d for _s, _p, d in found.values()} == {"3"}

@@ -43,3 +43,15 @@ def test_h200_default_build_partial_certify_says_what_failed(capsys: pytest.Capt
 def test_a_passing_check_stays_one_short_event(capsys: pytest.CaptureFixture[str]) -> None:
     event = json.loads(_events(capsys, Outcome("c3", CHECK, "pass", seconds=0.05), as_json=True))
     assert event["status"] == "ok" and "failures" not in event and "kernels" not in event
+
+
+def test_h200_default_certify_summary_counts_out_of_memory_errors() -> None:
+    # 1,693 checks ended in an error there, all but 20 of them unseen in the summary
+    from fa4_aot.certify.driver import Report
+    from fa4_aot.cli.certify_cmds import _summary
+
+    report = Report("h200", "nvidia-h200", checks=3, errors=["a: out of GPU memory, not a kernel fault: ..."] * 25
+                    + ["b: KernelMissing"], out_of_memory=25)
+    text = _summary(report)
+    assert "26 check(s) ended in an error" in text and "25 ran out of GPU memory" in text
+    assert Report("h200", "x", out_of_memory=2).to_dict()["out_of_memory"] == 2

@@ -1,0 +1,49 @@
+"""The certification run (fa4_aot/certify/driver.py) around its pool: what it runs again, with a stand-in pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fa4_aot.certify import driver
+from fa4_aot.certify.plan import Check, Use
+from fa4_aot.certify.pool import Outcome
+from fa4_aot.domain.signature import Signature
+
+SIG = Signature("varlen", "bwd", "bf16", 64, 64, "causal", (0, 0), 0.0, False, 1, 6, 1)
+
+
+def _check(label: str, key: str) -> Check:
+    return Check(SIG, {"batch": 1, "max_seqlen_q": 28, "max_seqlen_k": 2, "total_q": 1, "total_k": 1, "heads_kv": 1},
+                 (Use("_flash_attn_bwd", key * 64),), "small", 1, label)
+
+
+def test_h200_default_certify_out_of_memory_checks_run_again_with_the_gpu_to_themselves(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # at -j 16 on the H200 a tiny check met a GPU the other workers had filled: once more alone, it gets a verdict
+    ran: list[tuple[str, int]] = []
+
+    class Pool:
+        def __init__(self, _root: Path, _sku: str, _gpus: list[int], jobs: int, *_: object) -> None:
+            self.jobs = jobs
+
+        def run(self, pending: list[tuple[str, Check]], stop: Callable[[], bool],
+                skip: Callable[[Check], bool]) -> Iterator[Outcome]:
+            for ident, check in pending:
+                ran.append((ident, self.jobs))
+                full = self.jobs > 1 and check.label in ("full", "always") or check.label == "always"
+                yield Outcome(ident, check, "error" if full else "pass",
+                              detail="AcceleratorError: CUDA error: out of memory" if full else "")
+
+    monkeypatch.setattr(driver, "Pool", Pool)
+    journal = tmp_path / "journal.jsonl"
+    run = driver._Run(SimpleNamespace(root=tmp_path), SimpleNamespace(name="h200"),  # type: ignore[arg-type]
+                      driver.Options(jobs=16, gpus=(0,), journal=journal), {}, 3, None, lambda: False)
+    run.all([("a", _check("fits", "a")), ("b", _check("full", "b")), ("c", _check("always", "c"))])
+    assert ran == [("a", 16), ("b", 16), ("c", 16), ("b", 1), ("c", 1)]
+    assert {i: o.status for i, o in run.found.items()} == {"a": "pass", "b": "pass", "c": "error"}
+    assert set(driver._journal_read(journal)) == {"a", "b", "c"}  # the later outcome is the one a resume reads
+    assert driver._journal_read(journal)["b"].status == "pass"
