@@ -38,12 +38,14 @@ class _ScaleGrad(torch.autograd.Function):
 
 def kernel(out_scale: float = 1.0, dq_scale: float = 1.0, noisy_grads: bool = False) -> Callable[..., Any]:
     """Attention as torch computes it in the input precision (FA4's semantics for causal at equal lengths)."""
+    calls: list[None] = []
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, **_: Any) -> Any:
         if dq_scale != 1.0:
             q = _ScaleGrad.apply(q, dq_scale)
-        if noisy_grads:
-            q = _ScaleGrad.apply(q, 1.0 + float(torch.rand(())) * 1e-2)
+        if noisy_grads:  # each run's dq scaled differently, by more than bf16 resolves (a random scale near 1
+            calls.append(None)  # could round to the same bits twice: the test failed once so)
+            q = _ScaleGrad.apply(q, 1.0 + len(calls) * 2**-4)
         o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                              v.transpose(1, 2), is_causal=causal)
         return o.transpose(1, 2) * out_scale, None
