@@ -1,10 +1,13 @@
 """Load linked kernels (Entry.shared_libs) and their runtime libraries with tvm_ffi alone: no cutlass, no FA4.
 
 Each library is hashed through an open descriptor (Store.verified_file) and then loaded through that very
-descriptor (/proc/self/fd/N, behind a uniquely named link, since tvm_ffi picks its loader by file suffix):
-what runs is what was verified. The CuTe runtime (libcute_dsl_runtime.so, stored as an object by the build)
-is loaded first with RTLD_GLOBAL; a kernel's DT_NEEDED entries then resolve to it and to the libtvm_ffi.so
-that `import tvm_ffi` loaded, by SONAME.
+descriptor (/proc/self/fd/N, behind a link named for its digest, since tvm_ffi picks its loader by file suffix and
+dlopen takes an already loaded name for the same object): what runs is what was verified. The links live in one
+private folder per batch of loads (`functions`: a region's kernels), removed when the batch ends: a lean process
+leaves nothing in the temp directory (D28), and a new signature pays one folder, not one per kernel (removing a
+folder took 0.25 ms median, up to 5 ms, on a busy ext4 disk: bench/lean_load_steps.py). The CuTe runtime
+(libcute_dsl_runtime.so, stored as an object by the build) is loaded first with RTLD_GLOBAL; a kernel's DT_NEEDED
+entries then resolve to it and to the libtvm_ffi.so that `import tvm_ffi` loaded, by SONAME.
 
 With a trust policy (trust.policy.Trust), a library and its runtime libraries load only if valid signed manifests list
 them for the kernel and this host arch (check_library, before any byte is mapped). With a fetcher (fetch,
@@ -13,10 +16,13 @@ FA4_AOT_SERVER set), kernels missing locally, or stored without this host's libr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import shutil
 import tempfile
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,19 +53,35 @@ class Libraries:
         self._functions: dict[str, Any] = {}
         self._runtimes: dict[str, Any] = {}
         self._modules: list[Any] = []  # a tvm_ffi module unloads when collected; kernels live for the process
-        self._lock = threading.Lock()
+        self._loaded: dict[str, Entry] = {}  # kernel key -> the entry whose library was loaded (what the gate judges)
+        self._links: Path | None = None  # the private link folder of the batch of loads under way (_batch)
+        self._lock = threading.RLock()
 
     def function(self, kernel_key: str, family: str = "", sig: Signature | None = None) -> Any:
         """The launchable function of kernel `kernel_key` (a base key), loaded once. KernelMissing when the store
         (and the server) lack it; KernelRefused when certification refuses it for a call of `sig`."""
         fn = self._functions.get(kernel_key)
         if fn is None:
-            with self._lock:
+            with self._lock, self._batch():
                 fn = self._functions.get(kernel_key) or self._load(kernel_key, family)
                 self._functions[kernel_key] = fn
         if self.gate is not None:  # after loading: a kernel fetched on first use is decided on like any other
-            self.gate.admit(kernel_key, sig, lambda key: self._entry(key)[0])
+            self.gate.admit(kernel_key, sig, self._judged)
         return fn
+
+    def functions(self, kernels: Sequence[tuple[str, str]], sig: Signature | None = None) -> list[Any]:
+        """function() of each (kernel key, family) of `kernels`, in order; those not loaded yet are loaded in one
+        batch (one link folder). Errors as function(), for the first kernel that fails."""
+        if any(key not in self._functions for key, _family in kernels):
+            with self._lock, self._batch():
+                return [self.function(key, family, sig) for key, family in kernels]
+        return [self.function(key, family, sig) for key, family in kernels]
+
+    def _judged(self, kernel_key: str) -> Entry | None:
+        """The entry the gate decides on: that of the library loaded for `kernel_key` (read when it was loaded),
+        else the store's (_entry)."""
+        found = self._loaded.get(kernel_key)
+        return found if found is not None else self._entry(kernel_key)[0]
 
     def prefetch(self, base_keys: list[str]) -> None:
         """Fetch, in one request per round, the kernels of `base_keys` this store cannot load yet (base entries
@@ -87,11 +109,13 @@ class Libraries:
         import tvm_ffi
 
         entry, why = self._entry(kernel_key)
-        if (entry is None or not self.store.has_library(entry, self.arch)) and self.fetcher is not None:
+        whole = entry is not None and self.store.has_library(entry, self.arch)
+        if not whole and self.fetcher is not None:
             self.prefetch([kernel_key])  # a library whose bytes are missing is fetched again, with its kernel
             entry, why = self._entry(kernel_key)
+            whole = entry is not None and self.store.has_library(entry, self.arch)
         lib = entry.shared_libs.get(self.arch) if entry is not None else None
-        if entry is None or lib is None or not self.store.has_library(entry, self.arch):
+        if entry is None or lib is None or not whole:
             why = (why or "is not in") if entry is None else (
                 f"has no {self.arch} library (built before linking) in" if lib is None else
                 f"names an {self.arch} library or runtime library that is missing from")
@@ -108,6 +132,7 @@ class Libraries:
                 self._runtime(soname, digest)
         module = self._open(lib["digest"], ".so", tvm_ffi.load_module)
         self._modules.append(module)
+        self._loaded[kernel_key] = entry
         return module[EXPORT_FUNCTION]
 
     def entry(self, base_key: str) -> Entry | None:
@@ -137,10 +162,29 @@ class Libraries:
                                                 lambda p: ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL))
 
     def _open(self, digest: str, suffix: str, loader: Any) -> Any:
-        """loader(path) where path reaches the verified bytes of object `digest` through their descriptor. The
-        link lives in a private folder only while the loader runs: once mapped, a library needs no path, and a
-        process that is never closed (the runtime lives as long as it) leaves nothing in the temp folder."""
-        with self.store.verified_file(digest) as f, tempfile.TemporaryDirectory(prefix="fa4-aot-lean-") as folder:
-            link = Path(folder) / f"{digest}{suffix}"
+        """loader(path) where path reaches the verified bytes of object `digest` through their descriptor. The link
+        lives in the batch's private folder only while the loader runs: once mapped, a library needs no path. Its
+        name is the object's digest: a name dlopen has seen before (a folder name drawn again) names the same
+        bytes. The caller holds the lock and a batch (function, functions)."""
+        assert self._links is not None
+        with self.store.verified_file(digest) as f:
+            link = self._links / f"{digest}{suffix}"
             os.symlink(f"/proc/self/fd/{f.fileno()}", link)
-            return loader(str(link))
+            try:
+                return loader(str(link))
+            finally:
+                link.unlink()
+
+    @contextlib.contextmanager
+    def _batch(self) -> Iterator[None]:
+        """A private link folder for the loads inside (nested batches share the outermost's), removed when the
+        outermost ends, also when a load fails. The caller holds the lock."""
+        if self._links is not None:
+            yield
+            return
+        self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-"))
+        try:
+            yield
+        finally:
+            links, self._links = self._links, None
+            shutil.rmtree(links, ignore_errors=True)

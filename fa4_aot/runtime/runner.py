@@ -176,7 +176,7 @@ class Attention:
             sizes = self.sizes(sizes)
             region = self.region(sizes)
             self.rt.libraries.prefetch([k.kernel_key for k in region.kernels])
-            functions = [self.rt.libraries.function(k.kernel_key, k.family, self.sig) for k in region.kernels]
+            functions = self.rt.libraries.functions([(k.kernel_key, k.family) for k in region.kernels], self.sig)
             chosen = region.softmax_scale if scale is None else scale
             found = self._bound[key] = replay.bind(region, sizes, functions, device, chosen)
         return found
@@ -185,8 +185,7 @@ class Attention:
         """Load every kernel of the region at `sizes` (KernelMissing when one is absent)."""
         region = self.region(self.sizes(sizes))
         self.rt.libraries.prefetch([k.kernel_key for k in region.kernels])
-        for k in region.kernels:
-            self.rt.libraries.function(k.kernel_key, k.family, self.sig)
+        self.rt.libraries.functions([(k.kernel_key, k.family) for k in region.kernels], self.sig)
 
 
 def _function() -> Any:
