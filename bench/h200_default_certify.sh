@@ -3,7 +3,8 @@
 # twice (the second must find nothing left to check; DC_JOBS workers, default 16); with DC_CONCURRENT=1 also rounds
 # over the kernels built so far while it builds. Issue 29's figures from the same store, taken between the build and
 # certification: build time, object and recipe bytes, a new signature's first call (lean and FA4), and at the end
-# a fresh process's first call. Run on the device from the repo root, after
+# a fresh process's first call. DC_REPRO=<findings.jsonl in the tree>: at the end, those findings run through FA4's
+# own JIT (bench/repro_findings.py). Run on the device from the repo root, after
 # .device/p2/install.sh:
 #   bash bench/h200_default_certify.sh start               # snapshot the code, start the pipeline in its own session
 #   bash bench/h200_default_certify.sh wait SECONDS OUT    # progress lines until done or SECONDS; results into OUT
@@ -33,7 +34,8 @@ start)
   src=${DC_SRC:-.}  # a tree to run instead of the working tree (e.g. a `git archive` of a commit, carried)
   cp -r "$src/fa4_aot" "$src/variants.toml" "$src/pyproject.toml" "$code/"
   cp "$src/bench/h200_default_certify.sh" "$src/bench/recipe_bytes.py" "$src/bench/lean_first_call_profile.py" \
-    "$src/bench/lean_new_signature.py" "$code/bench/"
+    "$src/bench/lean_new_signature.py" "$src/bench/repro_findings.py" "$code/bench/"
+  [ -n "${DC_REPRO:-}" ] && cp "$src/$DC_REPRO" "$code/bench/findings.jsonl"
   cd "$code" && setsid nohup bash bench/h200_default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 2
   echo "pipeline started: $run/pipeline.log"
@@ -77,6 +79,10 @@ pipeline)
   py -m fa4_aot --cache-dir "$store" list --sku h200 --json > "$run/list.json" 2> "$run/list.err"
   py -m fa4_aot --cache-dir "$store" known-bad --sku h200 --json > "$run/known-bad.json" 2>&1
   FA4_AOT_CACHE="$store" py bench/lean_first_call_profile.py "$run/first_call.json" > "$run/first_call.log" 2>&1
+  if [ -f bench/findings.jsonl ]; then  # DC_REPRO: earlier findings reproduced with FA4's JIT alone
+    py bench/repro_findings.py bench/findings.jsonl "$run/repro.json" > "$run/repro.log" 2>&1
+    echo "$(date +%T) findings reproduced with FA4 alone: exit $?"
+  fi
   date +%s > "$run/done"
   ;;
 wait)
