@@ -8,7 +8,8 @@ local GPU. Both raise whatever FA4 raises for a call it does not support.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..domain.calls import Call
@@ -32,8 +33,30 @@ def compile_call(call: Call | ExactCall, wanted: set[tuple[str, str]],
     kernel goes to done(family, compile_key, fn, seconds) as soon as FA4 stores it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Compiler(family, wanted, done)):
+    with FakeTensorMode(), caches.swapped(lambda family, _old: caches.Compiler(family, wanted, done)), \
+            _without_jit_engine():
         _run(call)
+
+
+@contextmanager
+def _without_jit_engine() -> Iterator[None]:
+    """cute.compile without CuTe's host JIT engine for the block: a build exports each kernel (object_files.export
+    reads the compiled module, not the engine) and never runs it on fake tensors, yet CuTe built an engine per
+    kernel: host code generated twice more (the MCJIT engine, then an object for the TVM-FFI JITLink engine that
+    replaces it) and its entry symbol looked up: 13-21% of a compile task's CPU on the CPU host; the
+    exported objects are byte for byte the same (bench/RESULTS.md, session 15, issue 29)."""
+    from cutlass.base_dsl.compiler import CompileCallable
+
+    compile_ = CompileCallable._compile
+
+    def without_engine(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        return compile_(self, func, *args, **{**kwargs, "no_jit_engine": True})
+
+    CompileCallable._compile = without_engine  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CompileCallable._compile = compile_  # type: ignore[method-assign]
 
 
 def _run(call: Call | ExactCall) -> None:
