@@ -38,6 +38,9 @@ from typing import Any
 # (step name, module path, owner attribute or "", function name): inclusive times of these functions
 STEPS = [
     ("recipe read, decode and check", "fa4_aot.store.recipes", "", "load"),
+    # the lean runtime since regions are checked at first use: the file and every guard, then the region selected
+    ("recipe read, decode and guard check (load_lazy)", "fa4_aot.store.recipes", "", "load_lazy"),
+    ("selected region's check (Stored.region)", "fa4_aot.store.recipes", "Stored", "region"),
     ("index entry reads", "fa4_aot.store", "Store", "get_entry"),
     ("library hash (verified_file)", "fa4_aot.store", "Store", "verified_file"),
     ("library hash and map (_open)", "fa4_aot.runtime.libraries", "Libraries", "_open"),
@@ -60,8 +63,8 @@ class Timers:
         self.cpu: dict[str, float] = {}
         for name, module, owner, attr in STEPS:
             target: Any = importlib.import_module(module)
-            target = getattr(target, owner) if owner else target
-            if hasattr(target, attr):
+            target = getattr(target, owner, None) if owner else target
+            if target is not None and hasattr(target, attr):
                 setattr(target, attr, self._wrap(name, getattr(target, attr)))
 
     def _wrap(self, name: str, fn: Any) -> Any:

@@ -1,6 +1,6 @@
 """What a recipe region may hold: the one definition domain/region.py's Region.parse applies, so the client
-(store.recipes.load, before a region is used) and the server (store.recipes.check_file, at upload) both do.
-Pure; no torch.
+(store.recipes.load_lazy: a region's guards when its file is read, the rest before the region is first used) and
+the server (store.recipes.check_file, at upload: all of every region) both do. Pure; no torch.
 
 A recipe file comes from a build host or a server and is replayed by every lean process, so it is data, never
 code (issue 18, D26): a torch op only from ATEN_OPS (what FA4's host path issues), a dtype or torch name only from
@@ -118,20 +118,7 @@ def check_region(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, in
     already admitted, by id, with the highest tensor slot and kernel index each names; those are only compared
     with the region's counts. A compact file's regions share each distinct value and list (domain/recipe_file.py),
     so a file costs a check per distinct one, not per region."""
-    if not isinstance(region, dict):
-        raise ValueError("not an object")
-    missing, extra = sorted(REQUIRED - set(region)), sorted(set(region) - REQUIRED - OPTIONAL)
-    if missing:
-        raise ValueError(f"fields missing: {', '.join(missing)}")
-    if extra:
-        raise ValueError(f"unknown fields: {', '.join(str(e)[:40] for e in extra[:5])}")
-    if region["format"] not in FORMATS or isinstance(region["format"], bool):
-        raise ValueError(f"format {str(region['format'])[:20]} (this fa4-aot reads formats "
-                         f"{', '.join(map(str, FORMATS))})")
-    layout = region["signature"].get("layout") if isinstance(region["signature"], dict) else None
-    if layout not in SIZE_NAMES:
-        raise ValueError(f"signature of layout {str(layout)[:40]!r} (recipes exist for {', '.join(SIZE_NAMES)})")
-    values = _Values(_names(layout, region["format"]))
+    layout, values = _header(region)
     tensors = _count(region["tensors"], MAX_TENSORS, "tensors")
     kernels = len(_list(region["kernels"], MAX_KERNELS, "kernels"))
     seen = (memo if memo is not None else {}).setdefault(values.names, {})
@@ -150,6 +137,36 @@ def check_region(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, in
     _number(region["softmax_scale"], "softmax_scale")
     _flat(region.get("recorded_at", {}), int, "recorded_at")
     _admit(seen, values, lambda t: _flat(t, str, "toolchain"), [region.get("toolchain", {})])  # shared in a file
+
+
+def check_guards(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, int]]] | None = None) -> None:
+    """ValueError unless `region`'s guards may be evaluated: its fields, format and layout as check_region admits
+    them and every guard a size expression symexpr.check admits over its size names (bounded literals, operand
+    counts and nesting: D26, D37). A part of check_region (which `memo` spares the guards' check again): what the
+    lean runtime checks of every region of a file at first read, before any guard selects one; the rest is checked
+    when a call first selects the region (store.recipes.load_lazy). A region it refuses, check_region refuses."""
+    _layout, values = _header(region)
+    seen = (memo if memo is not None else {}).setdefault(values.names, {})
+    _admit(seen, values, lambda g: symexpr.check(g, values.names), _list(region["guards"], MAX_GUARDS, "guards"))
+
+
+def _header(region: Any) -> tuple[str, _Values]:
+    """(layout, its size names' checker) of a region whose fields, format and layout are admitted; ValueError
+    otherwise."""
+    if not isinstance(region, dict):
+        raise ValueError("not an object")
+    missing, extra = sorted(REQUIRED - set(region)), sorted(set(region) - REQUIRED - OPTIONAL)
+    if missing:
+        raise ValueError(f"fields missing: {', '.join(missing)}")
+    if extra:
+        raise ValueError(f"unknown fields: {', '.join(str(e)[:40] for e in extra[:5])}")
+    if region["format"] not in FORMATS or isinstance(region["format"], bool):
+        raise ValueError(f"format {str(region['format'])[:20]} (this fa4-aot reads formats "
+                         f"{', '.join(map(str, FORMATS))})")
+    layout = region["signature"].get("layout") if isinstance(region["signature"], dict) else None
+    if layout not in SIZE_NAMES:
+        raise ValueError(f"signature of layout {str(layout)[:40]!r} (recipes exist for {', '.join(SIZE_NAMES)})")
+    return layout, _Values(_names(layout, region["format"]))
 
 
 @functools.cache

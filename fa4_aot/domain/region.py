@@ -10,8 +10,9 @@ launch, in first-launch order. A step is an `Op` (a torch op FA4 issues: an allo
 {"device": true} and {"kw": {name: argument}}; runtime/replay.py turns them into values once per sizes.
 
 `Region.parse` admits only what domain/recipe_format.py's check admits (a file is data from another host, never
-code) and `Region.to_json` writes back exactly the document it was parsed from, so recipe files, and the keys
-naming them, are the same whichever side wrote them.
+code; `lazy_regions` admits a file's guards at once and each region's rest at its first use) and `Region.to_json`
+writes back exactly the document it was parsed from, so recipe files, and the keys naming them, are the same
+whichever side wrote them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import symexpr
-from .recipe_format import check_region
+from .recipe_format import check_guards, check_region
 
 Arg = Any  # a recorded argument: None, a bool, an int, a list of arguments, or one tagged object (see above)
 
@@ -150,11 +151,56 @@ def parse_regions(regions: Any) -> list[Region]:
     return found
 
 
+def lazy_regions(regions: Any) -> list[LazyRegion]:
+    """The regions of a recipe file's "regions" list, each checked by recipe_format as far as its guards
+    (check_guards: they may be evaluated) and the rest at its first `LazyRegion.region()`. ValueError, as
+    parse_regions raises it, when a region's guards are refused (so is the whole file: no guard can be trusted to
+    tell its regions apart). The regions share one parse (_Shared): a value checked for one is not checked again."""
+    if not isinstance(regions, list):
+        raise ValueError("recipe regions are not a list")
+    found, shared = [], _Shared(regions)
+    for i, region in enumerate(regions):
+        try:
+            check_guards(region, shared.checked)
+        except ValueError:
+            parse_regions(regions[:i + 1])  # parse_regions's error: the first region refused, checked in its order
+            raise  # not reached: check_region refuses what check_guards refuses
+        found.append(LazyRegion(region, shared, i))
+    return found
+
+
+class LazyRegion:
+    """A region of a recipe document whose guards recipe_format admitted (lazy_regions); `region()` checks the rest
+    and builds the Region once, at its first use."""
+
+    __slots__ = ("guards", "_doc", "_shared", "_index", "_region")
+
+    def __init__(self, doc: dict[str, Any], shared: _Shared, index: int) -> None:
+        self.guards: list[Any] = doc["guards"]
+        self._doc, self._shared, self._index = doc, shared, index
+        self._region: Region | None = None
+
+    def region(self) -> Region:
+        """The Region (the same object every time); ValueError naming the region and what recipe_format refuses
+        in it, as parse_regions names it, each time it is asked for."""
+        found = self._region
+        if found is None:
+            try:
+                found = Region.parse(self._doc, self._shared)
+            except ValueError as e:
+                raise ValueError(f"region {self._index}: {e}") from None
+            self._region = found
+        return found
+
+
 class _Shared:
     """What parsing one document's regions shares: the objects recipe_format admitted (check_region's memo) and
-    the typed value built from each document object, both by the object's id (the document outlives the parse)."""
+    the typed value built from each document object, both by the object's id. `document` (the regions parsed) is
+    kept while this lives, so that no id in it is reused: LazyRegion parses its region long after the file is read.
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, document: Any = None) -> None:
+        self.document = document
         self.checked: dict[frozenset[str], dict[int, tuple[int, int]]] = {}
         self.built: dict[int, Any] = {}
 

@@ -42,7 +42,7 @@ class Missed(Protocol):
     """What after_miss reads and reloads of a signature's attention (runner.Attention is one)."""
 
     sig: Signature
-    regions: list[Region]
+    regions: list[recipes.Stored]
 
     @property
     def rt(self) -> Parts: ...
@@ -95,9 +95,10 @@ def after_miss(attn: Missed, sizes: dict[str, int]) -> Region | None:
         rt.fetcher.error = problem
         return None
     attn.reload()
-    found = recipes.find(attn.regions, sizes)
-    if found is None and not rt.fetcher.error:
+    stored = recipes.find(attn.regions, sizes)
+    if stored is None and not rt.fetcher.error:
         rt.fetcher.error = "its build is done, but the server's recipe file has no region for these sizes"
+    found = stored.region() if stored is not None else None  # checked in full here (StoreError when refused)
     problem = certified(rt, found, end) if found is not None else ""
     if problem:
         rt.fetcher.error = problem

@@ -100,17 +100,19 @@ class Attention:
         self.regions = self._load()
         self._bound: dict[tuple[Any, ...], replay.Bound] = {}
 
-    def _load(self) -> list[Region]:
+    def _load(self) -> list[recipes.Stored]:
         regions = self._read()
         if not regions and self._refetch():
             regions = self._read()
         return regions
 
-    def _read(self) -> list[Region]:
+    def _read(self) -> list[recipes.Stored]:
+        """The sources' regions: each file checked as a file, and each region's guards, now; a region's steps and
+        the rest when a call first selects it (recipes.load_lazy: a new signature's first call checks one region)."""
         check = self.rt.trust.check_recipe if self.rt.trust is not None else None
-        found: list[Region] = []
+        found: list[recipes.Stored] = []
         for source in self.sources:
-            found += source.serve(recipes.load(self.rt.store, source.key, check))
+            found += source.serve(recipes.load_lazy(self.rt.store, source.key, check))
         return found
 
     def _refetch(self) -> bool:
@@ -142,15 +144,17 @@ class Attention:
         return {**sizes, **recipe_format.bound_sizes(self.sig)}
 
     def region(self, sizes: dict[str, int]) -> Region:
-        """The region whose guards hold at `sizes` (with the KV head count: Attention.sizes); KernelMissing
-        when none does."""
+        """The region whose guards hold at `sizes` (with the KV head count: Attention.sizes), checked in full before
+        it is returned (StoreError when recipe_format refuses it); KernelMissing when none holds."""
         found = recipes.find(self.regions, sizes)
         if found is None and self._refetch():
             self.regions = self._load()
             found = recipes.find(self.regions, sizes)
-        if found is None:  # recorded and reported; with FA4_AOT_BUILD_WAIT, built by the server and fetched
-            found = on_miss.after_miss(self, sizes)
-        if found is None:
+        if found is not None:
+            return found.region()
+        # recorded and reported; with FA4_AOT_BUILD_WAIT, built by the server and fetched
+        region = on_miss.after_miss(self, sizes)
+        if region is None:
             fields = ", ".join(f"{k}={v}" for k, v in sizes.items())
             fetcher = self.rt.fetcher
             server = f" nor on the server ({fetcher.error})" if fetcher is not None and fetcher.error else ""
@@ -160,7 +164,7 @@ class Attention:
                 "(and `fa4-aot push`), or build the recorded miss (`fa4-aot build --from-misses`; with a builder, "
                 "FA4_AOT_BUILD_WAIT=SECONDS waits for it), or use fa4_aot.install() with FA4",
                 sku=self.rt.sku.name, family="recipe", kernel_key="", compile_key="")
-        return found
+        return region
 
     def _narrow_build(self, sizes: dict[str, int]) -> str:
         """The build of the one call these sizes are (domain/narrow_build.py), not the SKU's whole matrix."""

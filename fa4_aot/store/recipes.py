@@ -17,11 +17,11 @@ import dataclasses
 import hashlib
 import operator
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from ..domain import kernel_keys, recipe_file, symexpr
 from ..domain.recipe_format import FORMATS, RECIPE_FORMAT
-from ..domain.region import Region, parse_regions
+from ..domain.region import LazyRegion, Region, lazy_regions, parse_regions
 from ..domain.signature import Signature
 from ..domain.skus import Sku
 from ..domain.symexpr import bounded
@@ -54,8 +54,9 @@ class Source(NamedTuple):
     key: str
     forward_only: bool
 
-    def serve(self, regions: list[Region]) -> list[Region]:
-        """The file's `regions` as they serve the signature: their forward parts where only those do."""
+    def serve(self, regions: list[_Served]) -> list[_Served]:
+        """The file's `regions` (Regions, or Stored ones) as they serve the signature: their forward parts where
+        only those do."""
         return [r.forward_part() for r in regions] if self.forward_only else regions
 
 
@@ -121,11 +122,21 @@ def check_file(data: bytes, key: str, target: dict[str, Any]) -> None:
 
 
 def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[Region]:
-    """The recorded regions under `key` ([] when none). `check(key, bytes)` may refuse the file by raising
-    (the client's trust policy: trust.policy.Trust.check_recipe) before a byte of it is parsed; StoreError for a file
-    that is not a recipe file (domain/recipe_file.py), holds another key, or holds what recipe_format refuses (signed
-    or not: a recipe runs only FA4's host ops). Files are parsed once per process by their bytes' sha256
-    (`_parsed`): sources, builds and certification load the same file many times."""
+    """The recorded regions under `key` ([] when none), every one checked: builds, coverage and certification,
+    which read every region. `check(key, bytes)` may refuse the file by raising (the client's trust policy:
+    trust.policy.Trust.check_recipe) before a byte of it is parsed; StoreError for a file that is not a recipe file
+    (domain/recipe_file.py), holds another key, or holds what recipe_format refuses (signed or not: a recipe runs
+    only FA4's host ops), naming the first region refused. Parsed once per process, as load_lazy."""
+    return [stored.region() for stored in load_lazy(store, key, check)]
+
+
+def load_lazy(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[Stored]:
+    """The recorded regions under `key` ([] when none) as the lean runtime reads them: `check` and the file's own
+    checks (its bytes, key, bounds and nesting) at once, as load; of each region, the guards at once
+    (recipe_format.check_guards: find evaluates them) and the rest at its first `Stored.region()`, when a call
+    first selects it (a region never selected is never checked, and never runs). StoreError, as load raises it, for
+    a file refused at once or, from Stored.region, for the region refused. Files are parsed once per process by
+    their bytes' sha256 (`_parsed`): sources, builds and certification load the same file many times."""
     data = store.recipes(key)
     if data is None:
         return []
@@ -137,15 +148,66 @@ def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = No
         if len(_parsed) >= _PARSED_MAX:  # cleared whole, as _compiled is: no iteration another thread may upset
             _parsed.clear()
         found = _parsed[(key, digest)] = tuple(_parse(store, key, data))
-    return list(found)  # a list of its own: find() reorders the list it is given
+    where = _where(store, key)  # a list of its own (find() reorders the list it is given), naming this store
+    return [Stored(lazy, where) for lazy in found]
 
 
-# (key, sha256 of the file's bytes) -> its regions (frozen values, shared)
-_parsed: dict[tuple[str, bytes], tuple[Region, ...]] = {}
+class Stored:
+    """A region of a stored recipe file: its guards admitted when the file was read, the rest checked at the first
+    `region()` (load_lazy); its LazyRegion (checked once) is shared by every reader of the file in the process
+    (`_parsed`)."""
+
+    __slots__ = ("guards", "_lazy", "_where", "_forward", "_region")
+
+    def __init__(self, lazy: LazyRegion, where: str, forward: bool = False) -> None:
+        self.guards = lazy.guards
+        self._lazy, self._where, self._forward = lazy, where, forward
+        self._region: Region | None = None
+
+    def region(self) -> Region:
+        """The Region, checked (once; the same object after); StoreError naming the file and what recipe_format
+        refuses in the region, as load names it, each time a refused region is asked for."""
+        found = self._region
+        if found is None:
+            try:
+                found = self._lazy.region()
+            except ValueError as e:
+                raise _refused(self._where, e) from None
+            found = self._region = found.forward_part() if self._forward else found
+        return found
+
+    def forward_part(self) -> Stored:
+        """The region as Region.forward_part serves it (store.recipes.Source.serve), checked as this one is."""
+        return Stored(self._lazy, self._where, forward=True)
+
+
+class _Guarded(Protocol):
+    @property
+    def guards(self) -> list[Any]: ...
+
+
+class _Serving(_Guarded, Protocol):
+    def forward_part(self) -> Any: ...
+
+
+_Found = TypeVar("_Found", bound=_Guarded)
+_Served = TypeVar("_Served", bound=_Serving)
+
+# (key, sha256 of the file's bytes) -> its regions (shared; each checked once, at its first use)
+_parsed: dict[tuple[str, bytes], tuple[LazyRegion, ...]] = {}
 _PARSED_MAX = 4096
 
 
-def _parse(store: Store, key: str, data: bytes) -> list[Region]:
+def _refused(where: str, e: ValueError) -> StoreError:
+    return StoreError(f"{where} is refused: {e}; rerun `fa4-aot build` (it rewrites the file) or pull it again "
+                      "from a server that holds a good one")
+
+
+def _where(store: Store, key: str) -> str:
+    return f"recipe file {key} in {store.root}"
+
+
+def _parse(store: Store, key: str, data: bytes) -> list[LazyRegion]:
     try:
         doc = recipe_file.decode(data)
     except ValueError as e:
@@ -155,10 +217,9 @@ def _parse(store: Store, key: str, data: bytes) -> list[Region]:
         raise StoreError(f"recipe file {key} in {store.root} holds key {str(doc.get('key'))[:80]!r}; rerun "
                          "`fa4-aot build`")
     try:
-        return parse_regions(doc.get("regions"))
+        return lazy_regions(doc.get("regions"))
     except ValueError as e:
-        raise StoreError(f"recipe file {key} in {store.root} is refused: {e}; rerun `fa4-aot build` (it rewrites "
-                         "the file) or pull it again from a server that holds a good one") from None
+        raise _refused(_where(store, key), e) from None
 
 
 def merge(store: Store, key: str, regions: list[Region]) -> int:
@@ -181,11 +242,12 @@ def merge(store: Store, key: str, regions: list[Region]) -> int:
     return len(kept)
 
 
-def find(regions: list[Region], sizes: dict[str, int]) -> Region | None:
-    """The region whose guards hold at `sizes`, or None. Regions never disagree where they overlap (each is FA4's
-    own choice there), so the first that holds is FA4's. The region found moves to the front of `regions`: a
-    signature's calls come in runs of one region (decode steps, one training shape), so the next lookup tries it
-    first. Guards are evaluated compiled (`_compiled`), about ten times faster than symexpr.evaluate."""
+def find(regions: list[_Found], sizes: dict[str, int]) -> _Found | None:
+    """The region (a Region, or a Stored one: its guards are checked) whose guards hold at `sizes`, or None.
+    Regions never disagree where they overlap (each is FA4's own choice there), so the first that holds is FA4's.
+    The region found moves to the front of `regions`: a signature's calls come in runs of one region (decode steps,
+    one training shape), so the next lookup tries it first. Guards are evaluated compiled (`_compiled`), about ten
+    times faster than symexpr.evaluate."""
     for i, region in enumerate(regions):
         if _holds(region.guards, sizes):
             if i:

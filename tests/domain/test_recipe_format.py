@@ -54,10 +54,17 @@ FOREIGN_STEP = {"op": "load_library.__call__.__call__", "args": ["/tmp/anything.
 
 def test_d26_recipe_with_foreign_op_is_refused(tmp_path: Path) -> None:
     """A step whose op was `load_library.__call__.__call__` went through torch.ops and dlopened any path. The
-    client now refuses the file when it loads it, before any step exists as a callable."""
+    client now refuses the region when a call first selects it (the lean runtime checks a region's steps then:
+    store.recipes.load_lazy), before any step exists as a callable; a reader of every region (recipes.load) when it
+    loads the file."""
     store, sig = _store_with(tmp_path, lambda r: r["fwd"].insert(0, FOREIGN_STEP))
-    with pytest.raises(StoreError, match=r"refused: region 0: op 'load_library.__call__.__call__' is not one"):
-        _runtime(store).attention(sig)
+    attn = _runtime(store).attention(sig)
+    key, doc = max(_committed(), key=lambda kd: len(kd[1]["regions"][0]["bwd"]))  # _store_with's file
+    refused = r"refused: region 0: op 'load_library.__call__.__call__' is not one"
+    with pytest.raises(StoreError, match=refused):
+        attn.region(attn.sizes(doc["regions"][0]["recorded_at"]))
+    with pytest.raises(StoreError, match=refused):
+        recipes.load(store, key)
     with pytest.raises(ValueError, match="may not use"):  # and binding never resolves it either
         replay._aten(FOREIGN_STEP["op"])
 

@@ -190,8 +190,8 @@ def test_lean_split_kv_bitwise_equal_to_fa4(fa4, name, layout, page_size, flags)
     lean_fn = fa4_aot.flash_attn_func if layout == "dense" else fa4_aot.flash_attn_varlen_func
     first, *others = (_decode(fa4[layout], layout, page_size, flags) for _ in range(FA4_RUNS))
     _assert_same(name, _decode(lean_fn, layout, page_size, flags), first, others)
-    regions = [r for a in api._cache.values() if a.sig.num_splits == flags["num_splits"] and a.sig.layout == layout
-               for r in a.regions]
+    regions = [r.region() for a in api._cache.values()
+               if a.sig.num_splits == flags["num_splits"] and a.sig.layout == layout for r in a.regions]
     assert any(k.family == "_flash_attn_fwd_combine" for r in regions for k in r.kernels), "no split ran"
 
 

@@ -1,0 +1,133 @@
+"""Issue 29, part 2: the lean runtime checks a region's steps when a call first selects it, not every region of its
+recipe file at first read (store.recipes.load_lazy). What still holds: every guard is admitted before any is
+evaluated (a guard bomb refuses the file at first read, D37), a region runs only once recipe_format admitted all
+of it, a malformed region is refused with the error the whole file's load gave, and readers of every region
+(recipes.load) still check them all."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fa4_aot import config
+from fa4_aot.domain.region import parse_regions
+from fa4_aot.domain.signature import Signature
+from fa4_aot.errors import StoreError
+from fa4_aot.matrix import variants
+from fa4_aot.runtime import runner
+from fa4_aot.store import Store, recipes
+
+COMMITTED = Path(__file__).resolve().parents[1] / "data" / "store_h200_xeon"
+FOREIGN_STEP = {"op": "load_library.__call__.__call__", "args": ["/tmp/anything.so"], "kwargs": {"kw": {}},
+                "out": [0], "tuple": False}
+BOMB = ["gt", ["mul", *[1 << 62] * 60_000], 1]  # D37: a product of 60,000 copies of 2**62
+SPLIT = 1000  # region 0 holds at seqlen_q <= SPLIT, region 1 above
+
+
+def _two_regions(tmp_path: Path, change: Any) -> tuple[Store, str, dict[str, Any]]:
+    """A store holding the committed training file as two regions split at seqlen_q SPLIT, the second one
+    edited by `change(region)`: (store, key, document)."""
+    found = [(p.stem, json.loads(p.read_bytes())) for p in sorted((COMMITTED / "recipes").glob("*/*.json"))]
+    key, doc = max(found, key=lambda kd: len(kd[1]["regions"][0]["bwd"]))
+    first = doc["regions"][0]
+    second = copy.deepcopy(first)
+    first["guards"] = [*first["guards"], ["le", ["sym", "seqlen_q"], SPLIT]]
+    second["guards"] = [*second["guards"], ["gt", ["sym", "seqlen_q"], SPLIT]]
+    change(second)
+    doc["regions"] = [first, second]
+    store = Store(tmp_path / "cache")
+    store.put_recipes(key, json.dumps(doc).encode())
+    return store, key, doc
+
+
+def _attention(store: Store, doc: dict[str, Any]) -> runner.Attention:
+    sku = variants.load(config.default_variants_file()).skus["h200"]
+    runtime = runner.Runtime(store, sku, None, None)  # no trust policy: a build host's own store, loaded as is
+    return runtime.attention(Signature.from_dict(doc["regions"][0]["signature"]))
+
+
+def _sizes(attn: runner.Attention, seqlen: int) -> dict[str, int]:
+    return attn.sizes({"batch": 1, "seqlen_q": seqlen, "seqlen_k": seqlen})
+
+
+def _load_error(store: Store, key: str, doc: dict[str, Any]) -> str:
+    """The StoreError a load of the whole file gave before regions were checked at first use."""
+    with pytest.raises(ValueError) as info:
+        parse_regions(doc["regions"])
+    return (f"recipe file {key} in {store.root} is refused: {info.value}; rerun `fa4-aot build` (it rewrites the "
+            "file) or pull it again from a server that holds a good one")
+
+
+def test_region_never_selected_does_not_stop_the_others(tmp_path: Path) -> None:
+    store, _key, doc = _two_regions(tmp_path, lambda r: r["fwd"].insert(0, FOREIGN_STEP))
+    attn = _attention(store, doc)
+    for seqlen in (512, 200, SPLIT):
+        region = attn.region(_sizes(attn, seqlen))
+        assert region.to_json() == doc["regions"][0]
+
+
+def test_malformed_region_is_refused_when_selected_as_its_file_was(tmp_path: Path) -> None:
+    store, key, doc = _two_regions(tmp_path, lambda r: r["fwd"].insert(0, FOREIGN_STEP))
+    expected = _load_error(store, key, doc)
+    assert "region 1: op 'load_library" in expected
+    attn = _attention(store, doc)
+    for _ in range(2):  # refused each time it is selected, never bound
+        with pytest.raises(StoreError) as info:
+            attn.bound(_sizes(attn, 2048), "cuda", None)
+        assert str(info.value) == expected
+    assert not attn._bound
+    assert attn.region(_sizes(attn, 512)).to_json() == doc["regions"][0]  # the good region still serves
+    with pytest.raises(StoreError) as info:  # a reader of every region refuses the file at once, as before
+        recipes.load(store, key)
+    assert str(info.value) == expected
+
+
+def test_guard_bomb_is_refused_at_first_read_before_any_guard_runs(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region's guards select it, so every guard of the file is admitted when the file is read: a bomb in a
+    region no call would select still refuses the file, before any guard is evaluated or compiled."""
+    store, key, doc = _two_regions(tmp_path, lambda r: r["guards"].append(BOMB))
+    monkeypatch.setattr(recipes, "_holds", _never)
+    started = time.perf_counter()
+    with pytest.raises(StoreError) as info:
+        _attention(store, doc)
+    assert time.perf_counter() - started < 2.0
+    assert "region 1: " in str(info.value) and "operands" in str(info.value)
+    assert str(info.value) == _load_error(store, key, doc)
+
+
+def test_first_region_refused_is_named_whichever_part_refuses_it(tmp_path: Path) -> None:
+    """A file whose region 0 has a foreign step and region 1 a bad guard: refused at first read (a guard), naming
+    region 0 as the whole file's check always did."""
+    store, key, doc = _two_regions(tmp_path, lambda r: r["guards"].append(BOMB))
+    doc["regions"][0]["fwd"].insert(0, FOREIGN_STEP)
+    store.put_recipes(key, json.dumps(doc).encode())
+    expected = _load_error(store, key, doc)
+    assert "region 0: op 'load_library" in expected
+    with pytest.raises(StoreError) as info:
+        _attention(store, doc)
+    assert str(info.value) == expected
+
+
+def test_a_region_is_checked_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parse cache by digest holds checked regions: a second runtime (or reader) of the same bytes gets the same
+    Region without checking it again."""
+    from fa4_aot.domain import region as region_module
+
+    store, key, doc = _two_regions(tmp_path, lambda r: None)
+    attn = _attention(store, doc)
+    first = attn.region(_sizes(attn, 512))
+    monkeypatch.setattr(region_module, "check_region", _never)
+    again = _attention(store, doc)
+    assert again.region(_sizes(again, 512)) is first
+    monkeypatch.undo()
+    assert recipes.load(store, key)[0] is first
+
+
+def _never(*args: Any) -> Any:
+    raise AssertionError("called")
