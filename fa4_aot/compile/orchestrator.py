@@ -10,11 +10,13 @@ the signpost. Failures are reported per call and per kernel while the rest goes 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .. import fa4
 from ..domain.calls import Call
 from ..domain.exact import ExactCall
 from ..domain.region import Region
@@ -133,6 +135,11 @@ def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Pro
     report = Report(sku=sku.name, calls=len(work), dispatch_sm_count=sku.sm_count)
     ex = executor or LocalExecutor(jobs)
     tasks: list[CompileTask] = []
+    warming = None
+    if not dry_run and isinstance(ex, LocalExecutor):  # this host's workers link: zig's first link, while they plan
+        warming = threading.Thread(target=fa4.warm_linker, args=(sku.host_target,), name="fa4-aot-warm-linker",
+                                   daemon=True)
+        warming.start()
     try:
         planned = _plan(ex, sku, store, work, report, dry_run, planning)
         tasks = _triage(planned, work, present or (lambda kk: stored_key(store, kk, sku)), report, dry_run)
@@ -145,6 +152,8 @@ def build_calls(sku: Sku, store: Store, work: Work, jobs: int = 1, progress: Pro
     finally:
         if executor is None or report.interrupted:  # a given executor is closed by its owner, unless stopping
             ex.close(stop=report.interrupted)
+        if warming is not None:  # no zig left running after the build (it is done by now unless nothing linked)
+            warming.join()
     if report.interrupted:
         _count_stored(tasks, store, report, sku)
     report.seconds = time.perf_counter() - started

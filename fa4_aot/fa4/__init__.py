@@ -32,6 +32,7 @@ Lean runtime, at build time (record.py, linking.py):
     link(object_bytes, host)       an exported object linked, for a host target, into a library that loads
                                    with tvm_ffi alone
     runtime_libraries(host)        {SONAME: path or None} of the runtime libraries such a library needs
+    warm_linker(host)              zig's caches filled for `host` (a build's first link), errors left to link
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["configure", "hardware_calls", "toolchain", "plan", "plan_signature", "plan_each", "compile_call",
            "export", "load_object", "install_store_caches", "store_cache", "lookup", "capture", "current",
            "current_record", "running",
-           "attend", "record_recipe", "link", "runtime_libraries"]
+           "attend", "record_recipe", "link", "runtime_libraries", "warm_linker"]
 
 
 def configure(sku: Sku) -> None:
@@ -172,6 +173,12 @@ def link(object_bytes: bytes, host: HostTarget) -> bytes:
     from . import linking
 
     return linking.link(object_bytes, host)
+
+
+def warm_linker(host: HostTarget) -> None:
+    from . import linking
+
+    linking.warm(host)
 
 
 def runtime_libraries(host: HostTarget) -> dict[str, Path | None]:

@@ -139,6 +139,21 @@ def link(object_bytes: bytes, host: HostTarget) -> bytes:
         return out.read_bytes()
 
 
+def warm(host: HostTarget) -> None:
+    """Fill zig's caches for `host` by linking an empty object as link() links a kernel: a build's first link
+    for a target compiles zig's libc stubs and compiler_rt for it (about 20 CPU s), and each worker's first link
+    waits on it. The build driver calls this while its workers plan, so that wait is hidden. Errors are the
+    real links' to report: none is raised here."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="fa4-aot-warm-") as tmp:
+            source, obj = Path(tmp) / "empty.c", Path(tmp) / "empty.o"
+            source.write_text("")
+            _run([*zig(), "cc", "-target", host.zig, "-c", "-o", str(obj), str(source)])
+            link(obj.read_bytes(), host)
+    except (BuildError, OSError, subprocess.SubprocessError):
+        return
+
+
 def _run(command: list[str]) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
