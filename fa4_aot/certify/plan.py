@@ -198,7 +198,7 @@ def _held_points(sig: Signature, sku: Sku, regions: list[Region]) -> dict[int, l
         points = recipe_space.pinned(recipe_space.draw(sp, np.random.default_rng(SEED + own), POINTS, extra), sig)
         if own:
             points[HEADS][:] = sig.heads_kv
-        keep = _within_bounds(sig, points) & (_memory(sig, points) <= MAX_BYTES)
+        keep = _within_bounds(sig, points)
         points = {k: v[keep] for k, v in points.items()}
         open_, judge = np.ones(len(points[HEADS]), dtype=bool), recipe_space.Judge(points)
         work = _work(sig, points)
@@ -270,8 +270,8 @@ def in_domain(sig: Signature, points: Mapping[str, Any]) -> Any:
 
 
 def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
-    """Points in the callers' domain (in_domain) whose attention and largest input stay within MAX_WORK and
-    MAX_ELEMENTS."""
+    """Points in the callers' domain (in_domain) whose attention, largest input and estimated peak memory stay
+    within MAX_WORK, MAX_ELEMENTS and MAX_BYTES."""
     heads_q = points[HEADS] * (sig.heads_q // max(1, sig.heads_kv))
     dim = max(sig.head_dim, sig.head_dim_v)
     if sig.layout == "varlen":
@@ -282,7 +282,8 @@ def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
     else:
         rows = np.maximum(points["batch"] * points["seqlen_q"] * heads_q, points["batch"] * points["seqlen_k"]
                           * points[HEADS])
-    return (_work(sig, points) <= MAX_WORK) & (rows * dim <= MAX_ELEMENTS) & in_domain(sig, points)
+    return ((_work(sig, points) <= MAX_WORK) & (rows * dim <= MAX_ELEMENTS) & in_domain(sig, points)
+            & (_memory(sig, points) <= MAX_BYTES))
 
 
 def _memory(sig: Signature, points: dict[str, Any]) -> Any:
