@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 27's run on the H200: the default h200 build (variants.toml), then `fa4-aot certify` over the whole store
-# twice (the second must find nothing left to check; DC_JOBS workers, default 16); with DC_CONCURRENT=1 also rounds
+# twice (the second must find nothing left to check; DC_JOBS workers, default 16), the GPU model suite through both
+# runtimes beside the first (tests/gpu/test_h200_models_lean.py; DC_MODELS=0 skips it); with DC_CONCURRENT=1 also rounds
 # over the kernels built so far while it builds. Issue 29's figures from the same store, taken between the build and
 # certification: build time, object and recipe bytes, a new signature's first call (lean and FA4), and at the end
 # a fresh process's first call. DC_REPRO=<findings.jsonl in the tree>: at the end, those findings run through FA4's
@@ -36,6 +37,7 @@ start)
   cp "$src/bench/h200_default_certify.sh" "$src/bench/recipe_bytes.py" "$src/bench/lean_first_call_profile.py" \
     "$src/bench/lean_new_signature.py" "$src/bench/repro_findings.py" "$code/bench/"
   [ -n "${DC_REPRO:-}" ] && cp "$src/$DC_REPRO" "$code/bench/findings.jsonl"
+  [ -d "$src/tests" ] && cp -r "$src/tests" "$code/"  # the GPU model suite, run beside certification
   cd "$code" && setsid nohup bash bench/h200_default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 2
   echo "pipeline started: $run/pipeline.log"
@@ -68,17 +70,32 @@ pipeline)
     FA4_AOT_CACHE="$store" py bench/lean_new_signature.py "$run/new_signature-$runtime.json" "$runtime" \
       >> "$run/new_signature.log" 2>&1
   done
+  FA4_AOT_CACHE="$store" py bench/lean_new_signature.py "$run/new_signature-profile.json" lean --profile \
+    > "$run/new_signature-profile.log" 2>&1
   echo "$(date +%T) issue 29's figures taken"
-  for final in 1 2; do  # the command issue 27 names, over the whole store; the second must find nothing left
+  certify() {  # the command issue 27 names, over the whole store; the second must find nothing left
     start=$(date +%s)
     py -m fa4_aot --cache-dir "$store" certify --sku h200 -j "${DC_JOBS:-16}" --recheck-known-bad --json \
-      > "$run/certify-final$final.json" 2> "$run/certify-final$final.err"
-    rc=$?; echo "$(date +%T) certify over the whole store ($final): exit $rc, $(( $(date +%s) - start )) s"
-  done
-  date +%s > "$run/certified"
+      > "$run/certify-final$1.json" 2> "$run/certify-final$1.err"
+    rc=$?; echo "$(date +%T) certify over the whole store ($1): exit $rc, $(( $(date +%s) - start )) s"
+    journals=${XDG_STATE_HOME:-$HOME/.local/state}/fa4-aot/certify  # each run's outcomes, before the next
+    [ -d "$journals" ] && cp -r "$journals" "$run/journals-$1"
+  }
+  certify 1 &
+  # issue 29: the GPU model suite through both runtimes over this store, beside certification (the GPU has
+  # room: certify's workers keep to 0.9 of its memory); known-bad kernels refused alike, nothing verdicted yet
+  if [ -d tests/gpu ] && [ "${DC_MODELS:-1}" = 1 ]; then
+    start=$(date +%s)
+    FA4_AOT_CACHE="$store" py -m pytest -q -p no:cacheprovider -rA --tb=short tests/gpu/test_h200_models_lean.py \
+      > "$run/models_lean.txt" 2>&1
+    echo "$(date +%T) model suite through both runtimes: exit $?, $(( $(date +%s) - start )) s"
+  fi
+  wait
   py -m fa4_aot --cache-dir "$store" list --sku h200 --json > "$run/list.json" 2> "$run/list.err"
   py -m fa4_aot --cache-dir "$store" known-bad --sku h200 --json > "$run/known-bad.json" 2>&1
   FA4_AOT_CACHE="$store" py bench/lean_first_call_profile.py "$run/first_call.json" > "$run/first_call.log" 2>&1
+  certify 2
+  date +%s > "$run/certified"
   if [ -f bench/findings.jsonl ]; then  # DC_REPRO: earlier findings reproduced with FA4's JIT alone
     py bench/repro_findings.py bench/findings.jsonl "$run/repro.json" > "$run/repro.log" 2>&1
     echo "$(date +%T) findings reproduced with FA4 alone: exit $?"
@@ -95,7 +112,7 @@ wait)
   done
   mkdir -p "$out"
   journals=${XDG_STATE_HOME:-$HOME/.local/state}/fa4-aot/certify  # a run's outcomes before its verdicts are kept
-  [ -d "$journals" ] && cp -r "$journals" "$run/journals"
+  [ -d "$journals" ] && cp -r "$journals" "$run/journals-now"
   tar czf "$out/dc.tgz" -C "$run" . 2>/dev/null
   tail -5 "$run/pipeline.log"
   [ -f "$run/done" ] && echo DONE || echo "not done yet"

@@ -3,9 +3,10 @@
 For each (model, TP degree) of SUITE, the calls one rank makes, through FA4's public entry points after
 fa4_aot.install("strict"): training forward+backward (dense and packed varlen), prefill with and without LSE,
 chunked prefill (seqlen_k > seqlen_q, causal), short batches, odd lengths, contiguous decode (flash_attn_func with
-seqlen_q = 1, causal and not), paged decode (page sizes 16 and 128, shuffled pages, ragged lengths) and a KV
-cache with per-sequence lengths. Encoders: full attention, forward and backward, dense and varlen. Every output
-(and dQ/dK/dV) is compared with a float32 reference: relative error below 1e-2.
+seqlen_q = 1, causal and not), paged decode (page sizes 1, 16, 64 and 128, shuffled pages, ragged lengths), a KV
+cache with per-sequence lengths, and for sliding-window models a window the build did not plan (issue 29).
+Encoders: full attention, forward and backward, dense and varlen. Every output (and dQ/dK/dV) is compared with a
+float32 reference: relative error below 1e-2.
 
 Build exactly what it needs with `bench/build_suite.sh` (one `fa4-aot build` of a variants file with a model
 entry per (model, TP degree) of SUITE; on a CPU host or the GPU host itself), then:
@@ -230,9 +231,16 @@ def decoder_scenarios(rank: Rank, mask: str, window: tuple[int, int]) -> dict[st
         "decode paged 16": lambda: cache(rank, mask, window, [2000, 1999, 777, 1], 16),
         "decode paged 128": lambda: cache(rank, mask, window, [2000, 1999, 777, 1], 128),
         "decode seqused": lambda: cache(rank, mask, window, [4096, 100, 2049], 0),
+        # issue 29: page sizes FA4 passes at run time, which no build plans (vLLM-style engines page by 1 token)
+        "decode paged 1": lambda: cache(rank, mask, window, [700, 699, 33, 1], 1),
+        "decode paged 64": lambda: cache(rank, mask, window, [2000, 1999, 777, 1], 64),
     }
     if mask == "causal":
         s["decode contiguous non-causal b4 sk999"] = lambda: dense(rank, "full", (0, 0), 4, 1, 999, train=False)
+    if mask == "local":  # issue 29: a window the build did not plan (FA4 passes window sizes at run time)
+        other = (max(1, window[0] // 4), 0)
+        s[f"train dense b1 s2048 window {other}"] = lambda: dense(rank, mask, other, 1, 2048, 2048, train=True)
+        s[f"decode paged 16 window {other}"] = lambda: cache(rank, mask, other, [2000, 999, 1], 16)
     return s
 
 
