@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, ParamSpec, Protocol, TypeVar
@@ -191,11 +191,13 @@ R = TypeVar("R")
 # -- in the pool's workers --------------------------------------------------------------------------
 @dataclass
 class WorkerState:
-    """What a pool worker serves, set once by _init; `stopping` once a SIGTERM arrived."""
+    """What a pool worker serves, set once by _init; `stopping` once a SIGTERM arrived; `in_compiler` while FA4
+    compiles a kernel (see _on_sigterm)."""
 
     sku: Sku
     store: Store
     stopping: bool = False
+    in_compiler: bool = False
 
 
 _worker: WorkerState | None = None  # set by _init in a pool worker; None in the driver
@@ -222,9 +224,37 @@ def _init(sku: Sku, store_root: str, sys_path: tuple[str, ...]) -> None:
 
 
 def _on_sigterm(*_: object) -> None:
+    """Unwind the worker (SystemExit through its finally blocks), or, inside FA4's compiler, end it at once.
+    CuTe's compiler calls back into Python from native frames that cannot carry a Python exception: a
+    SystemExit raised in such a callback ended the worker in std::terminate ("terminate called after throwing
+    an instance of 'nanobind::python_error'", CI, test_i30_11). While it compiles, a worker holds no lock,
+    temp file or open file of the store (commit.py takes them after the compile), so there is nothing to unwind."""
     if _worker is not None:
         _worker.stopping = True
+        if _worker.in_compiler:
+            os._exit(143)
     raise SystemExit(143)
+
+
+@contextmanager
+def _compiling(state: WorkerState) -> Iterator[None]:
+    """The block in which FA4 compiles: a SIGTERM ends the worker at once (_on_sigterm)."""
+    state.in_compiler = True
+    try:
+        yield
+    finally:
+        state.in_compiler = False
+
+
+@contextmanager
+def _handling(state: WorkerState) -> Iterator[None]:
+    """A compiled kernel's export and commit, inside _compiling: a SIGTERM unwinds them (temp files, the
+    kernel's lock) as anywhere outside the compiler."""
+    state.in_compiler = False
+    try:
+        yield
+    finally:
+        state.in_compiler = True
 
 
 def _sigterm_again(unraisable: sys.UnraisableHookArgs) -> None:
@@ -306,6 +336,10 @@ def _compile_task(task: CompileTask) -> list[Outcome]:
     held = {w: stored_key(state.store, w.kernel_key, state.sku) for w in task.wanted}
     outcomes += [Outcome(key, w.family, "present") for w, key in held.items() if key is not None]
     pending = [w for w, key in held.items() if key is None]
-    errors = worker.compile_kernels(state.sku, task.variant, task.call, pending, sink, state.store) if pending else {}
+    errors: dict[str, str] = {}
+    if pending:
+        with _compiling(state):
+            errors = worker.compile_kernels(state.sku, task.variant, task.call, pending, sink, state.store,
+                                            handling=lambda: _handling(state))
     family = {w.kernel_key: w.family for w in task.wanted}
     return outcomes + [Outcome(kk, family[kk], "failed", error=error) for kk, error in errors.items()]

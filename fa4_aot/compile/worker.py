@@ -17,6 +17,7 @@ import hashlib
 import os
 import traceback
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -198,9 +199,12 @@ def runtime_objects(sku: Sku) -> dict[str, bytes]:
 
 
 def compile_kernels(sku: Sku, variant: str, call: Call | ExactCall, wanted: list[Wanted], sink: Sink,
-                    store: Store | None = None) -> dict[str, str]:
+                    store: Store | None = None,
+                    handling: Callable[[], AbstractContextManager[object]] = nullcontext) -> dict[str, str]:
     """Compile the `wanted` kernels of `call` and give each to `sink` (entries, object bytes). Each entry names
     its linked library, stored in `store` or, without one, held for `lean_objects` (lean.shared_libs).
+    `handling()` encloses each compiled kernel's export and sink (temp files, the store's lock), the rest is
+    FA4 compiling: a pool worker stops differently in each (executors._compile_task).
     Returns {kernel key: error} for the wanted kernels that did not reach the sink; raises DiskFull only."""
     configure(sku)  # first: FA4 must see the SKU's arch when it is imported
     by_ident = {(w.family, w.ident): w.kernel_key for w in wanted}
@@ -208,6 +212,10 @@ def compile_kernels(sku: Sku, variant: str, call: Call | ExactCall, wanted: list
     asked = [len(fa4.hardware_calls())]  # kernels compile one after another: later queries are the next one's
 
     def done(family: str, key: Any, fn: Any, seconds: float) -> None:
+        with handling():
+            _hand_over(family, key, fn, seconds)
+
+    def _hand_over(family: str, key: Any, fn: Any, seconds: float) -> None:
         kk = by_ident[(family, kernel_keys.dumps(kernel_keys.canonical(key)))]
         queries = fa4.hardware_calls()[asked[0]:]
         asked[0] += len(queries)
