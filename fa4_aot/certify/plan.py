@@ -196,6 +196,7 @@ def _held_points(sig: Signature, sku: Sku, regions: list[Region]) -> dict[int, l
     held: dict[int, list[dict[str, int]]] = {}
     for own in (True, False):
         points = recipe_space.pinned(recipe_space.draw(sp, np.random.default_rng(SEED + own), POINTS, extra), sig)
+        _own_pages(sig, points)
         if own:
             points[HEADS][:] = sig.heads_kv
         keep = _within_bounds(sig, points)
@@ -213,6 +214,22 @@ def _held_points(sig: Signature, sku: Sku, regions: list[Region]) -> dict[int, l
         if len(held) == len(regions):
             break
     return held
+
+
+def _own_pages(sig: Signature, points: dict[str, Any]) -> None:
+    """Give every other point of a paged signature a KV cache whose sequences own their pages, as a serving engine's
+    does without shared prefixes: a page table just long enough for the longest sequence, over a pool of batch x
+    pages_per_seq pages (MAX_POOL_PAGES at most). The draws alone pick the pool and the table apart from the batch
+    and the keys (30 sequences sharing a pool of one page, tables of 10,639 pages for 2 keys): the long decode
+    caches of real serving, where FA4's paged head-dim-160 forward crashed on the H200, were drawn seldom if ever."""
+    if sig.layout != "paged":
+        return
+    every_other = np.arange(len(points[HEADS])) % 2 == 0
+    page = max(1, sig.page_size)
+    table = np.maximum(1, -(-points["max_seqlen_k"] // page))
+    pool = np.minimum(points["batch"] * table, recipe_space.MAX_POOL_PAGES)
+    points["pages_per_seq"] = np.where(every_other, table, points["pages_per_seq"])
+    points["num_pages"] = np.where(every_other, pool, points["num_pages"])
 
 
 def _pick(points: list[dict[str, int]], region: Region, need: int) -> Iterator[tuple[str, dict[str, int]]]:

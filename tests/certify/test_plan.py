@@ -224,3 +224,17 @@ def test_h200_default_certify_varlen_max_is_a_real_length_in_the_plan(tmp_path: 
         assert checks and all(c.point["max_seqlen_q"] <= c.point["total_q"] for c in checks)
         assert all(c.point["max_seqlen_k"] <= c.point["total_k"] for c in checks)
         assert any("region 0" in line for line in unreached)
+
+
+def test_paged_checks_draw_caches_whose_sequences_own_their_pages() -> None:
+    """A serving engine's KV cache gives each sequence its own pages (a table as long as its longest sequence, a pool
+    of batch x that many pages). The draws picked pool and table apart from batch and keys (30 sequences on a pool
+    of one page, tables of 10,639 pages for 2 keys), so the plan seldom held a long decode cache over a real pool:
+    now every other paged point is one, at every cache length the bounds allow."""
+    sku = variants.load(TINY_VARIANTS).sku("h200")
+    sig = dataclasses.replace(PAGED, page_size=16)
+    (points,) = plan._held_points(sig, sku, [_region()]).values()
+    own = [p for p in points if p["num_pages"] == p["batch"] * p["pages_per_seq"]
+           and (p["pages_per_seq"] - 1) * 16 < p["max_seqlen_k"] <= p["pages_per_seq"] * 16]
+    assert len(own) >= len(points) // 3, (len(own), len(points))
+    assert any(p["seqlen_q"] <= 4 and p["max_seqlen_k"] >= 4096 for p in own), own
