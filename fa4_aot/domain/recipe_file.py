@@ -12,7 +12,9 @@ so recipe_format checks each distinct value once per file (check_region's memo).
 
 A file comes from another host: decoding bounds what it may expand to (MAX_DECODED bytes of JSON), how deep it
 nests (MAX_DEPTH, issue 28, D38: a file nested 50,000 deep raised RecursionError), and refuses an index outside
-its table, each with ValueError; what the regions hold is recipe_format's to check.
+its table, each with ValueError; what the regions hold is recipe_format's to check. `read` is decode for a reader
+of one region (the lean runtime): the file's bounds at once, of each region only what its guards' check reads
+(`Packed.head`), the rest unpacked when the region is first used (`Packed.document`).
 """
 
 from __future__ import annotations
@@ -58,12 +60,57 @@ def encode(key: str, regions: list[dict[str, Any]]) -> bytes:
     return MAGIC + zlib.compress(kernel_keys.dumps({"key": key, "tables": tables, "regions": packed}).encode(), 9)
 
 
+class Unreadable(ValueError):
+    """A compact file's region naming an index outside its tables, found when it is unpacked: what decode
+    refuses the whole file for (Packed.document raises it at the region's first use)."""
+
+
 def decode(data: bytes) -> dict[str, Any]:
     """The document {"key": ..., "regions": [...]} `data` holds, compact or JSON; ValueError naming what is wrong
     for bytes that are neither, inflate past MAX_DECODED, nest past MAX_DEPTH or index past a table. Regions of a
     compact file share one object for each value (and list of values) the file stores once."""
     if not data.startswith(MAGIC):
         return _bounded_json(data)
+    packed, unpack = _tables(data)
+    return {"key": packed.get("key"), "regions": [unpack(r, i) for i, r in enumerate(packed["regions"])]}
+
+
+def read(data: bytes) -> dict[str, Any]:
+    """decode's document with a compact file's regions left packed: each a `Packed` whose head (what
+    recipe_format.check_guards reads) is unpacked now and whose document is unpacked at its first use. ValueError
+    as decode raises it for the file, and for a region's fields, format, signature or guards that name an index
+    outside a table (Unreadable); the other fields' indices are checked by Packed.document. A JSON file's
+    document is decode's: its regions are whole already."""
+    if not data.startswith(MAGIC):
+        return _bounded_json(data)
+    packed, unpack = _tables(data)
+    return {"key": packed.get("key"), "regions": [Packed(unpack.head(r, i), unpack, r, i)
+                                                  for i, r in enumerate(packed["regions"])]}
+
+
+class Packed:
+    """A region of a file as `read` gives it: `head`, its fields with its signature and guards unpacked (the rest
+    of a compact file's still table indices), and `document()`, the whole region document, unpacked once."""
+
+    __slots__ = ("head", "_unpack", "_packed", "_index", "_document")
+
+    def __init__(self, head: Any, unpack: _Unpack | None = None, packed: Any = None, index: int = 0) -> None:
+        self.head, self._unpack, self._packed, self._index = head, unpack, packed, index
+        self._document: dict[str, Any] | None = None
+
+    def document(self) -> Any:
+        """The region document (the same object every time); Unreadable naming the region and the field, as
+        decode names them, each time a field names an index outside its table."""
+        if self._unpack is None:  # a JSON file's region: whole already
+            return self.head
+        found = self._document
+        if found is None:
+            found = self._document = self._unpack(self._packed, self._index)
+        return found
+
+
+def _tables(data: bytes) -> tuple[dict[str, Any], _Unpack]:
+    """A compact file's packed document, bounded and with its tables and list of regions, and its unpacker."""
     inflate = zlib.decompressobj()
     try:
         text = inflate.decompress(data[len(MAGIC):], MAX_DECODED)
@@ -78,8 +125,7 @@ def decode(data: bytes) -> dict[str, Any]:
     regions = packed.get("regions")
     if not isinstance(regions, list) or not all(isinstance(r, dict) for r in regions):
         raise ValueError("compact recipe file has no list of regions")
-    unpack = _Unpack(tables)
-    return {"key": packed.get("key"), "regions": [unpack(r, i) for i, r in enumerate(regions)]}
+    return packed, _Unpack(tables)
 
 
 def is_compact(data: bytes) -> bool:
@@ -95,11 +141,20 @@ class _Unpack:
         self.lists: dict[tuple[str, int], list[Any]] = {}
 
     def __call__(self, region: dict[str, Any], i: int) -> dict[str, Any]:
+        """Region `i` with every field unpacked, in the order decode refuses them (Unreadable)."""
+        return self.fields(region, i, LISTED, WHOLE)
+
+    def head(self, region: dict[str, Any], i: int) -> dict[str, Any]:
+        """Region `i` with its guards and signature unpacked (what recipe_format.check_guards reads)."""
+        return self.fields(region, i, {"guards": "guards"}, ("signature",))
+
+    def fields(self, region: dict[str, Any], i: int, listed: dict[str, str], whole: tuple[str, ...]
+               ) -> dict[str, Any]:
         doc = dict(region)
-        for field, table in LISTED.items():
+        for field, table in listed.items():
             if field in region:
                 doc[field] = self.list_of(table, self.entry("lists", region[field], i, field), i, field)
-        for field in WHOLE:
+        for field in whole:
             if field in region:
                 doc[field] = self.entry("values", region[field], i, field)
         return doc
@@ -110,28 +165,35 @@ class _Unpack:
         if found is None:
             entries = self.tables[table]
             if not isinstance(xs, list) or not all(type(x) is int for x in xs):  # bool is no index
-                raise ValueError(f"region {i}: {field} is not a list of indices into table {table}")
+                raise Unreadable(f"region {i}: {field} is not a list of indices into table {table}")
             if xs and (min(xs) < 0 or max(xs) >= len(entries)):
-                raise ValueError(f"region {i}: {field} names an entry past table {table} ({len(entries)} entries)")
+                raise Unreadable(f"region {i}: {field} names an entry past table {table} ({len(entries)} entries)")
             found = self.lists[key] = [entries[x] for x in xs]
         return found
 
     def entry(self, table: str, x: Any, i: int, field: str) -> Any:
         if type(x) is not int or not 0 <= x < len(self.tables[table]):
-            raise ValueError(f"region {i}: {field} names {str(x)[:20]}, not an entry of table {table} "
+            raise Unreadable(f"region {i}: {field} names {str(x)[:20]}, not an entry of table {table} "
                              f"({len(self.tables[table])} entries)")
         return self.tables[table][x]
 
 
 def _bounded_json(text: bytes) -> dict[str, Any]:
-    """`text` as a JSON object nested at most MAX_DEPTH deep (ValueError otherwise; never RecursionError)."""
-    _check_depth(text)
+    """`text` as a JSON object nested at most MAX_DEPTH deep (_peel's bound; ValueError otherwise; never
+    RecursionError). json parses first: its own recursion limit bounds its walk (RecursionError becomes the
+    depth's ValueError), and text it parses is then held to the bound (_valid_depth) before anything else walks
+    the document: not every later walk bounds its own depth (kernel_keys.dumps of a signature or compile key
+    recurses as deep as the value), so json's limit alone would let a value nested hundreds deep reach them.
+    Text json refuses is held to the bound before it is called not JSON (_check_depth): a file both malformed and
+    too deep is refused for its depth, as when the depth was checked before parsing."""
     try:
         doc = json.loads(text)
     except RecursionError:  # json's own limit is the interpreter's, lower under a deep stack
         raise ValueError(f"recipe file is nested deeper than {MAX_DEPTH}") from None
     except ValueError as e:
+        _check_depth(text)
         raise ValueError(f"recipe file is not JSON ({str(e)[:100]})") from None
+    _valid_depth(text)
     if not isinstance(doc, dict):
         raise ValueError("recipe file is not a JSON object")
     return doc
@@ -139,12 +201,35 @@ def _bounded_json(text: bytes) -> dict[str, Any]:
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, unrolled (no per-character alternation)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_SYNTAX = bytes(b for b in range(256) if b not in b'[]{}"')
 
 
 def _check_depth(text: bytes) -> None:
-    """ValueError if the JSON `text` nests deeper than MAX_DEPTH, before it is parsed: its brackets outside
+    """ValueError if `text` (any bytes: what json refused) nests deeper than MAX_DEPTH: its brackets outside
     strings, innermost pairs removed a level at a time (each pass at C speed; a file nests about 15 deep)."""
-    brackets = _STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
+    _peel(_STRING.sub(b"", text).translate(None, _NOT_BRACKETS))
+
+
+def _valid_depth(text: bytes) -> None:
+    """ValueError if the JSON `text`, which json.loads parsed, nests deeper than MAX_DEPTH: _check_depth's verdict
+    on its UTF-8 form, in about a third of the time. In valid JSON a backslash only starts an escape inside a string:
+    removing escaped backslashes, then escaped quotes (left to right, as a parser pairs them), leaves a quote
+    only where a string starts or ends. Of the brackets and quotes alone, two adjacent quotes flip no bracket's
+    side of a string, so removing them keeps every bracket's side: what is left is brackets outside strings,
+    unless a string holds a bracket (a lone quote is left; then every other part between quotes is outside)."""
+    encoding = json.detect_encoding(text)
+    if encoding not in ("utf-8", "utf-8-sig"):  # UTF-16 or -32, which json reads too: ASCII bytes as UTF-8
+        text = text.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    syntax = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_SYNTAX).replace(b'""', b"")
+    if b'"' in syntax:
+        syntax = b"".join(syntax.split(b'"')[::2])
+    _peel(syntax)
+
+
+def _peel(brackets: bytes) -> None:
+    """ValueError if `brackets` still holds brackets after MAX_DEPTH passes removing innermost pairs. A pass removes
+    "[]" then "{}", so it may take two levels where the two kinds alternate: the bound is MAX_DEPTH passes, between
+    MAX_DEPTH and twice as many levels (far below the interpreter's recursion limit either way)."""
     for _level in range(MAX_DEPTH):
         if not brackets:
             return

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import symexpr
+from .recipe_file import Packed
 from .recipe_format import check_guards, check_region
 
 Arg = Any  # a recorded argument: None, a bool, an int, a list of arguments, or one tagged object (see above)
@@ -125,6 +126,11 @@ class Region:
         return dataclasses.replace(self, bwd=(), inputs={n: s for n, s in self.inputs.items() if n != "dout"},
                                    outputs={"out": self.outputs["out"], "lse": self.outputs["lse"]})
 
+    def launched(self, steps: tuple[Step, ...]) -> list[int]:
+        """The indices into `kernels` of those `steps` (self.fwd, self.bwd) launch, each once, in launch order: a
+        pass's kernels, which the lean runtime loads at that pass's first call (runtime/runner.py)."""
+        return list(dict.fromkeys(s.kernel for s in steps if isinstance(s, Launch)))
+
     def saved_slots(self) -> list[int]:
         """The forward's slots that the backward's steps read: inputs, out, lse and whatever else FA4 kept (what
         autograd saves between the passes)."""
@@ -152,41 +158,46 @@ def parse_regions(regions: Any) -> list[Region]:
 
 
 def lazy_regions(regions: Any) -> list[LazyRegion]:
-    """The regions of a recipe file's "regions" list, each checked by recipe_format as far as its guards
-    (check_guards: they may be evaluated) and the rest at its first `LazyRegion.region()`. ValueError, as
+    """The regions of a recipe file's "regions" list (region documents, or a compact file's regions as
+    recipe_file.read leaves them packed), each checked by recipe_format as far as its guards (check_guards: they
+    may be evaluated) and the rest, unpacked then, at its first `LazyRegion.region()`. ValueError, as
     parse_regions raises it, when a region's guards are refused (so is the whole file: no guard can be trusted to
     tell its regions apart). The regions share one parse (_Shared): a value checked for one is not checked again."""
     if not isinstance(regions, list):
         raise ValueError("recipe regions are not a list")
-    found, shared = [], _Shared(regions)
-    for i, region in enumerate(regions):
+    packed = [r if isinstance(r, Packed) else Packed(r) for r in regions]
+    found, shared = [], _Shared(packed)
+    for i, region in enumerate(packed):
         try:
-            check_guards(region, shared.checked)
+            check_guards(region.head, shared.checked)
         except ValueError:
-            parse_regions(regions[:i + 1])  # parse_regions's error: the first region refused, checked in its order
+            # parse_regions's error: the first region refused, checked in its order
+            parse_regions([r.document() for r in packed[:i + 1]])
             raise  # not reached: check_region refuses what check_guards refuses
         found.append(LazyRegion(region, shared, i))
     return found
 
 
 class LazyRegion:
-    """A region of a recipe document whose guards recipe_format admitted (lazy_regions); `region()` checks the rest
-    and builds the Region once, at its first use."""
+    """A region of a recipe document whose guards recipe_format admitted (lazy_regions); `region()` unpacks and
+    checks the rest and builds the Region once, at its first use."""
 
-    __slots__ = ("guards", "_doc", "_shared", "_index", "_region")
+    __slots__ = ("guards", "_packed", "_shared", "_index", "_region")
 
-    def __init__(self, doc: dict[str, Any], shared: _Shared, index: int) -> None:
-        self.guards: list[Any] = doc["guards"]
-        self._doc, self._shared, self._index = doc, shared, index
+    def __init__(self, packed: Packed, shared: _Shared, index: int) -> None:
+        self.guards: list[Any] = packed.head["guards"]
+        self._packed, self._shared, self._index = packed, shared, index
         self._region: Region | None = None
 
     def region(self) -> Region:
-        """The Region (the same object every time); ValueError naming the region and what recipe_format refuses
-        in it, as parse_regions names it, each time it is asked for."""
+        """The Region (the same object every time); each time it is asked for, recipe_file.Unreadable as
+        recipe_file.decode names a field whose index is outside its table, or ValueError naming the region and
+        what recipe_format refuses in it, as parse_regions names it."""
         found = self._region
         if found is None:
+            doc = self._packed.document()
             try:
-                found = Region.parse(self._doc, self._shared)
+                found = Region.parse(doc, self._shared)
             except ValueError as e:
                 raise ValueError(f"region {self._index}: {e}") from None
             self._region = found

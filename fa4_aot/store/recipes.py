@@ -133,10 +133,12 @@ def load(store: Store, key: str, check: Callable[[str, bytes], None] | None = No
 def load_lazy(store: Store, key: str, check: Callable[[str, bytes], None] | None = None) -> list[Stored]:
     """The recorded regions under `key` ([] when none) as the lean runtime reads them: `check` and the file's own
     checks (its bytes, key, bounds and nesting) at once, as load; of each region, the guards at once
-    (recipe_format.check_guards: find evaluates them) and the rest at its first `Stored.region()`, when a call
-    first selects it (a region never selected is never checked, and never runs). StoreError, as load raises it, for
-    a file refused at once or, from Stored.region, for the region refused. Files are parsed once per process by
-    their bytes' sha256 (`_parsed`): sources, builds and certification load the same file many times."""
+    (recipe_format.check_guards: find evaluates them) and the rest, unpacked from a compact file's tables then, at
+    its first `Stored.region()`, when a call first selects it (a region never selected is never unpacked or
+    checked, and never runs). StoreError, as load raises it, for a file refused at once or, from Stored.region,
+    for the region refused (with the whole file's message: "unreadable ..." for an index outside a table). Files
+    are parsed once per process by their bytes' sha256 (`_parsed`): sources, builds and certification load the
+    same file many times."""
     data = store.recipes(key)
     if data is None:
         return []
@@ -171,6 +173,8 @@ class Stored:
         if found is None:
             try:
                 found = self._lazy.region()
+            except recipe_file.Unreadable as e:  # an index a compact file's region names outside its tables
+                raise _unreadable(self._where, e) from None
             except ValueError as e:
                 raise _refused(self._where, e) from None
             found = self._region = found.forward_part() if self._forward else found
@@ -203,16 +207,34 @@ def _refused(where: str, e: ValueError) -> StoreError:
                       "from a server that holds a good one")
 
 
+def _unreadable(where: str, e: ValueError) -> StoreError:
+    return StoreError(f"unreadable {where}: {e}; rerun `fa4-aot build` (it rewrites the file)")
+
+
 def _where(store: Store, key: str) -> str:
     return f"recipe file {key} in {store.root}"
 
 
 def _parse(store: Store, key: str, data: bytes) -> list[LazyRegion]:
+    """The file's regions, read as load_lazy says: the file's bounds and every region's guards now, a compact
+    file's regions unpacked at their first use (recipe_file.read). A file refused now is refused as the whole
+    file's decode refuses it (_decoded): a file with several faults is refused for the one named before regions
+    were unpacked at first use, and a region whose unpacking fails at its first use with decode's message."""
+    try:
+        doc = recipe_file.read(data)
+        if doc.get("key") == key:
+            return lazy_regions(doc.get("regions"))
+    except ValueError:
+        pass
+    return _decoded(store, key, data)
+
+
+def _decoded(store: Store, key: str, data: bytes) -> list[LazyRegion]:
+    """_parse by decoding the whole file first: how any file refused at first read is refused."""
     try:
         doc = recipe_file.decode(data)
     except ValueError as e:
-        raise StoreError(f"unreadable recipe file {key} in {store.root}: {e}; rerun `fa4-aot build` (it rewrites "
-                         "the file)") from None
+        raise _unreadable(_where(store, key), e) from None
     if doc.get("key") != key:
         raise StoreError(f"recipe file {key} in {store.root} holds key {str(doc.get('key'))[:80]!r}; rerun "
                          "`fa4-aot build`")

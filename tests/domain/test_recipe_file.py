@@ -90,3 +90,58 @@ HOSTILE = [  # (case, bytes under the committed file's key, what the error names
 def test_hostile_compact_files_are_refused(tmp_path: Path, make: Any, named: str) -> None:
     key, _data = _committed()[0]
     refused_everywhere(tmp_path, key, make(key), named)
+
+
+def _nested(depth: int, inner: str = "0") -> str:
+    """`inner` inside an object inside lists: `depth` levels of brackets around it."""
+    return '{"a": ' + "[" * (depth - 1) + inner + "]" * (depth - 1) + "}"
+
+
+_MAX = recipe_file.MAX_DEPTH
+DEPTHS = [  # (case, JSON text of an object): brackets in strings, escaped quotes and backslashes, near the bound
+    ("well inside", _nested(16), False),
+    ("at the bound", _nested(_MAX), False),
+    ("two past it", _nested(_MAX + 2), True),
+    ("brackets in a string", _nested(_MAX, '"' + "[" * 300 + '"'), False),
+    ("closers in a string", _nested(_MAX + 2, '"' + "]" * 300 + '"'), True),
+    ("escaped quote then brackets", _nested(_MAX + 2, '"\\"[[["'), True),
+    ("escaped backslash before a quote", _nested(_MAX + 2, '["\\\\", "\\\\\\""]'), True),
+    ("escapes hiding no bracket", _nested(_MAX, '"\\\\\\"]]]\\n\\u005d"'), False),
+    ("adjacent strings around a bracket", _nested(_MAX, '{"a[": "b", "c": "d"}'), False),
+    # a string a scan could take to run on (an escaped backslash before its quote), the depth after it
+    ("depth after an escaped backslash", _nested(_MAX + 2).replace("{", '{"s": "\\\\", ', 1), True),
+    ("depth after escaped quotes", _nested(_MAX + 2).replace("{", '{"s": "\\"\\\\\\"", ', 1), True),
+]
+
+
+@pytest.mark.parametrize("text,deep", [(t, d) for _c, t, d in DEPTHS], ids=[c for c, _t, _d in DEPTHS])
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32-le"])
+def test_nesting_bound_is_the_pre_scans_for_every_file_json_parses(text: str, deep: bool, encoding: str) -> None:
+    """The depth bound (MAX_DEPTH, D38) is now checked after json parses a file, in about a third of the time of
+    the pre-scan it replaces (recipe_file._valid_depth): it refuses exactly the files the pre-scan refused
+    (_check_depth, still applied to files json refuses), whatever their strings hold, and in every encoding json
+    reads (the pre-scan read UTF-16 and UTF-32 bytes as if UTF-8)."""
+    json.loads(text)
+    scanned = text.encode()
+    try:
+        recipe_file._check_depth(scanned)
+    except ValueError:
+        assert deep
+    else:
+        assert not deep
+    data = text.encode(encoding)
+    if deep:
+        with pytest.raises(ValueError, match="nested deeper than"):
+            recipe_file.decode(data)
+    else:
+        assert recipe_file.decode(data) == json.loads(text)
+
+
+def test_malformed_and_deep_file_is_refused_for_its_depth_as_before() -> None:
+    """json parses first now; a file it refuses that also nests past MAX_DEPTH is refused for its depth, as when
+    the depth was checked before parsing, and one nested past json's own limit never raises RecursionError."""
+    for data in (b"[" * 200 + b"x" + b"]" * 200, b"[" * 50_000, b"[" * 50_000 + b"]" * 50_000):
+        with pytest.raises(ValueError, match="nested deeper than"):
+            recipe_file.decode(data)
+    with pytest.raises(ValueError, match="not JSON"):
+        recipe_file.decode(b"[" * 20 + b"x" + b"]" * 20)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import copy
 import json
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fa4_aot import config
+from fa4_aot.domain import recipe_file
 from fa4_aot.domain.region import parse_regions
 from fa4_aot.domain.signature import Signature
 from fa4_aot.errors import StoreError
@@ -127,6 +129,55 @@ def test_a_region_is_checked_once_per_process(tmp_path: Path, monkeypatch: pytes
     assert again.region(_sizes(again, 512)) is first
     monkeypatch.undo()
     assert recipes.load(store, key)[0] is first
+
+
+def _compact(store: Store, key: str, doc: dict[str, Any], change: Any) -> bytes:
+    """`doc` written as a compact file, its packed document edited by `change(packed)`, under `key`: the bytes."""
+    data = recipe_file.encode(key, doc["regions"])
+    packed = json.loads(zlib.decompress(data[len(recipe_file.MAGIC):]))
+    change(packed)
+    data = recipe_file.MAGIC + zlib.compress(json.dumps(packed).encode())
+    store.put_recipes(key, data)
+    return data
+
+
+def _decode_error(store: Store, key: str, data: bytes) -> str:
+    """The StoreError a load gave when the whole file was unpacked at first read."""
+    with pytest.raises(ValueError) as info:
+        recipe_file.decode(data)
+    return f"unreadable recipe file {key} in {store.root}: {info.value}; rerun `fa4-aot build` (it rewrites the file)"
+
+
+def test_compact_region_is_unpacked_when_selected_and_refused_as_its_file_was(tmp_path: Path) -> None:
+    """Issue 29: a compact file's regions are unpacked from its tables when a call first selects them (their
+    guards at first read). A region whose steps name an index past the tables no longer refuses the whole file at
+    first read: the other region serves, and selecting it raises the StoreError the whole file's read raised."""
+    store, key, doc = _two_regions(tmp_path, lambda r: None)
+    data = _compact(store, key, doc, lambda packed: packed["regions"][1].update(fwd=10**6))
+    expected = _decode_error(store, key, data)
+    assert "region 1: fwd names 1000000, not an entry of table lists" in expected
+    attn = _attention(store, doc)
+    assert attn.region(_sizes(attn, 512)).to_json() == doc["regions"][0]
+    for _ in range(2):  # refused each time it is selected, never bound
+        with pytest.raises(StoreError) as info:
+            attn.bound(_sizes(attn, 2048), "cuda", None)
+        assert str(info.value) == expected
+    assert not attn._bound
+    with pytest.raises(StoreError) as info:  # a reader of every region refuses the file at once, as before
+        recipes.load(store, key)
+    assert str(info.value) == expected
+
+
+def test_compact_file_refused_at_first_read_names_what_its_whole_read_named(tmp_path: Path) -> None:
+    """A compact file refused at first read (here region 1's guards) is refused for the fault the whole file's
+    read found first: region 0's index past a table, which is otherwise left for its selection."""
+    store, key, doc = _two_regions(tmp_path, lambda r: r["guards"].append(BOMB))
+    data = _compact(store, key, doc, lambda packed: packed["regions"][0].update(bwd=-1))
+    expected = _decode_error(store, key, data)
+    assert "region 0: bwd names -1" in expected
+    with pytest.raises(StoreError) as info:
+        _attention(store, doc)
+    assert str(info.value) == expected
 
 
 def _never(*args: Any) -> Any:
