@@ -136,7 +136,7 @@ def _remember(key: tuple[Any, ...] | None, attn: runner.Attention, sizes: dict[s
     if key is not None:
         bound = attn.bound(sizes, tensors["q"].device, scale)
         try:
-            if not bound.bwd:
+            if not bound.trains:
                 _plans[key] = bound
         except TypeError:
             pass

@@ -23,7 +23,7 @@ class Bound:
     """A recipe at concrete sizes: step closures that read and write a slot list."""
 
     fwd: list[Callable[[list[Any]], None]]
-    bwd: list[Callable[[list[Any]], None]]
+    bwd: list[Callable[[list[Any]], None]]  # empty until backward() binds them when bind() deferred them
     region: Region
     saved: list[int]  # forward slots the backward reads (what autograd saves)
     expected: dict[str, tuple[tuple[int, ...], Any]]  # input name -> (shape, torch dtype) FA4 expects at these sizes
@@ -32,6 +32,22 @@ class Bound:
     # fwd for inputs none of which requires grad: FA4's detach steps alias their tensor (a detached tensor differs
     # from its input in requires_grad alone, so the kernels receive the same storage, shape, strides and flags)
     plain: list[Callable[[list[Any]], None]] = field(default_factory=list)
+    late: Callable[[], list[Callable[[list[Any]], None]]] | None = None  # binds bwd (bind's `backward`), until done
+
+    @property
+    def trains(self) -> bool:
+        """Whether a call makes an autograd node: the region records backward steps (bound yet or not)."""
+        return bool(self.region.bwd)
+
+    def backward(self) -> list[Callable[[list[Any]], None]]:
+        """The backward's steps; when bind() deferred them, bound at the first call, which loads the kernels only
+        the backward launches: what that raises (KernelMissing, KernelRefused, a library refused) it raises here,
+        at the first backward, and again at the next one until binding succeeds."""
+        late = self.late
+        if late is not None:
+            self.bwd = late()
+            self.late = None
+        return self.bwd
 
     def forward(self, tensors: Mapping[str, Any]) -> tuple[Any, Any]:
         """(out, lse) of a forward-only call (no backward steps: nothing for autograd to record) on named inputs,
@@ -70,16 +86,24 @@ class Bound:
             step(slots)
 
 
-def bind(region: Region, sizes: Mapping[str, int], functions: list[Any], device: Any,
-         softmax_scale: float) -> Bound:
-    """Closures for `region`'s steps at `sizes`; `functions[i]` runs kernel i of region.kernels."""
+def bind(region: Region, sizes: Mapping[str, int], functions: list[Any], device: Any, softmax_scale: float,
+         backward: Callable[[], list[Any]] | None = None) -> Bound:
+    """Closures for `region`'s steps at `sizes`; `functions[i]` runs kernel i of region.kernels. With `backward`
+    (a function giving such a list for the kernels the backward launches), `functions` need hold only those the
+    forward launches (None for the others) and the backward's steps are bound at the first Bound.backward(),
+    with backward()'s functions: a pass's kernels are loaded when it first runs."""
     value = _Values(sizes, device, softmax_scale)
 
-    def compile_step(step: Step) -> Callable[[list[Any]], None]:
+    def compile_step(step: Step, functions: list[Any] = functions) -> Callable[[list[Any]], None]:
         args = value(step.args)
         if isinstance(step, Launch):
             return _launch(functions[step.kernel], args)
         return _op(_aten(step.op), args, value({"kw": step.kwargs}), step.out, step.returns_tuple)
+
+    def late() -> list[Callable[[list[Any]], None]]:
+        assert backward is not None
+        loaded = backward()
+        return [compile_step(s, loaded) for s in region.bwd]
 
     expected = {}
     for name, slot in region.inputs.items():
@@ -91,6 +115,8 @@ def bind(region: Region, sizes: Mapping[str, int], functions: list[Any], device:
     out = region.outputs["out"]
     if out is None:
         raise ValueError("the region names no output slot; rebuild it with this fa4-aot")
+    if backward is not None and region.bwd:
+        return Bound(fwd, [], region, region.saved_slots(), expected, out, region.outputs["lse"], plain, late)
     return Bound(fwd, [compile_step(s) for s in region.bwd], region, region.saved_slots(), expected, out,
                  region.outputs["lse"], plain)
 

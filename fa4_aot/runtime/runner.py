@@ -3,7 +3,8 @@
 A call's signature (flags, heads, head dims, dtype) names its recipe file (store.recipes); the call's sizes pick
 the region whose guards hold, i.e. the choices FA4 itself makes at these sizes; the region's steps (FA4's
 allocations, zero fills, views and kernel launches, recorded by the planner) are replayed with the linked
-kernels (libraries). Autograd: forward and backward are one torch.autograd.Function, as in FA4.
+kernels (libraries), each pass's kernels loaded at that pass's first call. Autograd: forward and backward are one
+torch.autograd.Function, as in FA4.
 
 runtime() applies the client's trust policy (trust/policy.py, FA4_AOT_TRUSTED_KEYS) to every recipe file and library
 before use, and with FA4_AOT_SERVER set fetches what the store lacks (fetch.py); it never compiles.
@@ -19,7 +20,7 @@ from .. import config
 from ..domain import hosts, narrow_build, recipe_format, sku_table
 from ..domain.devices import detect_device, device_class
 from ..domain.matching import select
-from ..domain.region import Region
+from ..domain.region import Region, Step
 from ..domain.signature import Signature
 from ..domain.skus import Constants, Sku
 from ..errors import KernelMissing, Unsupported
@@ -174,22 +175,42 @@ class Attention:
         return narrow_build.for_call(self.rt.sku.name, call.to_dict())
 
     def bound(self, sizes: dict[str, int], device: Any, scale: float | None) -> replay.Bound:
+        """The region at `sizes` bound for `device` and `scale`: the kernels its forward launches loaded and
+        admitted by the certification gate now, those only its backward launches at the first backward
+        (replay.Bound.backward), as FA4 compiles its backward kernels at its first backward; a forward never
+        followed by a backward maps none of them. A server's kernels are fetched for both passes in one request
+        (prefetch, which maps nothing): a training call's first backward follows its forward, and a second round
+        trip there would cost it more than the bytes cost a forward that never runs one."""
         key = (*sizes.values(), device, scale)
         found = self._bound.get(key)
         if found is None:
             sizes = self.sizes(sizes)
             region = self.region(sizes)
-            self.rt.libraries.prefetch([k.kernel_key for k in region.kernels])
-            functions = self.rt.libraries.functions([(k.kernel_key, k.family) for k in region.kernels], self.sig)
+            used = region.launched(region.fwd + region.bwd)
+            self.rt.libraries.prefetch([region.kernels[i].kernel_key for i in used])
+            functions = self._functions(region, region.fwd)
             chosen = region.softmax_scale if scale is None else scale
-            found = self._bound[key] = replay.bind(region, sizes, functions, device, chosen)
+            found = self._bound[key] = replay.bind(region, sizes, functions, device, chosen,
+                                                   lambda: self._functions(region, region.bwd))
+        return found
+
+    def _functions(self, region: Region, steps: tuple[Step, ...]) -> list[Any]:
+        """By kernel index, the functions of the kernels `steps` launch (None for the region's others), each
+        loaded once and admitted by the certification gate (Libraries.functions raises what they raise)."""
+        used = region.launched(steps)
+        kernels = [(region.kernels[i].kernel_key, region.kernels[i].family) for i in used]
+        found: list[Any] = [None] * len(region.kernels)
+        for i, fn in zip(used, self.rt.libraries.functions(kernels, self.sig), strict=True):
+            found[i] = fn
         return found
 
     def preload(self, sizes: dict[str, int]) -> None:
-        """Load every kernel of the region at `sizes` (KernelMissing when one is absent)."""
+        """Load every kernel the region at `sizes` launches, both passes' (KernelMissing when one is absent): a
+        training region's backward kernels too, a forward-only one's (a training file's forward part) not."""
         region = self.region(self.sizes(sizes))
-        self.rt.libraries.prefetch([k.kernel_key for k in region.kernels])
-        self.rt.libraries.functions([(k.kernel_key, k.family) for k in region.kernels], self.sig)
+        steps = region.fwd + region.bwd
+        self.rt.libraries.prefetch([region.kernels[i].kernel_key for i in region.launched(steps)])
+        self._functions(region, steps)
 
 
 def _function() -> Any:
@@ -205,7 +226,7 @@ def _function() -> Any:
             bound.run(bound.fwd, slots)
             out, lse_slot = slots[bound.out], bound.lse
             lse = None if lse_slot is None else slots[lse_slot]
-            if bound.bwd:
+            if bound.trains:
                 kept = bound.saved
                 ctx.save_for_backward(*(slots[i] for i in kept))
                 ctx.kept, ctx.bound, ctx.names = kept, bound, names
@@ -220,7 +241,7 @@ def _function() -> Any:
             for i, t in zip(ctx.kept, ctx.saved_tensors, strict=True):
                 slots[i] = t
             slots[region.inputs["dout"]] = dout.contiguous()
-            bound.run(bound.bwd, slots)
+            bound.run(bound.backward(), slots)
             grads = {"q": "dq", "k": "dk", "v": "dv", "learnable_sink": "dsink"}
             return (None, None, *(slots[region.outputs[grads[n]]] if n in grads else None for n in ctx.names))
 
@@ -239,7 +260,7 @@ def run(attn: Attention, sizes: dict[str, int], tensors: dict[str, Any], scale: 
             tensors[name] = tensors[name].contiguous()
     bound = attn.bound(sizes, tensors["q"].device, scale)
     bound.check(tensors)
-    if not bound.bwd:  # forward only (inference, decode): no autograd node, FA4's steps run as they are
+    if not bound.trains:  # forward only (inference, decode): no autograd node, FA4's steps run as they are
         return bound.forward(tensors)
     names = tuple(tensors)
     out: tuple[Any, Any] = _autograd[0].apply(bound, names, *tensors.values())

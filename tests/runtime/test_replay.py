@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +158,55 @@ def test_recorded_regions_round_trip_as_documents(documents, regions):
     assert [r.to_json() for r in regions] == documents
     assert parse_regions([r.to_json() for r in regions]) == regions
     assert json.loads(json.dumps(documents)) == documents
+
+
+def test_backward_steps_are_bound_at_the_first_backward(regions: list[Region]) -> None:
+    """Issue 29: a training region's backward kernels loaded (and their steps bound) at the first backward, not at
+    the first forward, as FA4 compiles its backward kernels at the first backward. bind() with `backward` is given
+    only the forward's kernels; the autograd node is made from the region's recorded backward steps; the
+    backward's kernels are asked for once, at the first backward."""
+    import torch
+
+    region, sizes = regions[0], _sizes(0)
+    forward = set(region.launched(region.fwd))
+    assert forward and set(region.launched(region.bwd)) - forward  # kernels only the backward launches
+    asked: list[int] = []
+
+    def backward() -> list[Any]:
+        asked.append(1)
+        return [lambda *a: None for _ in region.kernels]
+
+    fakes = [(lambda *a: None) if i in forward else None for i in range(len(region.kernels))]
+    bound = replay.bind(region, sizes, fakes, torch.device("cpu"), 0.125, backward)
+    assert bound.trains and not bound.bwd and not asked
+    for _round in range(2):
+        inputs = {n: t.requires_grad_() for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
+        out, _lse = _function().apply(bound, tuple(inputs), *inputs.values())
+        out.backward(torch.ones_like(out))
+        assert all(t.grad is not None and t.grad.shape == t.shape for t in inputs.values())
+    assert asked == [1] and len(bound.bwd) == len(region.bwd)
+
+
+def test_first_backward_raises_what_loading_its_kernels_raises(regions: list[Region]) -> None:
+    """A backward kernel the store lacks (or the certification gate refuses) surfaces at the first backward, as the
+    loader's own error (fields kept through autograd), and is asked for again at the next backward."""
+    import torch
+
+    from fa4_aot.errors import KernelMissing
+
+    region, sizes = regions[0], _sizes(0)
+    calls: list[int] = []
+
+    def backward() -> list[Any]:
+        calls.append(1)
+        raise KernelMissing("kernel abc… (_flash_attn_bwd) for SKU h200 is not in /store", sku="h200",
+                            family="_flash_attn_bwd", kernel_key="abc", compile_key="")
+
+    bound = replay.bind(region, sizes, [lambda *a: None for _ in region.kernels], torch.device("cpu"), 0.125,
+                        backward)
+    for attempt in (1, 2):
+        inputs = {n: t.requires_grad_() for n, t in _inputs(region, sizes, torch).items() if n != "dout"}
+        out, _lse = _function().apply(bound, tuple(inputs), *inputs.values())
+        with pytest.raises(KernelMissing, match="_flash_attn_bwd") as info:
+            out.backward(torch.ones_like(out))
+        assert info.value.kernel_key == "abc" and len(calls) == attempt
