@@ -5,9 +5,9 @@
    (a run is resumable; `again` checks them anew). A check whose kernels the known-bad registry names is not run:
    they get `refused`, unless `recheck_known_bad` (to see whether a new FA4 fixed them).
 2. Run (pool.py, checker.py): `jobs` worker processes per GPU, each check under a deadline; every outcome is
-   appended to a journal as it comes, so an interrupted run resumes where it stopped. A check that ran out of GPU
-   memory (an error, never a verdict: blame.out_of_memory) is run once more at the end with one worker per GPU,
-   the GPU to itself.
+   appended to a journal as it comes, so an interrupted run resumes where it stopped. The wide checks (a KV pool
+   past 32-bit offsets, plan._wide) run last with one worker per GPU, the GPU to itself, and with them once more
+   each check that ran out of GPU memory (an error, never a verdict: blame.out_of_memory).
 3. Judge (blame.py) and keep: verdicts into the store; for each failure, a measured known-bad entry for the SKU
    (its signature, part, symptom and this run as its source), which the planner and both runtimes then honour.
 """
@@ -128,11 +128,13 @@ class _Run:
     # would only do it again
 
     def all(self, pending: list[tuple[str, plan.Check]]) -> None:
-        """Run `pending` on the options' workers, then once more with one worker per GPU each check that ran out of
-        GPU memory (too large for its worker's share, or it met a GPU the others had filled): the GPU to itself."""
-        self.checks(pending, self.options.jobs)
-        if self.options.jobs > 1:
-            self.checks([(o.ident, o.check) for o in self.found.values() if blame.out_of_memory(o.detail)], 1)
+        """Run `pending` on the options' workers, the wide checks last with one worker per GPU (a KV pool of more
+        than 2^31 elements: the GPU to itself), and with them once more each check that ran out of GPU memory (too
+        large for its worker's share, or it met a GPU the others had filled)."""
+        self.checks([(i, c) for i, c in pending if c.kind != "wide"], self.options.jobs)
+        again = [(o.ident, o.check) for o in self.found.values() if blame.out_of_memory(o.detail)] \
+            if self.options.jobs > 1 else []
+        self.checks([(i, c) for i, c in pending if c.kind == "wide"] + again, 1)
 
     def checks(self, pending: list[tuple[str, plan.Check]], jobs: int) -> None:
         """Run `pending` on `jobs` workers per GPU."""

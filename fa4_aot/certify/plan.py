@@ -1,7 +1,8 @@
 """Which GPU checks certify a store's kernels: for each signature, points of its size space drawn inside each
 recipe region (the sizes at which FA4 launches exactly that region's kernels): each kernel in TYPICAL_PER_KERNEL
 regions at a typical point, and at a small size, at a size next to one of its region's guard constants (where
-FA4's choices turn) and at a large one, within bounds that keep the fp32 reference cheap.
+FA4's choices turn) and at a large one, within bounds that keep the fp32 reference cheap; and each paged signature
+once at a wide point, a decode over a KV pool past 32-bit offsets (_wide).
 
 Pure planning over the store's recipe files (store.recipes, as the lean runtime and `coverage --runtime lean` read
 them): no torch, no FA4, no GPU. A Check names its signature, its sizes and the kernels its region launches,
@@ -37,7 +38,10 @@ MAX_BYTES = 6 << 30  # a check's estimated peak GPU memory (_memory), at most: a
 # is 7.9 GiB (pool.GPU_SHARED); the default h200 build's certification met checks of 624 GiB and 2.7 TiB there
 TILE = 128  # rows FA4's backward pads each sequence to (at most) in its fp32 accumulators, per head
 SCORE_BLOCK = 1 << 26  # reference.CHUNK_ELEMENTS: scores of one block of the reference (this module has no torch)
-KINDS = ("typical", "small", "boundary", "large")
+KINDS = ("typical", "small", "boundary", "large", "wide")
+WIDE_ELEMENTS = 5 << 29  # a wide check's KV pool: 1.25 x 2^31 elements of K and of V, past any signed 32-bit index
+WIDE_BATCH, WIDE_PAGES = 4, 64  # its decode: 4 sequences of up to 64 pages each, drawn from all over the pool
+WIDE_BYTES = 32 << 30  # a wide check's estimated peak GPU memory (_memory), at most: it runs with the GPU to itself
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,23 @@ def plan(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]], *, keys
             seen.add(sig)
             out.checks += _checks(sig, sku, regions.regions(sig), resolver, counts, keys, per_kernel, label,
                                   out.unreached)
+    out.checks = _one_wide_per_kernel_set(out.checks)
     return out
+
+
+def _one_wide_per_kernel_set(checks: list[Check]) -> list[Check]:
+    """`checks` less each wide check whose kernels an earlier one launches already (signatures at other page sizes
+    or models of one GQA ratio share a paged kernel): a wide check costs an 11 GB pool and the GPU to itself."""
+    seen: set[frozenset[str]] = set()
+    kept = []
+    for check in checks:
+        kernels = frozenset(u.kernel_key for u in check.kernels)
+        if check.kind == "wide":
+            if kernels in seen:
+                continue
+            seen.add(kernels)
+        kept.append(check)
+    return kept
 
 
 def _checks(sig: Signature, sku: Sku, regions: list[Region], resolver: _Resolver, counts: dict[str, int],
@@ -154,8 +174,44 @@ def _checks(sig: Signature, sku: Sku, regions: list[Region], resolver: _Resolver
                 if (index, point) not in [(i, p) for _k, i, p in chosen]:  # points are dicts: compared, not hashed
                     chosen.append((kind, index, point))
                     _count(counts, uses)
-    return [Check(sig, point, resolver.uses(regions[index]), kind, SEED + n, label)
-            for n, (kind, index, point) in enumerate(chosen)]
+    checks = [Check(sig, point, resolver.uses(regions[index]), kind, SEED + n, label)
+              for n, (kind, index, point) in enumerate(chosen)]
+    return checks + _wide(sig, regions, resolver, keys, unbuilt, label, unreached)
+
+
+def _wide(sig: Signature, regions: list[Region], resolver: _Resolver, keys: set[str] | None, unbuilt: set[int],
+          label: str, unreached: list[str]) -> list[Check]:
+    """A paged signature's decode over a KV pool of more than 2^31 elements (WIDE_ELEMENTS of K and of V), its pages
+    drawn from all over the pool: where a kernel indexing the pool with 32-bit offsets reads out of bounds (vLLM's
+    FlexAttention paged K/V offsets overflowed int32 so: vllm-project/vllm#50427; FA2's backward overflowed a row
+    offset at large batches: Dao-AILab/flash-attention#1500). A serving engine's KV cache is most of a GPU's
+    memory; the ordinary checks' bounds (MAX_ELEMENTS) keep every input 8x below that index's reach. One check a
+    signature, at its own KV head count (more where the pool would need more pages than a pool holds), run after
+    the others with the GPU to itself (driver._Run)."""
+    if sig.layout != "paged":
+        return []
+    page, dim = max(1, sig.page_size), min(sig.head_dim, sig.head_dim_v)
+    fits = [h for h in recipe_space.heads(sig) if -(-WIDE_ELEMENTS // (page * h * dim)) <= recipe_space.MAX_POOL_PAGES]
+    if not fits:
+        unreached.append(f"{sig}: no KV head count gives a pool of {WIDE_ELEMENTS} elements within "
+                         f"{recipe_space.MAX_POOL_PAGES} pages: no wide check")
+        return []
+    heads_kv = fits[0]
+    sizes = {"batch": WIDE_BATCH, "seqlen_q": 1, "num_pages": -(-WIDE_ELEMENTS // (page * heads_kv * dim)),
+             "pages_per_seq": WIDE_PAGES, "max_seqlen_q": 1, "max_seqlen_k": WIDE_PAGES * page, HEADS: heads_kv}
+    points = recipe_space.pinned({name: np.array([v], dtype=np.int64) for name, v in sizes.items()}, sig)
+    judge = recipe_space.Judge(points)
+    index = next((i for i, region in enumerate(regions) if judge.covered(region.guards)[0]), None)
+    if index is None:
+        unreached.append(f"{sig}: no region holds the wide decode {sizes}: no wide check")
+        return []
+    if _memory(sig, points)[0] > WIDE_BYTES:
+        unreached.append(f"{sig}: the wide decode {sizes} needs more than {WIDE_BYTES >> 30} GiB: no wide check")
+        return []
+    uses = resolver.uses(regions[index])
+    if index in unbuilt or (keys is not None and not keys & {u.kernel_key for u in uses}):
+        return []  # kernels the store lacks (reported by _unbuilt), or not asked for
+    return [Check(sig, recipe_space.point(points, 0), uses, "wide", SEED + len(regions) + 1, label)]
 
 
 def _unbuilt(sig: Signature, regions: list[Region], resolver: _Resolver, keys: set[str] | None,
@@ -307,8 +363,9 @@ def _memory(sig: Signature, points: dict[str, Any]) -> Any:
     """Estimated peak GPU bytes of a check at each point (a sum, so an upper bound): the inputs; FA4's and the lean
     runtime's results (FA4's twice for a deterministic backward); FA4's backward accumulators in fp32, padded to
     TILE rows per sequence and head (batch x heads x TILE rows more than the call's: what ran out at batch 65,534)
-    and its split-KV partial outputs; both references' results, the fp32 one's converted inputs and its padded
-    copies (varlen sequences padded per group, paged keys gathered per sequence) and a few score blocks."""
+    and its split-KV partial outputs; both references' results, the fp32 one's converted inputs (of a KV pool, the
+    gathered pages only) and its padded copies (varlen sequences padded per group, paged keys gathered per sequence)
+    and a few score blocks."""
     f = {name: np.asarray(v, dtype=np.float64) for name, v in points.items()}  # float: no int64 overflow
     heads_kv, dims, training = f[HEADS], sig.head_dim + sig.head_dim_v, sig.pass_ in ("bwd", "bwd_det")
     heads_q = heads_kv * (sig.heads_q // max(1, sig.heads_kv))
@@ -321,7 +378,8 @@ def _memory(sig: Signature, points: dict[str, Any]) -> Any:
     results = (3 if sig.pass_ == "bwd_det" else 2) * 2 * (out + grads) + (4 + 2) * (out + grads)
     copies = (1 + training) * _gathered(sig, f, heads_q, heads_kv, dims)
     scores = 5 * np.minimum(SCORE_BLOCK, _work(sig, points) / dims)  # s, exp, P and their casts of a block
-    return 2 * (q + kv + training * out) + fa4 + results + 4 * (q + kv + copies + scores)
+    converted = kv if sig.layout != "paged" else 0  # a KV pool is converted once gathered (reference.reference)
+    return 2 * (q + kv + training * out) + fa4 + results + 4 * (q + converted + copies + scores)
 
 
 def _rows(sig: Signature, f: dict[str, Any]) -> tuple[Any, Any]:

@@ -84,8 +84,11 @@ def reference(inputs: Inputs, sig: Signature, *, dtype: torch.dtype, softmax_sca
     soft = dtype if torch.finfo(dtype).bits >= 32 else torch.float32
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(sig.head_dim)
     rule = _Rule(scale, float(sig.softcap), sig.mask, (int(sig.window[0]), int(sig.window[1])), dtype, soft)
-    leaves = {name: t.detach().to(dtype).requires_grad_(inputs.training) if name in _GRADS else t
-              for name, t in inputs.tensors.items()}
+    # a KV pool (forward only): its sequences' pages converted once gathered (_batched), not the whole pool: a wide
+    # check's pool (plan.WIDE_ELEMENTS) is 21 GB more in float32
+    pooled = ("k", "v") if inputs.layout == "paged" and not inputs.training else ()
+    leaves = {name: t.detach().to(dtype).requires_grad_(inputs.training) if name in _GRADS and name not in pooled
+              else t for name, t in inputs.tensors.items()}
     with torch.set_grad_enabled(inputs.training):
         out, lse = (_varlen if inputs.layout == "varlen" else _batched)(inputs, leaves, rule)
     grads: dict[str, torch.Tensor] = {}
@@ -108,7 +111,7 @@ def _batched(inputs: Inputs, t: dict[str, torch.Tensor], rule: _Rule) -> tuple[t
     for start in range(0, batch, per):
         rows = slice(start, start + per)
         if inputs.layout == "paged":
-            ks, vs = _pages(k, t["page_table"][rows], keys), _pages(v, t["page_table"][rows], keys)
+            ks, vs = (_pages(x, t["page_table"][rows], keys).to(q.dtype) for x in (k, v))
         else:
             ks, vs = k[rows, :keys], v[rows, :keys]
         group = _Group(q[rows], ks, vs, len_q[rows].to(q.device), len_k[rows].to(q.device),

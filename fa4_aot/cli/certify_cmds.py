@@ -150,7 +150,7 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
     --calls, or only the kernels --keys names.
 
     Each kernel is run at sizes drawn from its recipe regions (a typical, a small, a boundary and a large
-    size) with random inputs, through FA4 itself and through the lean runtime, and checked against an fp32
+    size; a paged kernel also over a KV pool past 32-bit offsets, last, alone on its GPU) with random inputs, through FA4 itself and through the lean runtime, and checked against an fp32
     reference: out, lse and, for training kernels, dq, dk and dv; a deterministic backward must repeat
     bitwise; the lean runtime must equal FA4. Each check runs in a worker process under a deadline: a crash
     or a hang costs one verdict, never the run. Verdicts (pass, wrong, crash, hang, refused) go into the

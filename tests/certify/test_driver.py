@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -47,3 +48,31 @@ def test_h200_default_certify_out_of_memory_checks_run_again_with_the_gpu_to_the
     assert {i: o.status for i, o in run.found.items()} == {"a": "pass", "b": "pass", "c": "error"}
     assert set(driver._journal_read(journal)) == {"a", "b", "c"}  # the later outcome is the one a resume reads
     assert driver._journal_read(journal)["b"].status == "pass"
+
+
+def test_wide_checks_run_last_with_the_gpu_to_themselves(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A wide check's KV pool (more than 2^31 elements of K and of V: about 11 GB in bf16) fits no worker's share at
+    -j 16: wide checks run after the others, one worker per GPU, beside the checks that ran out of memory."""
+    ran: list[tuple[str, int]] = []
+
+    class Pool:
+        def __init__(self, _root: Path, _sku: str, _gpus: list[int], jobs: int, *_: object) -> None:
+            self.jobs = jobs
+
+        def run(self, pending: list[tuple[str, Check]], stop: Callable[[], bool],
+                skip: Callable[[Check], bool]) -> Iterator[Outcome]:
+            for ident, check in pending:
+                ran.append((ident, self.jobs))
+                full = self.jobs > 1 and check.label == "full"
+                yield Outcome(ident, check, "error" if full else "pass",
+                              detail="AcceleratorError: CUDA error: out of memory" if full else "")
+
+    monkeypatch.setattr(driver, "Pool", Pool)
+    wide = dataclasses.replace(_check("wide", "w"), kind="wide")
+    for jobs, expected in ((16, [("a", 16), ("b", 16), ("w", 1), ("b", 1)]), (1, [("a", 1), ("b", 1), ("w", 1)])):
+        ran.clear()
+        run = driver._Run(SimpleNamespace(root=tmp_path), SimpleNamespace(name="h200"),  # type: ignore[arg-type]
+                          driver.Options(jobs=jobs, gpus=(0,)), {}, 3, None, lambda: False)
+        run.all([("w", wide), ("a", _check("fits", "a")), ("b", _check("full", "b"))])
+        assert ran == expected
+        assert {i: o.status for i, o in run.found.items()} == {"a": "pass", "b": "pass", "w": "pass"}

@@ -238,3 +238,34 @@ def test_paged_checks_draw_caches_whose_sequences_own_their_pages() -> None:
            and (p["pages_per_seq"] - 1) * 16 < p["max_seqlen_k"] <= p["pages_per_seq"] * 16]
     assert len(own) >= len(points) // 3, (len(own), len(points))
     assert any(p["seqlen_q"] <= 4 and p["max_seqlen_k"] >= 4096 for p in own), own
+
+
+@pytest.mark.parametrize("page_size,head_dim,head_dim_v", [(16, 160, 160), (128, 128, 128), (1, 64, 64),
+                                                         (64, 192, 128)])
+def test_a_paged_signature_gets_one_wide_check_past_32_bit_offsets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    page_size: int, head_dim: int,
+                                                                    head_dim_v: int) -> None:
+    """A serving engine's KV cache is most of its GPU; the ordinary checks keep every input below 2^28 elements, so
+    an index of the pool held in 32 bits (vLLM's FlexAttention overflowed so, vllm-project/vllm#50427) was never
+    reached. Each paged signature now gets one decode over a pool whose K and V each hold more than 2^31 elements,
+    in the callers' domain, within the wide memory bound; other layouts none."""
+    sig = dataclasses.replace(PAGED, page_size=page_size, head_dim=head_dim, head_dim_v=head_dim_v)
+    checks, _unreached = _planned_outside(sig, ["lt", _sym("max_seqlen_k"), _sym("seqlen_q")], tmp_path, monkeypatch)
+    (wide,) = [c for c in checks if c.kind == "wide"]
+    p = wide.point
+    pool = p["num_pages"] * page_size * p["heads_kv"]
+    assert pool * head_dim > 2**31 and pool * head_dim_v > 2**31
+    assert p["seqlen_q"] == p["max_seqlen_q"] == 1 <= p["max_seqlen_k"] <= p["pages_per_seq"] * page_size
+    assert plan.in_domain(sig, p) and plan._memory(sig, {k: np.array([v]) for k, v in p.items()})[0] <= plan.WIDE_BYTES
+    assert all(c.kind != "wide" for c in _planned_outside(VARLEN, ["gt", _sym("max_seqlen_q"), _sym("total_q")],
+                                                          tmp_path, monkeypatch)[0])
+
+
+def test_one_wide_check_per_kernel_set() -> None:
+    """Paged signatures at other page sizes, or models of one GQA ratio, launch one kernel: one wide check for it."""
+    def check(kind: str, key: str, label: str) -> plan.Check:
+        return plan.Check(PAGED, {}, (plan.Use("FlashAttentionForwardSm90", key * 64),), kind, 1, label)
+
+    checks = [check("wide", "a", "16"), check("small", "a", "16"), check("wide", "a", "128"), check("wide", "b", "64")]
+    assert [(c.kind, c.label) for c in plan._one_wide_per_kernel_set(checks)] == [("wide", "16"), ("small", "16"),
+                                                                                 ("wide", "64")]
