@@ -22,9 +22,9 @@ def _check(label: str, key: str) -> Check:
                  (Use("_flash_attn_bwd", key * 64),), "small", 1, label)
 
 
-def test_h200_default_certify_out_of_memory_checks_run_again_with_the_gpu_to_themselves(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # at -j 16 on the H200 a tiny check met a GPU the other workers had filled: once more alone, it gets a verdict
+def _stand_in_pool(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Replace the driver's Pool by one that runs nothing: a check labelled "full" runs out of GPU memory on a
+    shared GPU (jobs > 1), one labelled "always" everywhere, the others pass. Returns the (check id, jobs) it ran."""
     ran: list[tuple[str, int]] = []
 
     class Pool:
@@ -40,6 +40,13 @@ def test_h200_default_certify_out_of_memory_checks_run_again_with_the_gpu_to_the
                               detail="AcceleratorError: CUDA error: out of memory" if full else "")
 
     monkeypatch.setattr(driver, "Pool", Pool)
+    return ran
+
+
+def test_h200_default_certify_out_of_memory_checks_run_again_with_the_gpu_to_themselves(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # at -j 16 on the H200 a tiny check met a GPU the other workers had filled: once more alone, it gets a verdict
+    ran = _stand_in_pool(monkeypatch)
     journal = tmp_path / "journal.jsonl"
     run = driver._Run(SimpleNamespace(root=tmp_path), SimpleNamespace(name="h200"),  # type: ignore[arg-type]
                       driver.Options(jobs=16, gpus=(0,), journal=journal), {}, 3, None, lambda: False)
@@ -53,21 +60,7 @@ def test_h200_default_certify_out_of_memory_checks_run_again_with_the_gpu_to_the
 def test_wide_checks_run_last_with_the_gpu_to_themselves(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A wide check's KV pool (more than 2^31 elements of K and of V: about 11 GB in bf16) fits no worker's share at
     -j 16: wide checks run after the others, one worker per GPU, beside the checks that ran out of memory."""
-    ran: list[tuple[str, int]] = []
-
-    class Pool:
-        def __init__(self, _root: Path, _sku: str, _gpus: list[int], jobs: int, *_: object) -> None:
-            self.jobs = jobs
-
-        def run(self, pending: list[tuple[str, Check]], stop: Callable[[], bool],
-                skip: Callable[[Check], bool]) -> Iterator[Outcome]:
-            for ident, check in pending:
-                ran.append((ident, self.jobs))
-                full = self.jobs > 1 and check.label == "full"
-                yield Outcome(ident, check, "error" if full else "pass",
-                              detail="AcceleratorError: CUDA error: out of memory" if full else "")
-
-    monkeypatch.setattr(driver, "Pool", Pool)
+    ran = _stand_in_pool(monkeypatch)
     wide = dataclasses.replace(_check("wide", "w"), kind="wide")
     for jobs, expected in ((16, [("a", 16), ("b", 16), ("w", 1), ("b", 1)]), (1, [("a", 1), ("b", 1), ("w", 1)])):
         ran.clear()
