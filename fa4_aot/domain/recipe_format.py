@@ -111,7 +111,12 @@ MAX_TENSORS, MAX_STEPS, MAX_GUARDS, MAX_KERNELS, MAX_OUTS, MAX_NESTING = 1024, 4
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def check_region(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, int]]] | None = None) -> None:
+# check_region's memo: id -> (the object, held so that its id is no other's; the highest tensor slot and kernel
+# index it names)
+Admitted = dict[int, tuple[Any, int, int]]
+
+
+def check_region(region: Any, memo: dict[frozenset[str], Admitted] | None = None) -> None:
     """ValueError unless `region` is a recipe region of a format in FORMATS holding only what FA4's host
     path does (its size expressions over size_names of its layout and format). `memo` (one per document, kept only
     while the document lives) holds, per size names, the guard, meta, kernel and step objects (and lists of them)
@@ -139,7 +144,7 @@ def check_region(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, in
     _admit(seen, values, lambda t: _flat(t, str, "toolchain"), [region.get("toolchain", {})])  # shared in a file
 
 
-def check_guards(region: Any, memo: dict[frozenset[str], dict[int, tuple[int, int]]] | None = None) -> None:
+def check_guards(region: Any, memo: dict[frozenset[str], Admitted] | None = None) -> None:
     """ValueError unless `region`'s guards may be evaluated: its fields, format and layout as check_region admits
     them and every guard a size expression symexpr.check admits over its size names (bounded literals, operand
     counts and nesting: D26, D37). A part of check_region (which `memo` spares the guards' check again): what the
@@ -175,21 +180,23 @@ def _names(layout: str, fmt: int) -> frozenset[str]:
     return frozenset(size_names(layout, fmt))
 
 
-def _admit(seen: dict[int, tuple[int, int]], values: _Values, check: Any, xs: list[Any]) -> tuple[int, int]:
+def _admit(seen: Admitted, values: _Values, check: Any, xs: list[Any]) -> tuple[int, int]:
     """(highest tensor slot, highest kernel index) the objects of `xs` name (-1: none), each checked by `check`
-    unless `seen` holds it (by id) already; the list's own id is remembered too."""
+    unless `seen` holds it already; the list itself is remembered too. `seen` holds each object it names, so that
+    no id in it is ever another object's: a list made for one call and freed (CPython gives its memory to the next
+    list made, such as a region a compact file unpacks later) admitted that later list unchecked."""
     found = seen.get(id(xs))
-    if found is None:
+    if found is None or found[0] is not xs:
         top_slot = top_kernel = -1
         for x in xs:
             named = seen.get(id(x))
-            if named is None:
+            if named is None or named[0] is not x:
                 values.top_slot = values.top_kernel = -1
                 check(x)
-                named = seen[id(x)] = (values.top_slot, values.top_kernel)
-            top_slot, top_kernel = max(top_slot, named[0]), max(top_kernel, named[1])
-        found = seen[id(xs)] = (top_slot, top_kernel)
-    return found
+                named = seen[id(x)] = (x, values.top_slot, values.top_kernel)
+            top_slot, top_kernel = max(top_slot, named[1]), max(top_kernel, named[2])
+        found = seen[id(xs)] = (xs, top_slot, top_kernel)
+    return found[1], found[2]
 
 
 def _within(top_slot: int, tensors: int, top_kernel: int, kernels: int) -> None:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from . import symexpr
 from .recipe_file import Packed
-from .recipe_format import check_guards, check_region
+from .recipe_format import Admitted, check_guards, check_region
 
 Arg = Any  # a recorded argument: None, a bool, an int, a list of arguments, or one tagged object (see above)
 
@@ -206,27 +206,27 @@ class LazyRegion:
 
 class _Shared:
     """What parsing one document's regions shares: the objects recipe_format admitted (check_region's memo) and
-    the typed value built from each document object, both by the object's id. `document` (the regions parsed) is
-    kept while this lives, so that no id in it is reused: LazyRegion parses its region long after the file is read.
-    """
+    the typed value built from each document object, both by the object's id, each holding its object (an id of a
+    freed object is the next one's: a compact file's region is unpacked when first selected, after other regions
+    were checked). `document` (the regions parsed) is kept while this lives."""
 
     def __init__(self, document: Any = None) -> None:
         self.document = document
-        self.checked: dict[frozenset[str], dict[int, tuple[int, int]]] = {}
-        self.built: dict[int, Any] = {}
+        self.checked: dict[frozenset[str], Admitted] = {}
+        self.built: dict[int, tuple[Any, Any]] = {}  # id -> (the document object, held: its id is no other's; value)
 
     def value(self, build: Any, doc: Any) -> Any:
         found = self.built.get(id(doc))
-        if found is None:
-            found = self.built[id(doc)] = build(doc)
-        return found
+        if found is None or found[0] is not doc:
+            found = self.built[id(doc)] = (doc, build(doc))
+        return found[1]
 
     def values(self, build: Any, docs: list[Any]) -> tuple[Any, ...]:
         """The typed values of a list of documents (one tuple per list object: regions share lists too)."""
         found = self.built.get(id(docs))
-        if found is None:
-            found = self.built[id(docs)] = tuple(self.value(build, d) for d in docs)
-        return found
+        if found is None or found[0] is not docs:
+            found = self.built[id(docs)] = (docs, tuple(self.value(build, d) for d in docs))
+        return found[1]
 
 
 def _meta(doc: list[Any]) -> TensorMeta:

@@ -166,3 +166,36 @@ def test_server_check_applies_the_same_format() -> None:
     region["guards"].append(["gt", ["pow", 10, 10**9], 1])
     with pytest.raises(ValueError, match="exponent"):
         recipes.check_file(json.dumps(doc).encode(), key, sku.target_facts())
+
+
+def test_a_freed_objects_id_in_the_memo_admits_no_later_list() -> None:
+    """check_region's memo keys the objects it admitted by id. It also noted a list made for the call alone
+    (the toolchain's), freed when the call returned: CPython hands that memory to the next list made, and a region
+    unpacked later (the lean runtime unpacks a compact file's region when a call first selects it) found its
+    foreign step "admitted already" and unchecked. The memo now keeps every object it names alive."""
+    from fa4_aot.domain import recipe_format
+
+    first = _region()
+    for spares in range(8):  # lists freed after the toolchain's go to the first lists made: spares take them
+        memo: dict[Any, Any] = {}
+        recipe_format.check_region(first, memo)
+        later = dict(first)
+        kept = [[] for _ in range(spares)]
+        later["fwd"] = [FOREIGN_STEP]
+        with pytest.raises(ValueError, match="load_library"):
+            recipe_format.check_region(later, memo)
+        del kept
+
+
+def test_a_freed_documents_id_gives_no_later_document_its_typed_value() -> None:
+    """region._Shared builds each document object's typed value once, by id: a document freed and another made
+    at its memory (a region a compact file unpacks at its first selection) got the first one's steps."""
+    from fa4_aot.domain.region import _Shared
+
+    for spares in range(8):
+        shared = _Shared()
+        assert shared.value(tuple, [1, 2]) == (1, 2)  # the list is freed when the call returns
+        kept = tuple([] for _ in range(spares))
+        assert shared.value(tuple, [3, 4]) == (3, 4)
+        assert shared.values(str, [5]) == ("5",) and shared.values(str, [6]) == ("6",)
+        del kept
