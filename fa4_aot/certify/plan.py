@@ -277,7 +277,7 @@ def _own_pages(sig: Signature, points: dict[str, Any]) -> None:
     does without shared prefixes: a page table just long enough for the longest sequence, over a pool of batch x
     pages_per_seq pages (MAX_POOL_PAGES at most). The draws alone pick the pool and the table apart from the batch
     and the keys (30 sequences sharing a pool of one page, tables of 10,639 pages for 2 keys): the long decode
-    caches of real serving, where FA4's paged head-dim-160 forward crashed on the H200, were drawn seldom if ever."""
+    caches of real serving (the paged head-dim-160 crash was met in one) were drawn seldom if ever."""
     if sig.layout != "paged":
         return
     every_other = np.arange(len(points[HEADS])) % 2 == 0
