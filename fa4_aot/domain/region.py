@@ -166,7 +166,7 @@ def lazy_regions(regions: Any) -> list[LazyRegion]:
     if not isinstance(regions, list):
         raise ValueError("recipe regions are not a list")
     packed = [r if isinstance(r, Packed) else Packed(r) for r in regions]
-    found, shared = [], _Shared(packed)
+    found, shared = [], _Shared()
     for i, region in enumerate(packed):
         try:
             check_guards(region.head, shared.checked)
@@ -208,10 +208,9 @@ class _Shared:
     """What parsing one document's regions shares: the objects recipe_format admitted (check_region's memo) and
     the typed value built from each document object, both by the object's id, each holding its object (an id of a
     freed object is the next one's: a compact file's region is unpacked when first selected, after other regions
-    were checked). `document` (the regions parsed) is kept while this lives."""
+    were checked)."""
 
-    def __init__(self, document: Any = None) -> None:
-        self.document = document
+    def __init__(self) -> None:
         self.checked: dict[frozenset[str], Admitted] = {}
         self.built: dict[int, tuple[Any, Any]] = {}  # id -> (the document object, held: its id is no other's; value)
 
