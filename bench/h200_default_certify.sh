@@ -5,7 +5,8 @@
 # over the kernels built so far while it builds. Issue 29's figures from the same store, taken between the build and
 # certification: build time, object and recipe bytes, a new signature's first call (lean and FA4), and at the end
 # a fresh process's first call. DC_REPRO=<findings.jsonl in the tree>: at the end, those findings run through FA4's
-# own JIT (bench/repro_findings.py). Run on the device from the repo root, after
+# own JIT (bench/repro_findings.py). DC_STEPS=1 (default): also the first call's host steps over a tiny store
+# (bench/lean_load_steps.py); DC_SECOND=0: no second certify run. Run on the device from the repo root, after
 # .device/p2/install.sh:
 #   bash bench/h200_default_certify.sh start               # snapshot the code, start the pipeline in its own session
 #   bash bench/h200_default_certify.sh wait SECONDS OUT    # progress lines until done or SECONDS; results into OUT
@@ -35,7 +36,7 @@ start)
   src=${DC_SRC:-.}  # a tree to run instead of the working tree (e.g. a `git archive` of a commit, carried)
   cp -r "$src/fa4_aot" "$src/variants.toml" "$src/pyproject.toml" "$code/"
   cp "$src/bench/h200_default_certify.sh" "$src/bench/recipe_bytes.py" "$src/bench/lean_first_call_profile.py" \
-    "$src/bench/lean_new_signature.py" "$src/bench/repro_findings.py" "$code/bench/"
+    "$src/bench/lean_new_signature.py" "$src/bench/repro_findings.py" "$src/bench/lean_load_steps.py" "$code/bench/"
   [ -n "${DC_REPRO:-}" ] && cp "$src/$DC_REPRO" "$code/bench/findings.jsonl"
   [ -d "$src/tests" ] && cp -r "$src/tests" "$code/"  # the GPU model suite, run beside certification
   cd "$code" && setsid nohup bash bench/h200_default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
@@ -45,7 +46,9 @@ start)
 pipeline)
   cd "$code"
   date +%s > "$run/t0"
-  ( FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir "$store" build --sku h200 --variants "$variants" -j "$(nproc)" > "$run/build.log" 2>&1
+  # DC_BUILD_POLICY: the build's FA4_AOT_CERTIFIED; unset, known-bad: the default build (the known-bad registry in force: what
+  # issue 29 times); `off` builds the registry's kernels too, for certification to meet them
+  ( FA4_AOT_CERTIFIED=${DC_BUILD_POLICY:-known-bad} py -m fa4_aot --cache-dir "$store" build --sku h200 --variants "$variants" -j "$(nproc)" > "$run/build.log" 2>&1
     echo $? > "$run/build.rc"; date +%s > "$run/build.end" ) &
   round=0
   # DC_CONCURRENT=1: certify what is built so far while it builds (uses the GPU during the build, but the build's
@@ -73,6 +76,13 @@ pipeline)
   FA4_AOT_CACHE="$store" py bench/lean_new_signature.py "$run/new_signature-profile.json" lean --profile \
     > "$run/new_signature-profile.log" 2>&1
   echo "$(date +%T) issue 29's figures taken"
+  { nproc; df -hT /tmp /dev/shm "$store"; } > "$run/host.txt" 2>&1
+  if [ "${DC_STEPS:-1}" = 1 ]; then  # the first call's host steps (bench/lean_load_steps.py) on this host's CPU
+    FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir /root/tinystore build --sku h200 \
+      --variants tests/data/tiny_variants.toml -j "$(nproc)" > "$run/tiny_build.log" 2>&1
+    FA4_AOT_SKU=h200 py bench/lean_load_steps.py /root/tinystore "$run/load_steps.json" 15 > "$run/load_steps.log" 2>&1
+    echo "$(date +%T) first-call steps: exit $?"
+  fi
   certify() {  # the command issue 27 names, over the whole store; the second must find nothing left
     start=$(date +%s)
     py -m fa4_aot --cache-dir "$store" certify --sku h200 -j "${DC_JOBS:-16}" --recheck-known-bad --json \
@@ -94,7 +104,7 @@ pipeline)
   py -m fa4_aot --cache-dir "$store" list --sku h200 --json > "$run/list.json" 2> "$run/list.err"
   py -m fa4_aot --cache-dir "$store" known-bad --sku h200 --json > "$run/known-bad.json" 2>&1
   FA4_AOT_CACHE="$store" py bench/lean_first_call_profile.py "$run/first_call.json" > "$run/first_call.log" 2>&1
-  certify 2
+  [ "${DC_SECOND:-1}" = 1 ] && certify 2  # DC_SECOND=0: no resume check
   date +%s > "$run/certified"
   if [ -f bench/findings.jsonl ]; then  # DC_REPRO: earlier findings reproduced with FA4's JIT alone
     py bench/repro_findings.py bench/findings.jsonl "$run/repro.json" > "$run/repro.log" 2>&1
