@@ -6,7 +6,7 @@
 # certification: build time, object and recipe bytes, a new signature's first call (lean and FA4), and at the end
 # a fresh process's first call. DC_REPRO=<findings.jsonl in the tree>: at the end, those findings run through FA4's
 # own JIT (bench/repro_findings.py). DC_STEPS=1 (default): also the first call's host steps over a tiny store
-# (bench/lean_load_steps.py); DC_SECOND=0: no second certify run. Run on the device from the repo root, after
+# (bench/lean_load_steps.py); DC_FIGURES=0: none of issue 29's figures but the bytes; DC_SECOND=0: no second certify run. Run on the device from the repo root, after
 # .device/p2/install.sh:
 #   bash bench/h200_default_certify.sh start               # snapshot the code, start the pipeline in its own session
 #   bash bench/h200_default_certify.sh wait SECONDS OUT    # progress lines until done or SECONDS; results into OUT
@@ -35,6 +35,7 @@ start)
   mkdir -p "$code/bench" "$run"
   src=${DC_SRC:-.}  # a tree to run instead of the working tree (e.g. a `git archive` of a commit, carried)
   cp -r "$src/fa4_aot" "$src/variants.toml" "$src/pyproject.toml" "$code/"
+  [ -d "$src/service" ] && cp -r "$src/service" "$code/"  # tests/conftest.py's server fixtures import it
   cp "$src/bench/h200_default_certify.sh" "$src/bench/recipe_bytes.py" "$src/bench/lean_first_call_profile.py" \
     "$src/bench/lean_new_signature.py" "$src/bench/repro_findings.py" "$src/bench/lean_load_steps.py" "$code/bench/"
   [ -n "${DC_REPRO:-}" ] && cp "$src/$DC_REPRO" "$code/bench/findings.jsonl"
@@ -66,8 +67,9 @@ pipeline)
     sleep 15
   done
   echo "$(date +%T) build ended: exit $(cat "$run/build.rc"), $(( $(cat "$run/build.end") - $(cat "$run/t0") )) s"
-  # issue 29's figures first (a minute): they need the store, not the verdicts
+  # issue 29's figures first (a minute): they need the store, not the verdicts; DC_FIGURES=0 skips them
   du -sb "$store"/* > "$run/du.txt" 2>&1
+  if [ "${DC_FIGURES:-1}" = 1 ]; then
   py bench/recipe_bytes.py "$store" "$run/recipe_bytes.json" > "$run/recipe_bytes.log" 2>&1
   for runtime in lean fa4 lean; do
     FA4_AOT_CACHE="$store" py bench/lean_new_signature.py "$run/new_signature-$runtime.json" "$runtime" \
@@ -76,6 +78,7 @@ pipeline)
   FA4_AOT_CACHE="$store" py bench/lean_new_signature.py "$run/new_signature-profile.json" lean --profile \
     > "$run/new_signature-profile.log" 2>&1
   echo "$(date +%T) issue 29's figures taken"
+  fi
   { nproc; df -hT /tmp /dev/shm "$store"; } > "$run/host.txt" 2>&1
   if [ "${DC_STEPS:-1}" = 1 ]; then  # the first call's host steps (bench/lean_load_steps.py) on this host's CPU
     FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir /root/tinystore build --sku h200 \
