@@ -84,7 +84,7 @@ pipeline)
     FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir /root/tinystore build --sku h200 \
       --variants tests/data/tiny_variants.toml -j "$(nproc)" > "$run/tiny_build.log" 2>&1
     FA4_AOT_SKU=h200 py bench/lean_load_steps.py /root/tinystore "$run/load_steps.json" 15 > "$run/load_steps.log" 2>&1
-    echo "$(date +%T) first-call steps: exit $?"
+    rc=$?; echo "$(date +%T) first-call steps: exit $rc"
   fi
   certify() {  # the command issue 27 names, over the whole store; the second must find nothing left
     start=$(date +%s)
@@ -101,7 +101,7 @@ pipeline)
     start=$(date +%s)
     FA4_AOT_CACHE="$store" py -m pytest -q -p no:cacheprovider -rA --tb=short tests/gpu/test_h200_models_lean.py \
       > "$run/models_lean.txt" 2>&1
-    echo "$(date +%T) model suite through both runtimes: exit $?, $(( $(date +%s) - start )) s"
+    rc=$?; echo "$(date +%T) model suite through both runtimes: exit $rc, $(( $(date +%s) - start )) s"
   fi
   wait
   py -m fa4_aot --cache-dir "$store" list --sku h200 --json > "$run/list.json" 2> "$run/list.err"
@@ -111,7 +111,7 @@ pipeline)
   date +%s > "$run/certified"
   if [ -f bench/findings.jsonl ]; then  # DC_REPRO: earlier findings reproduced with FA4's JIT alone
     py bench/repro_findings.py bench/findings.jsonl "$run/repro.json" > "$run/repro.log" 2>&1
-    echo "$(date +%T) findings reproduced with FA4 alone: exit $?"
+    rc=$?; echo "$(date +%T) findings reproduced with FA4 alone: exit $rc"
   fi
   date +%s > "$run/done"
   ;;
