@@ -193,3 +193,18 @@ def test_load_names_an_unreadable_or_broken_file(tmp_path: Any) -> None:
     (tmp_path / "broken.toml").write_text("format = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         known_bad.load(tmp_path / "broken.toml")
+
+
+def test_the_project_file_refuses_the_h200s_head_dim_128_value_64_backward_without_a_mask() -> None:
+    """Certification on the H200 (session 17) found FA4's sm_90 backward wrong at head dims 128/64 without a causal
+    mask, and right at 128/64 causal and 128/128 or 96/64 without a mask: the entry names that kernel class alone."""
+    registry = known_bad.load()
+    full = replace(SIG, head_dim=128, head_dim_v=64, mask="full")
+    found = registry.find(full, arch="sm_90a", versions=TOOLS, part="bwd")
+    assert found is not None and found.id == "sm90-bwd-hd128-dv64-full"
+    assert registry.find(replace(full, layout="varlen", dtype="fp16", pass_="bwd_det"), arch="sm_90a",
+                         versions=TOOLS, part="bwd") is found
+    for fine in (replace(full, mask="causal"), replace(full, head_dim_v=128), replace(full, head_dim=96)):
+        assert registry.find(fine, arch="sm_90a", versions=TOOLS, part="bwd") is None, fine
+    assert registry.find(full, arch="sm_90a", versions=TOOLS, part="fwd") is None  # out is right
+    assert registry.find(full, arch="sm_100a", versions=TOOLS) is None
