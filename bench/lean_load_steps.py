@@ -57,6 +57,7 @@ STEPS = [
     ("bind steps", "fa4_aot.runtime.replay", "", "bind"),
     ("link folder creation (mkdtemp)", "tempfile", "", "mkdtemp"),
     ("link folder removal (rmtree)", "shutil", "", "rmtree"),
+    ("folder removal call (os.rmdir; inside rmtree too)", "os", "", "rmdir"),
 ]
 SIZES = {"batch": 1, "seqlen_q": 512, "seqlen_k": 512}
 

@@ -220,7 +220,9 @@ def _valid_depth(text: bytes) -> None:
     encoding = json.detect_encoding(text)
     if encoding not in ("utf-8", "utf-8-sig"):  # UTF-16 or -32, which json reads too: ASCII bytes as UTF-8
         text = text.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
-    syntax = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_SYNTAX).replace(b'""', b"")
+    if b"\\" in text:  # else there is no escape to remove (few files hold one), and each replace is a pass
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    syntax = text.translate(None, _NOT_SYNTAX).replace(b'""', b"")
     if b'"' in syntax:
         syntax = b"".join(syntax.split(b'"')[::2])
     _peel(syntax)

@@ -102,6 +102,7 @@ def call_sizes(call: Call) -> dict[str, int]:
 REQUIRED = frozenset({"format", "signature", "guards", "inputs", "tensors", "meta", "fwd", "bwd", "outputs",
                       "kernels", "softmax_scale"})
 OPTIONAL = frozenset({"recorded_at", "toolchain"})  # written by the recorder, read by builds only
+_FIELDS = REQUIRED | OPTIONAL
 INPUTS = frozenset({"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "learnable_sink",
                     "dout"})
 OUTPUTS = frozenset({"out", "lse", "dq", "dk", "dv", "dsink"})
@@ -109,6 +110,7 @@ KWARGS = frozenset({"dtype", "device", "pin_memory", "layout", "memory_format", 
 # Far above what FA4 records (at most 50 tensors, 53 steps, 22 guards and 10 kernels a region in the survey above)
 MAX_TENSORS, MAX_STEPS, MAX_GUARDS, MAX_KERNELS, MAX_OUTS, MAX_NESTING = 1024, 4096, 4096, 256, 8, 8
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_LAUNCH, _OP = frozenset({"launch", "args"}), frozenset({"op", "args", "kwargs", "out", "tuple"})  # a step's fields
 
 
 # check_region's memo: id -> (the object, held so that its id is no other's; the highest tensor slot and kernel
@@ -160,18 +162,19 @@ def _header(region: Any) -> tuple[str, _Values]:
     otherwise."""
     if not isinstance(region, dict):
         raise ValueError("not an object")
-    missing, extra = sorted(REQUIRED - set(region)), sorted(set(region) - REQUIRED - OPTIONAL)
-    if missing:
-        raise ValueError(f"fields missing: {', '.join(missing)}")
-    if extra:
+    fields = region.keys()
+    if not (fields >= REQUIRED and fields <= _FIELDS):  # the set comparisons alone when all is well (each region)
+        missing, extra = sorted(REQUIRED - set(region)), sorted(set(region) - _FIELDS)
+        if missing:
+            raise ValueError(f"fields missing: {', '.join(missing)}")
         raise ValueError(f"unknown fields: {', '.join(str(e)[:40] for e in extra[:5])}")
-    if region["format"] not in FORMATS or isinstance(region["format"], bool):
-        raise ValueError(f"format {str(region['format'])[:20]} (this fa4-aot reads formats "
-                         f"{', '.join(map(str, FORMATS))})")
-    layout = region["signature"].get("layout") if isinstance(region["signature"], dict) else None
+    fmt, signature = region["format"], region["signature"]
+    if fmt not in FORMATS or isinstance(fmt, bool):
+        raise ValueError(f"format {str(fmt)[:20]} (this fa4-aot reads formats {', '.join(map(str, FORMATS))})")
+    layout = signature.get("layout") if isinstance(signature, dict) else None
     if layout not in SIZE_NAMES:
         raise ValueError(f"signature of layout {str(layout)[:40]!r} (recipes exist for {', '.join(SIZE_NAMES)})")
-    return layout, _Values(_names(layout, region["format"]))
+    return layout, _Values(_names(layout, fmt))
 
 
 @functools.cache
@@ -194,7 +197,10 @@ def _admit(seen: Admitted, values: _Values, check: Any, xs: list[Any]) -> tuple[
                 values.top_slot = values.top_kernel = -1
                 check(x)
                 named = seen[id(x)] = (x, values.top_slot, values.top_kernel)
-            top_slot, top_kernel = max(top_slot, named[1]), max(top_kernel, named[2])
+            if named[1] > top_slot:  # comparisons, not max(): this loop runs for every guard of every region
+                top_slot = named[1]
+            if named[2] > top_kernel:
+                top_kernel = named[2]
         found = seen[id(xs)] = (xs, top_slot, top_kernel)
     return found[1], found[2]
 
@@ -228,13 +234,13 @@ class _Values:
         self.value(meta[2])
 
     def step(self, step: Any) -> None:
-        if isinstance(step, dict) and set(step) == {"launch", "args"}:
+        if isinstance(step, dict) and step.keys() == _LAUNCH:
             if isinstance(step["launch"], bool) or not isinstance(step["launch"], int) \
                     or not 0 <= step["launch"] < MAX_KERNELS:
                 raise ValueError(f"launch of kernel {str(step['launch'])[:20]}, not one of a region's at most "
                                  f"{MAX_KERNELS}")
             self.top_kernel = max(self.top_kernel, step["launch"])
-        elif isinstance(step, dict) and set(step) == {"op", "args", "kwargs", "out", "tuple"}:
+        elif isinstance(step, dict) and step.keys() == _OP:
             if not isinstance(step["op"], str) or step["op"] not in ATEN_OPS:
                 raise ValueError(f"op {str(step['op'])[:80]!r} is not one FA4's host path uses "
                                  f"({', '.join(sorted(ATEN_OPS))})")
@@ -252,6 +258,26 @@ class _Values:
 
     def value(self, x: Any, depth: int = 0) -> None:
         """An argument as recorded: None, a bool, a bounded int, a list of them, or one tagged object."""
+        kind = type(x)  # the kinds a recipe's arguments are made of first, by exact type (each argument of a region)
+        if kind is int and -symexpr.MAX_MAGNITUDE <= x <= symexpr.MAX_MAGNITUDE:  # what symexpr.check admits
+            return
+        if depth < MAX_NESTING:
+            if kind is list:
+                for y in x:
+                    self.value(y, depth + 1)
+                return
+            if kind is dict and len(x) == 1:
+                ((tag, v),) = x.items()
+                if tag == "t" and type(v) is int and 0 <= v < MAX_TENSORS:  # what slot() admits
+                    if v > self.top_slot:
+                        self.top_slot = v
+                    return
+                self._tagged(tag, v, depth)
+                return
+        self._value(x, depth)
+
+    def _value(self, x: Any, depth: int) -> None:
+        """value() of what its exact types above did not take (each refusal raised here)."""
         if x is None or isinstance(x, bool):
             return
         if isinstance(x, int):
@@ -278,9 +304,9 @@ class _Values:
         elif tag == "kw" and isinstance(v, dict) and set(v) <= KWARGS:
             for y in v.values():
                 self.value(y, depth + 1)
-        elif not ({"in": v == "softmax_scale", "device": v is True,
-                   "dtype": isinstance(v, str) and v in DTYPES,
-                   "torch": isinstance(v, str) and v in TORCH_NAMES}.get(tag, False)):
+        elif not (tag == "dtype" and isinstance(v, str) and v in DTYPES
+                  or tag == "torch" and isinstance(v, str) and v in TORCH_NAMES
+                  or tag == "in" and v == "softmax_scale" or tag == "device" and v is True):
             raise ValueError(f"argument {{{tag[:40]!r}: {str(v)[:80]}}} is not one a recipe may hold")
 
 

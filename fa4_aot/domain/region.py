@@ -138,9 +138,7 @@ class Region:
             return []
         made = {s for step in self.bwd if isinstance(step, Op) for s in step.out if s is not None}
         made.add(self.inputs["dout"])
-        read: set[int] = set()
-        for step in self.bwd:
-            read |= _slots_in([step.args, step.kwargs] if isinstance(step, Op) else step.args)
+        read = _slots_in([[step.args, step.kwargs] if isinstance(step, Op) else step.args for step in self.bwd])
         return sorted(read - made)
 
 
@@ -237,15 +235,19 @@ def _kernel(doc: Mapping[str, Any]) -> KernelUse:
 
 
 def _slots_in(args: Arg) -> set[int]:
-    """The tensor slots an argument tree names ({"t": slot} leaves)."""
-    if isinstance(args, dict) and set(args) == {"t"}:
-        return {args["t"]}
-    if isinstance(args, list | dict):
-        found: set[int] = set()
-        for a in args.values() if isinstance(args, dict) else args:
-            found |= _slots_in(a)
-        return found
-    return set()
+    """The tensor slots an argument tree names ({"t": slot} leaves); a walk with a stack, not a set per node."""
+    found: set[int] = set()
+    stack = [args]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if len(x) == 1 and "t" in x:
+                found.add(x["t"])
+            else:
+                stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return found
 
 
 def _step(doc: Mapping[str, Any]) -> Step:

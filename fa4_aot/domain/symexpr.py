@@ -127,6 +127,8 @@ def check(expr: Any, names: frozenset[str] | set[str], depth: int = 0) -> None:
 
 def _check(expr: Any, names: frozenset[str] | set[str], depth: int) -> int:
     """check's walk; returns how many operands `expr` holds at every level (a literal or size counts one)."""
+    if type(expr) is int and -MAX_MAGNITUDE <= expr <= MAX_MAGNITUDE:  # the common literal first, by exact type
+        return 1
     if isinstance(expr, bool):
         return 1
     if isinstance(expr, int):

@@ -187,4 +187,7 @@ class Libraries:
             yield
         finally:
             links, self._links = self._links, None
-            shutil.rmtree(links, ignore_errors=True)
+            try:
+                os.rmdir(links)  # empty: each link goes once its library is mapped (one call, not rmtree's walk)
+            except OSError:
+                shutil.rmtree(links, ignore_errors=True)

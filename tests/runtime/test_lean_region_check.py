@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from fa4_aot import config
-from fa4_aot.domain import recipe_file
-from fa4_aot.domain.region import parse_regions
+from fa4_aot.domain import kernel_keys, recipe_file, symexpr
+from fa4_aot.domain.region import lazy_regions, parse_regions
 from fa4_aot.domain.signature import Signature
 from fa4_aot.errors import StoreError
 from fa4_aot.matrix import variants
@@ -178,6 +178,46 @@ def test_compact_file_refused_at_first_read_names_what_its_whole_read_named(tmp_
     with pytest.raises(StoreError) as info:
         _attention(store, doc)
     assert str(info.value) == expected
+
+
+def test_a_guard_regions_share_is_checked_once_per_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compact file stores each distinct guard once and its regions share it: the first read checks each
+    distinct guard once (symexpr.check), however many regions hold it, and every region's guards are admitted."""
+    store, key, doc = _two_regions(tmp_path, lambda r: None)
+    checked: list[str] = []
+    real = symexpr.check
+
+    def counted(expr: Any, names: Any, depth: int = 0) -> None:
+        checked.append(kernel_keys.dumps(expr))
+        real(expr, names, depth)
+
+    monkeypatch.setattr(symexpr, "check", counted)
+    regions = lazy_regions(recipe_file.read(recipe_file.encode(key, doc["regions"]))["regions"])
+    distinct = {kernel_keys.dumps(g) for r in doc["regions"] for g in r["guards"]}
+    assert sorted(checked) == sorted(distinct)
+    assert len(distinct) < sum(len(r["guards"]) for r in doc["regions"])  # shared: fewer checks than guards
+    assert [r.guards for r in regions] == [r["guards"] for r in doc["regions"]]
+
+
+def test_a_shared_guard_admitted_for_one_region_is_refused_for_another(tmp_path: Path) -> None:
+    """A guard is admitted over its region's size names: one the file stores once may be good for a format-3
+    region and name a size a format-1 region lacks. Checked once per set of size names, the second region still
+    refuses the file at first read, as the whole file's load refused it."""
+    shared = ["ge", ["sym", "heads_kv"], 1]
+
+    def format_1(region: dict[str, Any]) -> None:
+        region.update(format=1, guards=[*region["guards"], shared])
+
+    store, key, doc = _two_regions(tmp_path, format_1)
+    doc["regions"][0].update(format=3, guards=[*doc["regions"][0]["guards"], shared])
+    expected = _load_error(store, key, doc)
+    assert "region 1: size 'heads_kv' is not one of" in expected
+    for data in (json.dumps(doc).encode(), recipe_file.encode(key, doc["regions"])):
+        store.put_recipes(key, data)
+        recipes._parsed.clear()
+        with pytest.raises(StoreError) as info:
+            recipes.load_lazy(store, key)
+        assert str(info.value) == expected
 
 
 def _never(*args: Any) -> Any:

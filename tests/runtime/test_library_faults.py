@@ -159,3 +159,20 @@ def test_d28_lean_process_leaves_no_temp_folder(store: Store, tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Function" in done.stdout and len(list(store.entries())) >= 5
     assert sorted(p.name for p in temp.iterdir()) == []
+
+
+def test_a_batchs_link_folder_is_removed_empty_or_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """D28: a batch's link folder goes when the batch ends (one rmdir when its links are gone, as after every load;
+    the whole tree when one is left, e.g. by a load that failed between making and removing its link)."""
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    libraries = Libraries(Store(tmp_path / "cache"), "h200")
+    with libraries._batch():
+        assert libraries._links is not None and libraries._links.parent == temp
+    with libraries._batch():
+        assert libraries._links is not None
+        (libraries._links / "left.so").symlink_to("/proc/self/fd/0")
+    assert list(temp.iterdir()) == [] and libraries._links is None

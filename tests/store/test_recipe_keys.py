@@ -106,3 +106,26 @@ def test_migrate_recipes_files_format_2_regions_under_todays_keys_pinned(tmp_pat
     other = dataclasses.replace(sig, window=(4095, 0))  # one file now, but the region was recorded at (1023, 0)
     assert recipes.recipe_key(other, SKU) == recipes.recipe_key(sig, SKU)
     assert not moved.holds({**sizes, **recipe_format.bound_sizes(other)})
+
+
+SOURCES = [  # (case, signature changes): the passes and layouts whose files differ in what their keys name
+    ("training, deterministic", {"pass_": "bwd_det"}),
+    ("forward with LSE, served by training files too", {"pass_": "fwd_lse"}),
+    ("paged decode with a window", {"pass_": "fwd", "layout": "paged", "page_size": 64, "mask": "local",
+                                    "window": (128, 0)}),
+]
+
+
+@pytest.mark.parametrize("changes", [c for _case, c in SOURCES], ids=[case for case, _c in SOURCES])
+def test_sources_are_each_pass_files_of_every_format_in_order(changes: dict[str, Any]) -> None:
+    """sources() makes each pass's signature document once (issue 29: a new signature's first call pays for it);
+    its keys are still recipe_key's of formats 3 and 2 and legacy_key's, pass by pass, the served passes' forward
+    only."""
+    sig = dataclasses.replace(Signature.from_dict(_region()["signature"]), **changes)
+    expected: dict[str, bool] = {}
+    for pass_ in (sig.pass_, *recipes._SERVED_BY.get(sig.pass_, ())):
+        other = dataclasses.replace(sig, pass_=pass_)
+        for key in (recipes.recipe_key(other, SKU), recipes.recipe_key(other, SKU, 2), recipes.legacy_key(other, SKU)):
+            expected.setdefault(key, pass_ != sig.pass_)
+    assert recipes.sources(sig, SKU) == [recipes.Source(k, f) for k, f in expected.items()]
+    assert len(expected) == 3 * (1 + len(recipes._SERVED_BY.get(sig.pass_, ())))
