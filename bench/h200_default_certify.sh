@@ -40,6 +40,11 @@ start)
     "$src/bench/lean_new_signature.py" "$src/bench/repro_findings.py" "$src/bench/lean_load_steps.py" "$code/bench/"
   [ -n "${DC_REPRO:-}" ] && cp "$src/$DC_REPRO" "$code/bench/findings.jsonl"
   [ -d "$src/tests" ] && cp -r "$src/tests" "$code/"  # the GPU model suite, run beside certification
+  if [ -d "$code/tests/gpu" ] && [ "${DC_MODELS:-1}" = 1 ]; then  # a suite that cannot start says so now, not
+    # after the build's ten minutes (session 17: a snapshot without service/ stopped pytest at collection)
+    (cd "$code" && py -m pytest -q -p no:cacheprovider --collect-only tests/gpu/test_h200_models_lean.py \
+      > "$run/models_collect.txt" 2>&1) || { tail -20 "$run/models_collect.txt"; echo "the model suite does not collect"; exit 3; }
+  fi
   cd "$code" && setsid nohup bash bench/h200_default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 2
   echo "pipeline started: $run/pipeline.log"
