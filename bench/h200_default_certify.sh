@@ -6,7 +6,8 @@
 # certification: build time, object and recipe bytes, a new signature's first call (lean and FA4), and at the end
 # a fresh process's first call. DC_REPRO=<findings.jsonl in the tree>: at the end, those findings run through FA4's
 # own JIT (bench/repro_findings.py). DC_STEPS=1 (default): also the first call's host steps over a tiny store
-# (bench/lean_load_steps.py); DC_FIGURES=0: none of issue 29's figures but the bytes; DC_SECOND=0: no second certify run. Run on the device from the repo root, after
+# (bench/lean_load_steps.py); DC_FIGURES=0: none of issue 29's figures but the bytes; DC_SECOND=0: no second
+# certify run. Run on the device from the repo root, after
 # .device/p2/install.sh:
 #   bash bench/h200_default_certify.sh start               # snapshot the code, start the pipeline in its own session
 #   bash bench/h200_default_certify.sh wait SECONDS OUT    # progress lines until done or SECONDS; results into OUT
@@ -52,8 +53,8 @@ start)
 pipeline)
   cd "$code"
   date +%s > "$run/t0"
-  # DC_BUILD_POLICY: the build's FA4_AOT_CERTIFIED; unset, known-bad: the default build (the known-bad registry in force: what
-  # issue 29 times); `off` builds the registry's kernels too, for certification to meet them
+  # DC_BUILD_POLICY: the build's FA4_AOT_CERTIFIED; unset, known-bad: the default build (the registry in force:
+  # what issue 29 times); `off` builds the registry's kernels too, for certification to meet them
   ( FA4_AOT_CERTIFIED=${DC_BUILD_POLICY:-known-bad} py -m fa4_aot --cache-dir "$store" build --sku h200 --variants "$variants" -j "$(nproc)" > "$run/build.log" 2>&1
     echo $? > "$run/build.rc"; date +%s > "$run/build.end" ) &
   round=0

@@ -65,11 +65,9 @@ def sources(sig: Signature, sku: Sku) -> list[Source]:
     format-2 file (by page size and window too) and its format-1 file (by head counts), then those of the
     training signatures whose forward FA4 runs for it (their regions' forward steps only)."""
     found: dict[str, bool] = {}
-    target = sku.target_facts()
     for pass_ in (sig.pass_, *_SERVED_BY.get(sig.pass_, ())):
-        doc = dataclasses.replace(sig, pass_=pass_).to_dict()  # recipe_key's and legacy_key's, made once
-        for key in (file_key(keyed_signature(doc), target), file_key(keyed_signature(doc, 2), target),
-                    file_key(doc, target)):
+        other = dataclasses.replace(sig, pass_=pass_)
+        for key in (recipe_key(other, sku), recipe_key(other, sku, 2), legacy_key(other, sku)):
             found.setdefault(key, pass_ != sig.pass_)
     return [Source(key, forward) for key, forward in found.items()]
 
