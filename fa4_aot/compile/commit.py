@@ -43,6 +43,7 @@ def commit_kernel(store: Store, entries: Sequence[Entry], data: bytes,
     runtime library they need: the others are linked again on this host afterwards (lean.unlinked)."""
     with store.lock(entries[-1].kernel_key):
         if store.has_entry(entries[0].kernel_key):
+            _put_signposts(store, entries)  # a store written before put_built's order may lack one
             return "present"
         for digest, lib in (libraries or {}).items():
             if store.put_object(lib) != digest:
@@ -64,13 +65,22 @@ def _with_held_libraries(store: Store, entry: Entry) -> Entry:
 
 
 def put_built(store: Store, entries: Sequence[Entry], data: bytes) -> bool:
-    """Store one built kernel, its caller holding the base key's lock: its object first, then its entries (the
-    full key's first, then the base key's signpost if the store has none; a signpost already there stays).
+    """Store one built kernel, its caller holding the base key's lock: its object first, then the base key's
+    signpost if the store has none (one already there stays), then the full key's entry (`entries[0]`) last: the
+    full entry is the commit, so a build stopped in between leaves a kernel that is not built, never one its
+    base key cannot find (CI, 2026-12-03: Ctrl-C between the two entries, in that order, left the kernel
+    stored, uncounted and unreachable by its base key for good, as the next build found it "present").
     Returns False (and stores no entry) when the bytes do not hash to the entries' digest."""
     full = entries[0]
     if store.put_object(data) != full.object_digest:
         return False
-    for entry in entries:
-        if entry is full or not store.has_entry(entry.kernel_key):
-            store.put_entry(entry)
+    _put_signposts(store, entries)
+    store.put_entry(full)
     return True
+
+
+def _put_signposts(store: Store, entries: Sequence[Entry]) -> None:
+    """The signposts among `entries` (all but the first) that the store lacks."""
+    for entry in entries[1:]:
+        if not store.has_entry(entry.kernel_key):
+            store.put_entry(entry)

@@ -9,8 +9,12 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from fa4_aot.compile import orchestrator
-from fa4_aot.compile.commit import commit_kernel
+from fa4_aot.compile.commit import commit_kernel, stored_key
+from fa4_aot.domain import kernel_keys
+from fa4_aot.domain.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.store.maintenance import verify
 from tests.store.test_store import make_entry
@@ -70,3 +74,49 @@ def test_bytes_that_do_not_hash_to_the_entrys_digest_are_refused(tmp_path: Path)
     entry = _built_remotely(tmp_path, "e" * 64)
     assert commit_kernel(store, [entry], b"not the object", {}) == "corrupt"
     assert store.get_entry(entry.kernel_key) is None
+
+
+H200 = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, host="")
+
+
+def _signposted(tmp_path: Path) -> tuple[Store, list[Entry]]:
+    """A store, and a kernel that consumed the SM count: its full key's entry, then its base key's signpost."""
+    store = Store(tmp_path / "store")
+    full = make_entry(store, OBJECT, tag="signposted")
+    base, _ = kernel_keys.entry_keys(full)
+    return store, [full, dataclasses.replace(full, kernel_key=base)]
+
+
+def test_ci_2026_12_03_ctrl_c_between_a_kernels_entries_leaves_it_unbuilt_not_unreachable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI (test_ctrl_c_stops_a_build...): Ctrl-C landed after the full key's entry and before the base key's
+    signpost. The build counted the kernel as not built (stored_key finds kernels through the signpost) while
+    the store held it, and every later build found it "present" and never wrote the signpost. Now the full
+    entry is the commit: stopped anywhere, the store holds the kernel with its signpost, or not at all."""
+    store, entries = _signposted(tmp_path)
+    real, writes = store.put_entry, []
+
+    def interrupted_second_write(entry: Entry) -> None:
+        if writes:
+            raise KeyboardInterrupt
+        writes.append(entry.kernel_key)
+        real(entry)
+
+    monkeypatch.setattr(store, "put_entry", interrupted_second_write)
+    with pytest.raises(KeyboardInterrupt):
+        commit_kernel(store, entries, OBJECT)
+    monkeypatch.undo()
+    base, full = entries[1].kernel_key, entries[0].kernel_key
+    assert store.has_entry(full) == (stored_key(store, base, H200) is not None) == False  # noqa: E712
+    assert commit_kernel(store, entries, OBJECT) == "built"
+    assert stored_key(store, base, H200) == full and verify(store).ok
+
+
+def test_a_kernel_stored_without_its_signpost_gets_it_when_built_again(tmp_path: Path) -> None:
+    """A store written in the old order and stopped between the entries holds the full entry alone: the next
+    commit of that kernel finds it present and writes the missing signpost, so its base key finds it again."""
+    store, entries = _signposted(tmp_path)
+    store.put_entry(entries[0])
+    assert stored_key(store, entries[1].kernel_key, H200) is None
+    assert commit_kernel(store, entries, OBJECT) == "present"
+    assert stored_key(store, entries[1].kernel_key, H200) == entries[0].kernel_key

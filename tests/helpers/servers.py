@@ -214,6 +214,18 @@ def publish_random_kernels(server: Server, sku: str, n: int, size: int) -> list[
     return keys
 
 
+def unabsorbed_object_size() -> int:
+    """An object size such that a bundle of two such objects is more than this host's TCP send buffer can take
+    in (net.ipv4.tcp_wmem: a server's send buffer starts at its default and grows up to its maximum): an
+    answer that is never read then stays in flight in the server, whatever the host's network settings (CI,
+    2026-12-03: 4 MiB bundles went wholly into a larger send buffer, so unread answers held no budget)."""
+    try:
+        most = max(int(n) for n in Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split())
+    except (OSError, ValueError):
+        most = 4 << 20
+    return max(2 << 20, most)
+
+
 def unread_bundle(server: Server, keys: list[str]) -> socket.socket:
     """A POST /v1/bundles of `keys` from 127.0.0.1 whose answer is never read (a small receive buffer, so the
     server's send fills it at once); the caller closes the socket."""

@@ -20,7 +20,7 @@ import pytest
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Store
 from service.headers import HEAD_LIMIT
-from tests.helpers.servers import ROOT, Launch, free_port, publish_random_kernels, unread_bundle
+from tests.helpers.servers import ROOT, Launch, free_port, publish_random_kernels, unabsorbed_object_size, unread_bundle
 
 MIB = 1 << 20
 
@@ -115,8 +115,9 @@ def test_d40_a_head_past_the_cap_is_431_under_any_implementation(launch: Launch)
 def test_d39_unread_bundles_of_one_address_do_not_hold_the_budget_against_others(launch: Launch) -> None:
     """Before: 26 unread anonymous bundle requests held the whole budget and every other client got 503. Now one
     address holds at most its share of it (after its first bundle), so another address is served."""
-    server = launch(bundle_bytes_in_flight=str(64 * MIB))
-    keys = publish_random_kernels(server, "d39", 2, 2 * MIB)  # a 4 MiB bundle: 26 of them pass the 64 MiB budget
+    size = unabsorbed_object_size()  # 2 MiB where the send buffer takes at most 4 MiB
+    server = launch(bundle_bytes_in_flight=str(32 * size))
+    keys = publish_random_kernels(server, "d39", 2, size)  # 26 bundles of 2 objects pass the budget of 16 bundles
     hogs = [unread_bundle(server, keys) for _ in range(26)]
     try:
         time.sleep(2)
@@ -129,20 +130,21 @@ def test_d39_unread_bundles_of_one_address_do_not_hold_the_budget_against_others
     finally:
         for s in hogs:
             s.close()
-    assert answer.status_code == 200 and len(answer.content) > 4 * MIB, answer.status_code
+    assert answer.status_code == 200 and len(answer.content) > 2 * size, answer.status_code
     assert refused.status_code == 503 and "address" in refused.json()["detail"], refused.status_code
 
 
 def test_d39_a_stalled_bundle_reader_gives_its_budget_back(launch: Launch, tmp_path: Path) -> None:
     """A reader that takes nothing for FA4_AOT_BUNDLE_SEND_STALL seconds is cut off and its bytes leave the budget:
     readers behind many addresses hold the budget for that long at most."""
-    server = launch(bundle_bytes_in_flight=str(6 * MIB), bundle_send_stall="2")
-    keys = publish_random_kernels(server, "d39", 2, 2 * MIB)
+    size = unabsorbed_object_size()
+    server = launch(bundle_bytes_in_flight=str(3 * size), bundle_send_stall="2")
+    keys = publish_random_kernels(server, "d39", 2, size)
     hog = unread_bundle(server, keys)
     try:
         time.sleep(1)
         with server.client() as c:
-            assert c.post("/v1/bundles", json={"kernel_keys": keys}).status_code == 503  # the hog holds 4 of 6 MiB
+            assert c.post("/v1/bundles", json={"kernel_keys": keys}).status_code == 503  # the hog holds 2 of 3 sizes
         time.sleep(5)  # past the stall: the hog was cut off
         stored, skipped = Remote(server.url, retries=0).fetch_bundle(keys, Store(tmp_path / "node"))
     finally:
