@@ -47,6 +47,26 @@ def default_variants_file() -> Path:
     return PACKAGE_DIR / "variants.toml"
 
 
+MEMORY_FOLDERS = ("/dev/shm",)  # a tmpfs on Linux hosts and containers alike (Docker mounts one)
+
+
+def link_dir() -> str:
+    """Where the lean runtime makes its private, short-lived link folders (runtime/libraries.py): $FA4_AOT_LINK_DIR;
+    else a folder in memory: $XDG_RUNTIME_DIR (this user's own), else /dev/shm; else the temp directory
+    (tempfile.gettempdir(): $TMPDIR or /tmp). A link folder lives while a batch of kernels loads, so its making and
+    removing are on every new signature's first call: 0.03 ms in memory against 0.5 ms on this host's ext4 /tmp
+    (bench/RESULTS.md, session 18). Each candidate must be a folder this process can write and enter."""
+    import tempfile
+
+    env = os.environ.get("FA4_AOT_LINK_DIR")
+    if env:
+        return env
+    for folder in (os.environ.get("XDG_RUNTIME_DIR", ""), *MEMORY_FOLDERS):
+        if folder and os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
+            return folder
+    return tempfile.gettempdir()
+
+
 def host_arch() -> str:
     """This host's CPU architecture as lean libraries are keyed (Entry.shared_libs): x86_64 or aarch64."""
     import platform

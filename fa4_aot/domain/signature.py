@@ -7,7 +7,7 @@ holds every kernel FA4's dispatch can choose for it at any batch and sequence le
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .calls import Call
@@ -50,7 +50,9 @@ class Signature:
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """{field: value}, as asdict() gives it (the window a tuple), without its deep copy: every field is an
+        immutable value, and the lean runtime computes a new signature's recipe keys from this on its first call."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Signature:

@@ -4,8 +4,9 @@ Each library is hashed through an open descriptor (Store.verified_file) and then
 descriptor (/proc/self/fd/N, behind a link named for its digest, since tvm_ffi picks its loader by file suffix and
 dlopen takes an already loaded name for the same object): what runs is what was verified. The links live in one
 private folder per batch of loads (`functions`: a region's kernels), removed when the batch ends: a lean process
-leaves nothing in the temp directory (D28), and a new signature pays one folder, not one per kernel (removing a
-folder took 0.25 ms median, up to 5 ms, on a busy ext4 disk: bench/lean_load_steps.py). The CuTe runtime
+leaves nothing behind (D28), and a new signature pays one folder, not one per kernel (removing a folder took 0.25
+ms median, up to 5 ms, on a busy ext4 disk: bench/lean_load_steps.py). The folders go in memory where the host has
+a memory filesystem (config.link_dir), where making and removing them costs a twentieth of a disk's time. The CuTe runtime
 (libcute_dsl_runtime.so, stored as an object by the build) is loaded first with RTLD_GLOBAL; a kernel's DT_NEEDED
 entries then resolve to it and to the libtvm_ffi.so that `import tvm_ffi` loaded, by SONAME.
 
@@ -26,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import host_arch
+from ..config import host_arch, link_dir
 from ..domain import kernel_keys
 from ..domain.skus import Constants
 from ..errors import KernelMissing
@@ -182,7 +183,7 @@ class Libraries:
         if self._links is not None:
             yield
             return
-        self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-"))
+        self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-", dir=link_dir()))
         try:
             yield
         finally:

@@ -155,7 +155,8 @@ def test_d28_lean_process_leaves_no_temp_folder(store: Store, tmp_path: Path) ->
     temp = tmp_path / "tmp"
     temp.mkdir()
     done = subprocess.run([sys.executable, "-c", PROBE, str(store.root)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)})
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp),
+                                            "FA4_AOT_LINK_DIR": str(temp)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Function" in done.stdout and len(list(store.entries())) >= 5
     assert sorted(p.name for p in temp.iterdir()) == []
@@ -164,11 +165,9 @@ def test_d28_lean_process_leaves_no_temp_folder(store: Store, tmp_path: Path) ->
 def test_a_batchs_link_folder_is_removed_empty_or_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """D28: a batch's link folder goes when the batch ends (one rmdir when its links are gone, as after every load;
     the whole tree when one is left, e.g. by a load that failed between making and removing its link)."""
-    import tempfile
-
     temp = tmp_path / "tmp"
     temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("FA4_AOT_LINK_DIR", str(temp))
     libraries = Libraries(Store(tmp_path / "cache"), "h200")
     with libraries._batch():
         assert libraries._links is not None and libraries._links.parent == temp
@@ -176,3 +175,34 @@ def test_a_batchs_link_folder_is_removed_empty_or_not(tmp_path: Path, monkeypatc
         assert libraries._links is not None
         (libraries._links / "left.so").symlink_to("/proc/self/fd/0")
     assert list(temp.iterdir()) == [] and libraries._links is None
+
+
+def test_link_folders_go_in_memory_where_the_host_has_a_memory_filesystem(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.link_dir: $FA4_AOT_LINK_DIR, else $XDG_RUNTIME_DIR, else a memory filesystem (/dev/shm), else the
+    temp directory; a candidate this process cannot write is passed over. A batch's folder is made there."""
+    import tempfile
+
+    from fa4_aot import config
+
+    runtime, shm, temp = (tmp_path / name for name in ("run-user", "shm", "tmp"))
+    for folder in (runtime, shm, temp):
+        folder.mkdir()
+    monkeypatch.delenv("FA4_AOT_LINK_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(config, "MEMORY_FOLDERS", (str(tmp_path / "absent"), str(shm)))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert config.link_dir() == str(runtime)
+    runtime.chmod(0o500)  # not writable: passed over (root may write anyway, so only where the check bites)
+    if not os.access(runtime, os.W_OK):
+        assert config.link_dir() == str(shm)
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert config.link_dir() == str(shm)
+    libraries = Libraries(Store(tmp_path / "cache"), "h200")
+    with libraries._batch():
+        assert libraries._links is not None and libraries._links.parent == shm
+    assert list(shm.iterdir()) == []
+    monkeypatch.setattr(config, "MEMORY_FOLDERS", ())
+    assert config.link_dir() == str(temp)
+    monkeypatch.setenv("FA4_AOT_LINK_DIR", str(tmp_path))
+    assert config.link_dir() == str(tmp_path)
