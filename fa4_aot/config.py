@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from .errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CHECKOUT_DIR = PACKAGE_DIR.parent
@@ -54,17 +57,35 @@ def link_dir() -> str:
     """Where the lean runtime makes its private, short-lived link folders (runtime/libraries.py): $FA4_AOT_LINK_DIR;
     else a folder in memory: $XDG_RUNTIME_DIR (this user's own), else /dev/shm; else the temp directory
     (tempfile.gettempdir(): $TMPDIR or /tmp). A link folder lives while a batch of kernels loads, so its making and
-    removing are on every new signature's first call: 0.03 ms in memory against 0.5 ms on this host's ext4 /tmp
-    (bench/RESULTS.md, session 18). Each candidate must be a folder this process can write and enter."""
+    removing are on every new signature's first call: 0.03 ms in memory against 0.5 ms on an ext4 /tmp
+    (bench/RESULTS.md, session 18). A folder in memory is used only if no other user can replace what this process
+    makes in it (safe_parent); ConfigError names the fix for a $FA4_AOT_LINK_DIR that is not such a folder."""
     import tempfile
 
     env = os.environ.get("FA4_AOT_LINK_DIR")
     if env:
+        if not safe_parent(env):
+            raise ConfigError(f"FA4_AOT_LINK_DIR={env} is not a folder this process can write in which no other user "
+                              "can rename or remove what it makes (owned by you or root; if others may write it, "
+                              "with the sticky bit, as /tmp); point it at such a folder, or unset it")
         return env
     for folder in (os.environ.get("XDG_RUNTIME_DIR", ""), *MEMORY_FOLDERS):
-        if folder and os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
+        if folder and safe_parent(folder):
             return folder
     return tempfile.gettempdir()
+
+
+def safe_parent(folder: str) -> bool:
+    """Whether `folder` is a folder this process can write and enter, owned by this user or root, that no other user
+    can rename entries of: writable by nobody else, or sticky (as /tmp and /dev/shm). A private folder made in it
+    (tempfile.mkdtemp: mode 0700) can then be changed by this user alone."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid in (os.geteuid(), 0) and os.access(folder, os.W_OK | os.X_OK)
+            and (not others_write or bool(st.st_mode & stat.S_ISVTX)))
 
 
 def host_arch() -> str:

@@ -183,7 +183,10 @@ class Libraries:
         if self._links is not None:
             yield
             return
-        self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-", dir=link_dir()))
+        try:
+            self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-", dir=link_dir()))
+        except OSError:  # e.g. a full /dev/shm (a container's is 64 MB, shared with data loaders): the temp directory
+            self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-"))
         try:
             yield
         finally:

@@ -206,3 +206,47 @@ def test_link_folders_go_in_memory_where_the_host_has_a_memory_filesystem(
     assert config.link_dir() == str(temp)
     monkeypatch.setenv("FA4_AOT_LINK_DIR", str(tmp_path))
     assert config.link_dir() == str(tmp_path)
+
+
+def test_a_link_folder_goes_only_where_no_other_user_can_replace_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.safe_parent: a folder others may write is used only with the sticky bit (as /tmp), since another user
+    could otherwise rename this process's private folder and put one of their own, with their links, in its place.
+    A $FA4_AOT_LINK_DIR that fails the test, or is no folder, is a ConfigError naming the fix; a default candidate
+    that fails it is passed over. A folder that cannot be made there (a full /dev/shm) falls back to the temp
+    directory."""
+    import stat
+    import tempfile
+
+    from fa4_aot import config
+    from fa4_aot.errors import ConfigError
+
+    open_, sticky, temp = (tmp_path / name for name in ("open", "sticky", "tmp"))
+    for folder in (open_, sticky, temp):
+        folder.mkdir()
+    open_.chmod(0o777)
+    sticky.chmod(0o777 | stat.S_ISVTX)
+    assert not config.safe_parent(str(open_)) and config.safe_parent(str(sticky))
+    assert not config.safe_parent(str(tmp_path / "absent"))
+    for bad in (open_, tmp_path / "absent"):
+        monkeypatch.setenv("FA4_AOT_LINK_DIR", str(bad))
+        with pytest.raises(ConfigError, match="FA4_AOT_LINK_DIR"):
+            config.link_dir()
+    monkeypatch.delenv("FA4_AOT_LINK_DIR")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(open_))
+    monkeypatch.setattr(config, "MEMORY_FOLDERS", (str(sticky),))
+    assert config.link_dir() == str(sticky)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    real = tempfile.mkdtemp
+
+    def full(*args: object, **kwargs: object) -> str:
+        if kwargs.get("dir") == str(sticky):
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    libraries = Libraries(Store(tmp_path / "cache"), "h200")
+    with libraries._batch():
+        assert libraries._links is not None and libraries._links.parent == temp
+    assert list(temp.iterdir()) == []
