@@ -103,11 +103,14 @@ def entry_keys(entry: Entry) -> tuple[str, str]:
     """(base key, full key) recomputed from an index entry's own fields. An entry is filed under its full key;
     an entry that consumed constants is also filed under its base key, where a client looking the kernel up
     learns which constants it depends on. A valid entry's kernel_key is one of the two."""
-    def key(consumed: dict[str, int]) -> str:
-        return key_of(entry.family, entry.compile_key, arch=entry.arch, cuda_major=entry.cuda_major,
-                      toolchain=entry.toolchain, consumed=consumed, host=entry.host)
+    consumed = consumed_of(entry.hardware_queries)
+    base = _entry_key(entry, {})
+    return base, (_entry_key(entry, consumed) if consumed else base)  # one hash where it consumed nothing
 
-    return key({}), key(consumed_of(entry.hardware_queries))
+
+def _entry_key(entry: Entry, consumed: dict[str, int]) -> str:
+    return key_of(entry.family, entry.compile_key, arch=entry.arch, cuda_major=entry.cuda_major,
+                  toolchain=entry.toolchain, consumed=consumed, host=entry.host)
 
 
 def entry_key(entry: Entry) -> str:
@@ -141,12 +144,13 @@ def key_problem(entry: Entry, asked: str) -> str | None:
     if entry.kernel_key != asked:
         return f"it is the entry of kernel {entry.kernel_key}, not of {asked}"
     try:
-        keys = entry_keys(entry)
+        consumed = consumed_of(entry.hardware_queries)
     except ValueError as e:
         return str(e)
-    if asked in keys or asked == legacy_key(entry):
+    full = _entry_key(entry, consumed)  # the full key first: most reads, and the only hash where nothing was consumed
+    if asked == full or (consumed and asked == _entry_key(entry, {})) or asked == legacy_key(entry):
         return None
-    return f"its fields hash to {keys[1]}, not to its key {asked}: it was altered"
+    return f"its fields hash to {full}, not to its key {asked}: it was altered"
 
 
 def toolchain_drift(built: dict[str, str], tools: dict[str, str]) -> list[str]:
