@@ -71,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = db.session_factory(app.state.engine)
     app.state.metrics = Metrics()
     app.state.bundle_budget = Budget(settings.bundle_bytes_in_flight)
+    app.state.metrics.bundle_bytes.set_function(lambda: app.state.bundle_budget.used)  # read at each scrape
     app.state.miss_rate = ClientRate(settings.anonymous_misses_per_minute)
     app.add_middleware(JsonBodyLimit)
     app.add_middleware(HeadAsGet)

@@ -40,6 +40,9 @@ class Metrics:
         self.certify_ended = Counter("fa4_aot_certify_jobs_ended", "Certify jobs that ended, by verdict (pass, wrong, "
                                      "crash, hang, refused; none: failed without one)", ["verdict"],
                                      registry=self.registry)
+        self.bundle_bytes = Gauge("fa4_aot_bundle_bytes_in_flight", "Bundle bytes this worker is sending now, of "
+                                  "its FA4_AOT_BUNDLE_BYTES_IN_FLIGHT (past it, bundle requests get 503)",
+                                  registry=self.registry)
         self.miss_to_publish = Histogram("fa4_aot_build_miss_to_publish_seconds", "Seconds from a miss's first "
                                          "report to its job's kernels published, per done job",
                                          registry=self.registry, buckets=_BUILD_BUCKETS)

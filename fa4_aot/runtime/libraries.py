@@ -6,9 +6,9 @@ dlopen takes an already loaded name for the same object): what runs is what was 
 private folder per batch of loads (`functions`: a region's kernels), removed when the batch ends: a lean process
 leaves nothing behind (D28), and a new signature pays one folder, not one per kernel (removing a folder took 0.25
 ms median, up to 5 ms, on a busy ext4 disk: bench/lean_load_steps.py). The folders go in memory where the host has
-a memory filesystem (config.link_dir), where making and removing them costs a twentieth of a disk's time. The CuTe runtime
-(libcute_dsl_runtime.so, stored as an object by the build) is loaded first with RTLD_GLOBAL; a kernel's DT_NEEDED
-entries then resolve to it and to the libtvm_ffi.so that `import tvm_ffi` loaded, by SONAME.
+a memory filesystem (config.link_dir), where making and removing them costs a twentieth of a disk's time. The CuTe
+runtime (libcute_dsl_runtime.so, stored as an object by the build) is loaded first with RTLD_GLOBAL; a kernel's
+DT_NEEDED entries then resolve to it and to the libtvm_ffi.so that `import tvm_ffi` loaded, by SONAME.
 
 With a trust policy (trust.policy.Trust), a library and its runtime libraries load only if valid signed manifests list
 them for the kernel and this host arch (check_library, before any byte is mapped). With a fetcher (fetch,

@@ -226,6 +226,24 @@ def unabsorbed_object_size() -> int:
     return max(2 << 20, most)
 
 
+def bundle_bytes_in_flight(server: Server) -> float:
+    """The server's fa4_aot_bundle_bytes_in_flight gauge (its one worker's)."""
+    with server.client("read") as c:
+        text = c.get("/metrics").text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("fa4_aot_bundle_bytes_in_flight ")))
+
+
+def wait_for_bundle_bytes(server: Server, at_least: int, timeout: float = 60.0) -> float:
+    """Wait until the server sends at least `at_least` bundle bytes at once (unread answers it admitted), rather
+    than for a time that a loaded host may overrun; the gauge's value. AssertionError past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (found := bundle_bytes_in_flight(server)) < at_least:
+        assert time.monotonic() < deadline, f"the server holds {found:.0f} bundle bytes in flight, not {at_least}"
+        time.sleep(0.05)
+    return found
+
+
 def unread_bundle(server: Server, keys: list[str]) -> socket.socket:
     """A POST /v1/bundles of `keys` from 127.0.0.1 whose answer is never read (a small receive buffer, so the
     server's send fills it at once); the caller closes the socket."""

@@ -20,7 +20,15 @@ from fa4_aot.remote.http import Remote
 from fa4_aot.store import Entry, Store, recipes
 from service import db, models
 from service.crud import tokens as crud_tokens
-from tests.helpers.servers import H200, Launch, Server, kernel_doc, publish_random_kernels, unread_bundle
+from tests.helpers.servers import (
+    H200,
+    Launch,
+    Server,
+    kernel_doc,
+    publish_random_kernels,
+    unread_bundle,
+    wait_for_bundle_bytes,
+)
 from tests.remote.test_lean_entries import region
 
 
@@ -98,7 +106,7 @@ def test_d21_bundle_bytes_in_flight_are_capped(launch: Launch, tmp_path: Path) -
     server = launch(bundle_bytes_in_flight=str(40 << 20))
     keys = publish_random_kernels(server, "d21", 3, 8 << 20)
     hog = unread_bundle(server, keys)
-    time.sleep(1)
+    wait_for_bundle_bytes(server, 24 << 20)
     with server.client() as c:
         refused = c.post("/v1/bundles", json={"kernel_keys": keys})
     assert refused.status_code == 503 and refused.headers["retry-after"], refused.status_code
@@ -220,7 +228,7 @@ def test_d29_client_backs_off_on_busy_answers_and_finishes(launch: Launch, tmp_p
     server = launch(bundle_bytes_in_flight=str(30 << 20))
     keys = publish_random_kernels(server, "d21", 1, 20 << 20)
     hog = unread_bundle(server, keys)
-    time.sleep(1)
+    wait_for_bundle_bytes(server, 20 << 20)
     threading.Timer(1.5, hog.close).start()
     stored, _ = Remote(server.url).fetch_bundle(keys, Store(tmp_path / "node"))
     with server.client() as c:

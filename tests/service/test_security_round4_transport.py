@@ -20,7 +20,16 @@ import pytest
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Store
 from service.headers import HEAD_LIMIT
-from tests.helpers.servers import ROOT, Launch, free_port, publish_random_kernels, unabsorbed_object_size, unread_bundle
+from tests.helpers.servers import (
+    ROOT,
+    Launch,
+    bundle_bytes_in_flight,
+    free_port,
+    publish_random_kernels,
+    unabsorbed_object_size,
+    unread_bundle,
+    wait_for_bundle_bytes,
+)
 
 MIB = 1 << 20
 
@@ -120,7 +129,7 @@ def test_d39_unread_bundles_of_one_address_do_not_hold_the_budget_against_others
     keys = publish_random_kernels(server, "d39", 2, size)  # 26 bundles of 2 objects pass the budget of 16 bundles
     hogs = [unread_bundle(server, keys) for _ in range(26)]
     try:
-        time.sleep(2)
+        wait_for_bundle_bytes(server, 2 * size)  # the first is admitted; the address's share refuses the rest
         other = httpx.Client(base_url=server.url, timeout=30,
                              transport=httpx.HTTPTransport(local_address="127.0.0.2"))
         with other:
@@ -142,10 +151,11 @@ def test_d39_a_stalled_bundle_reader_gives_its_budget_back(launch: Launch, tmp_p
     keys = publish_random_kernels(server, "d39", 2, size)
     hog = unread_bundle(server, keys)
     try:
-        time.sleep(1)
+        wait_for_bundle_bytes(server, 2 * size)
         with server.client() as c:
             assert c.post("/v1/bundles", json={"kernel_keys": keys}).status_code == 503  # the hog holds 2 of 3 sizes
         time.sleep(5)  # past the stall: the hog was cut off
+        assert bundle_bytes_in_flight(server) == 0  # and its bytes left the budget (GET /metrics says so)
         stored, skipped = Remote(server.url, retries=0).fetch_bundle(keys, Store(tmp_path / "node"))
     finally:
         hog.close()
