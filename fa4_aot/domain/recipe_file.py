@@ -32,6 +32,7 @@ MAX_DEPTH = 128  # nesting of a whole document: a region's deepest value (an exp
 LISTED = {"guards": "guards", "meta": "meta", "fwd": "steps", "bwd": "steps", "kernels": "kernels"}  # field: table
 WHOLE = ("signature", "inputs", "outputs", "toolchain", "recorded_at")  # fields stored whole, in table "values"
 TABLES = ("guards", "meta", "steps", "kernels", "values", "lists")
+_INT = {int}  # the one type of every index in a list of them (list_of)
 
 
 def encode(key: str, regions: list[dict[str, Any]]) -> bytes:
@@ -164,11 +165,11 @@ class _Unpack:
         found = self.lists.get(key)
         if found is None:
             entries = self.tables[table]
-            if not isinstance(xs, list) or not all(type(x) is int for x in xs):  # bool is no index
+            if not isinstance(xs, list) or (xs and set(map(type, xs)) != _INT):  # by exact type: bool is no index
                 raise Unreadable(f"region {i}: {field} is not a list of indices into table {table}")
             if xs and (min(xs) < 0 or max(xs) >= len(entries)):
                 raise Unreadable(f"region {i}: {field} names an entry past table {table} ({len(entries)} entries)")
-            found = self.lists[key] = [entries[x] for x in xs]
+            found = self.lists[key] = list(map(entries.__getitem__, xs))
         return found
 
     def entry(self, table: str, x: Any, i: int, field: str) -> Any:
