@@ -6,8 +6,6 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import ConfigError
-
 PACKAGE_DIR = Path(__file__).resolve().parent
 CHECKOUT_DIR = PACKAGE_DIR.parent
 
@@ -59,13 +57,14 @@ def link_dir() -> str:
     (tempfile.gettempdir(): $TMPDIR or /tmp). A link folder lives while a batch of kernels loads, so its making and
     removing are on every new signature's first call: 0.03 ms in memory against 0.5 ms on an ext4 /tmp
     (bench/RESULTS.md, session 18). A folder in memory is used only if no other user can replace what this process
-    makes in it (safe_parent); ConfigError names the fix for a $FA4_AOT_LINK_DIR that is not such a folder."""
+    makes in it (safe_parent); ValueError names the fix for a $FA4_AOT_LINK_DIR that is not such a folder (the lean
+    runtime raises it as ConfigError: config imports nothing of fa4_aot)."""
     import tempfile
 
     env = os.environ.get("FA4_AOT_LINK_DIR")
     if env:
         if not safe_parent(env):
-            raise ConfigError(f"FA4_AOT_LINK_DIR={env} is not a folder this process can write in which no other user "
+            raise ValueError(f"FA4_AOT_LINK_DIR={env} is not a folder this process can write in which no other user "
                               "can rename or remove what it makes (owned by you or root; if others may write it, "
                               "with the sticky bit, as /tmp); point it at such a folder, or unset it")
         return env

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import host_arch, link_dir
 from ..domain import kernel_keys
 from ..domain.skus import Constants
-from ..errors import KernelMissing
+from ..errors import ConfigError, KernelMissing
 from ..store import Entry, Store
 
 if TYPE_CHECKING:
@@ -184,7 +184,11 @@ class Libraries:
             yield
             return
         try:
-            self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-", dir=link_dir()))
+            parent = link_dir()
+        except ValueError as e:  # a FA4_AOT_LINK_DIR that is not a safe folder
+            raise ConfigError(str(e)) from None
+        try:
+            self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-", dir=parent))
         except OSError:  # e.g. a full /dev/shm (a container's is 64 MB, shared with data loaders): the temp directory
             self._links = Path(tempfile.mkdtemp(prefix="fa4-aot-lean-"))
         try:

@@ -212,9 +212,9 @@ def test_a_link_folder_goes_only_where_no_other_user_can_replace_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """config.safe_parent: a folder others may write is used only with the sticky bit (as /tmp), since another user
     could otherwise rename this process's private folder and put one of their own, with their links, in its place.
-    A $FA4_AOT_LINK_DIR that fails the test, or is no folder, is a ConfigError naming the fix; a default candidate
-    that fails it is passed over. A folder that cannot be made there (a full /dev/shm) falls back to the temp
-    directory."""
+    A $FA4_AOT_LINK_DIR that fails the test, or is no folder, is a ConfigError naming the fix at the first load; a
+    default candidate that fails it is passed over. A folder that cannot be made there (a full /dev/shm) falls back
+    to the temp directory."""
     import stat
     import tempfile
 
@@ -230,8 +230,10 @@ def test_a_link_folder_goes_only_where_no_other_user_can_replace_it(
     assert not config.safe_parent(str(tmp_path / "absent"))
     for bad in (open_, tmp_path / "absent"):
         monkeypatch.setenv("FA4_AOT_LINK_DIR", str(bad))
-        with pytest.raises(ConfigError, match="FA4_AOT_LINK_DIR"):
+        with pytest.raises(ValueError, match="FA4_AOT_LINK_DIR"):
             config.link_dir()
+        with pytest.raises(ConfigError, match="FA4_AOT_LINK_DIR"), Libraries(Store(tmp_path / "c"), "h200")._batch():
+            pass
     monkeypatch.delenv("FA4_AOT_LINK_DIR")
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(open_))
     monkeypatch.setattr(config, "MEMORY_FOLDERS", (str(sticky),))
