@@ -14,10 +14,10 @@ import pytest
 from fa4_aot.compile import orchestrator
 from fa4_aot.compile.commit import commit_kernel, stored_key
 from fa4_aot.domain import kernel_keys
-from fa4_aot.domain.skus import Sku
 from fa4_aot.store import Entry, Store
 from fa4_aot.store.maintenance import verify
 from tests.store.test_store import make_entry
+from tests.store.test_store_compat import H200
 
 OBJECT, LIBRARY, RUNTIME = b"exported kernel object", b"linked kernel library", b"CuTe runtime library"
 
@@ -75,8 +75,6 @@ def test_bytes_that_do_not_hash_to_the_entrys_digest_are_refused(tmp_path: Path)
     assert commit_kernel(store, [entry], b"not the object", {}) == "corrupt"
     assert store.get_entry(entry.kernel_key) is None
 
-
-H200 = Sku(name="h200", arch="sm_90a", sm_count=132, l2_bytes=62914560, cuda_major=13, host="")
 
 
 def _signposted(tmp_path: Path) -> tuple[Store, list[Entry]]:
