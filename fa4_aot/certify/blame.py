@@ -3,9 +3,13 @@
 A check launches a few kernels, in two parts: the forward (the attention kernel, the split-KV combine) and the
 backward (preprocess, the backward kernel, postprocess). A wrong `out` or `lse`, or a crash or hang while the
 forward ran, points at the forward's kernels; a wrong gradient, a deterministic backward that does not repeat, or a
-crash or hang in the backward, at the backward's. Within that part, a failure blames the kernels that no passing
-evidence clears (a kernel shared with checks that passed, such as a combine kernel, is not blamed for another
-kernel's fault); when every one of them passed elsewhere, it blames them all (the combination fails).
+crash or hang in the backward, at the backward's. Within that part, a wrong tensor suspects the kernels that
+compute it: dv is the backward kernel's (and, with GQA, its postprocess's), never the preprocess's, which only
+feeds dq and dk (the rowsum of dO * O in dS). Of the suspects, a failure blames those that no passing evidence
+clears (a kernel shared with checks that passed, such as a combine or preprocess kernel, is not blamed for another
+kernel's fault); when every suspect passed elsewhere, it blames the part's main kernel (the attention kernel
+itself, compiled for the signature), not the helpers shared across signatures, where another signature's checks
+passed: a refusal of a shared helper would refuse every signature that uses it.
 Evidence of passing: every kernel of a passing check, and the forward's kernels of a check whose forward outputs
 were right. A check that raised a Python error (FA4 refusing the call, a kernel missing) is evidence of nothing,
 and so is one that ran out of GPU memory, whatever status it came with (out_of_memory: the GPU was full, at a size
@@ -89,10 +93,34 @@ def verdicts(outcomes: list[Outcome], device: str, toolchain: str) -> list[Verdi
 
 
 def _blamed(outcome: Outcome, passing: set[str]) -> list[Use]:
-    parts = failing_parts(outcome)
-    candidates = [u for u in outcome.check.kernels if u.part in parts]
-    unexplained = [u for u in candidates if u.kernel_key not in passing]
-    return unexplained or candidates
+    found: dict[str, Use] = {}
+    for suspects in _suspected(outcome):
+        unexplained = [u for u in suspects if u.kernel_key not in passing]
+        main = [u for u in suspects if not helper(u.family)]
+        found.update((u.kernel_key, u) for u in unexplained or main or suspects)
+    return list(found.values())
+
+
+def _suspected(outcome: Outcome) -> list[list[Use]]:
+    """The kernels each failure of `outcome` suspects: those of its part computing its tensor (see the module)."""
+    if not evidence(outcome):
+        return []
+    if outcome.status in ("crash", "hang"):
+        return [[u for u in outcome.check.kernels if u.part == outcome.part]]
+    if outcome.status != "wrong":
+        return []
+    found = []
+    for failure in outcome.failures:
+        part, name = part_of_failure(failure), failure.get("output") or failure.get("tensor", "")
+        found.append([u for u in outcome.check.kernels
+                      if u.part == part and not (name == "dv" and "preprocess" in u.family)])
+    return found
+
+
+def helper(family: str) -> bool:
+    """Whether a kernel family is a helper of a part (preprocess, postprocess, the split-KV combine), shared by
+    the signatures whose main kernels differ."""
+    return any(word in family for word in ("preprocess", "postprocess", "combine"))
 
 
 def _failed(key: str, outcomes: list[Outcome], device: str, toolchain: str, checks: int) -> Verdict:

@@ -35,7 +35,7 @@ import torch
 from .. import fa4
 from ..domain.signature import Signature
 from ..errors import Fa4AotError
-from . import reference
+from . import reference, reproduce
 from .blame import MEMORY_NOTE, out_of_memory
 from .inputs import Inputs, make_inputs
 from .plan import Check
@@ -85,22 +85,42 @@ def _limit_memory() -> None:
 
 def run(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run `check` and judge it (see the module): the answer to print. Never raises; `say` is told each part
-    before it runs."""
+    before it runs. A check that fails is run reproduce.REPEATS times more, with new inputs and a float64
+    reference: only the failures that reproduce (reproduce.confirm) make it `wrong`; the others are listed under
+    `marginal` of a passing answer."""
     try:
         failures = judge(ident, check, runtimes, say)
+        if not failures:
+            return {"id": ident, "status": "pass", "failures": []}
+        runs = [failures] + [_again(ident, check, runtimes, say, n) for n in range(1, reproduce.REPEATS + 1)]
     except Exception as e:  # a CUDA error, FA4 refusing the call, or a kernel missing from the store
         return _failed(ident, e, runtimes.device)
-    return {"id": ident, "status": "wrong" if failures else "pass", "failures": failures}
+    confirmed, marginal = reproduce.confirm(runs)
+    answer = {"id": ident, "status": "wrong" if confirmed else "pass", "failures": confirmed}
+    return {**answer, "marginal": marginal} if marginal else answer
 
 
-def judge(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None]
-          ) -> list[dict[str, Any]]:
-    """The failures of `check` (empty: it passed): FA4 against the references, a deterministic backward twice,
-    the lean runtime against FA4."""
+def _again(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None], n: int
+           ) -> list[dict[str, Any]]:
+    """The failures of run `n` of a failing check: new inputs, a float64 reference, or a float32 one where the
+    float64 reference does not fit this worker's share of the GPU (it doubles the reference's memory)."""
+    seed = check.seed + n * reproduce.SEED_STRIDE
+    try:
+        return judge(ident, check, runtimes, say, seed=seed, exact=torch.float64)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return judge(ident, check, runtimes, say, seed=seed)
+
+
+def judge(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None], *,
+          seed: int | None = None, exact: torch.dtype = torch.float32) -> list[dict[str, Any]]:
+    """The failures of `check` (empty: it passed) on the inputs of `seed` (default: the check's), against a
+    reference in `exact` precision: FA4 against the references, a deterministic backward twice, the lean runtime
+    against FA4."""
     sig = check.sig
-    inputs = make_inputs(sig, check.point, check.seed, runtimes.device)
+    inputs = make_inputs(sig, check.point, check.seed if seed is None else seed, runtimes.device)
     got = _run(runtimes.fa4(sig), inputs, sig, ident, say)
-    ref32 = reference.reference(inputs, sig, dtype=torch.float32)
+    ref32 = reference.reference(inputs, sig, dtype=exact)
     low = reference.reference(inputs, sig, dtype=inputs.dtype)
     failures = [f.to_dict() for f in reference.compare(got, ref32, low)]
     if sig.pass_ == "bwd_det":

@@ -38,9 +38,12 @@ CASES = {
                   {FWD: "wrong", PRE: "wrong", BWD: "wrong", POST: "wrong"}),
     "crash in forward, shared combine": ([outcome("crash", (FWD, COMBINE)), outcome("pass", (OTHER, COMBINE))],
                                          {FWD: "crash", COMBINE: "pass", OTHER: "pass"}),
-    # every kernel of the failing part passed elsewhere: the combination fails, all are blamed
+    # every kernel of the failing part passed elsewhere: the combination fails, and the main kernel is blamed,
+    # not the combine kernel that other signatures share
     "crash, all cleared": ([outcome("crash", (FWD, COMBINE)), outcome("pass", (FWD,)),
-                            outcome("pass", (COMBINE,))], {FWD: "crash", COMBINE: "crash"}),
+                            outcome("pass", (COMBINE,))], {FWD: "crash", COMBINE: "pass"}),
+    # blame by tensor: dv is the backward kernel's (or its postprocess's), never the preprocess's
+    "wrong dv": ([outcome("wrong", TRAIN, "bwd", ("dv",))], {FWD: "pass", BWD: "wrong", POST: "wrong"}),
     "hang in backward": ([outcome("hang", TRAIN, "bwd")], {PRE: "hang", BWD: "hang", POST: "hang"}),
     # a Python error (FA4 refusing, a kernel missing) says nothing about the kernels
     "error": ([outcome("error", TRAIN)], {}),
@@ -71,3 +74,14 @@ def test_nan_errors_stay_strict_json() -> None:
                   [{"tensor": "out", "error": float("nan"), "bound": 0.01}])
     (v,) = [v for v in verdicts([bad], DEVICE, "t") if v.kernel_key == FWD]
     assert v.status == "wrong" and v.error is None
+
+
+def test_a_wrong_gradient_never_refuses_shared_backward_helpers_that_passed_elsewhere() -> None:
+    """A wrong dq where every backward kernel passed other checks (another signature sharing the preprocess and
+    postprocess, the same backward kernel at other sizes) blames the backward kernel alone: refusing the shared
+    helpers would refuse every signature that launches them."""
+    other = Check(SIG, {"batch": 4, "seqlen_q": 512, "seqlen_k": 512, "heads_kv": 8},
+                  tuple(Use(FAMILIES[k], k) for k in TRAIN), "typical", 2)
+    outcomes = [outcome("wrong", TRAIN, "bwd", ("dq",)), Outcome("y", other, "pass")]
+    found = {v.kernel_key: v.status for v in verdicts(outcomes, DEVICE, "4.0.0b36/4.8.1")}
+    assert found == {FWD: "pass", PRE: "pass", BWD: "wrong", POST: "pass"}

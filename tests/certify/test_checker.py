@@ -6,13 +6,14 @@ that raises). FA4's kernels themselves run only on a GPU: tests/gpu/test_h200_ce
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from fa4_aot.certify import blame, checker
+from fa4_aot.certify import blame, checker, reproduce
 from fa4_aot.certify.checker import Runtimes, run
 from fa4_aot.certify.plan import Check, Use
 from fa4_aot.certify.pool import Outcome
@@ -132,3 +133,47 @@ def test_a_worker_keeps_to_its_share_of_the_gpu(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("FA4_AOT_CERTIFY_JOBS", "16")
     checker._limit_memory()
     assert asked == [(pytest.approx(0.9 / 16), 0)]
+
+
+def once(wrong: Callable[..., Any], right: Callable[..., Any]) -> Callable[..., Any]:
+    """A kernel that computes `wrong` on its first call (one seed's inputs) and `right` ever after."""
+    calls: list[None] = []
+
+    def attend(*args: Any, **kwargs: Any) -> Any:
+        calls.append(None)
+        return (wrong if len(calls) == 1 else right)(*args, **kwargs)
+
+    return attend
+
+
+def test_a_marginal_miss_at_one_seed_is_not_wrong() -> None:
+    """A miss of a few times the bound that the check's other seeds (float64 reference) do not reproduce is
+    rounding at a degenerate size, not a defect: the check passes and names the miss as marginal."""
+    answer = judged(FWD, once(kernel(out_scale=1.0 + 2**-6), kernel()))
+    assert answer["status"] == "pass", answer
+    (miss,) = answer["marginal"]
+    assert miss["tensor"] == "out" and miss["ratios"][0] > 1 and miss["ratios"][1:] == [0.0] * reproduce.REPEATS
+
+
+def test_a_miss_at_every_seed_is_wrong() -> None:
+    answer = judged(FWD, kernel(out_scale=1.0 + 2**-6))
+    assert answer["status"] == "wrong" and "marginal" not in answer, answer
+    (failure,) = answer["failures"]
+    assert len(failure["ratios"]) == 1 + reproduce.REPEATS and min(failure["ratios"]) > reproduce.MARGIN
+
+
+def test_a_gross_miss_at_one_seed_is_wrong() -> None:
+    answer = judged(BWD, once(kernel(dq_scale=2.3), kernel()))
+    assert answer["status"] == "wrong", answer
+    assert [f["tensor"] for f in answer["failures"]] == ["dq"] and answer["failures"][0]["ratios"][0] > reproduce.GROSS
+
+
+@pytest.mark.parametrize(("ratios", "wrong"), [
+    ([1.08, 0.5, 0.99, 1.0, 1.0], False),  # FA4's JIT at seqlen_q 1, seqlen_k 2: rounding
+    ([1.08, 0.99, 5.9, 1.0, 0.5], False),  # ... with its worst seed
+    ([1.9, 1.6, 1.4, 0.9, 1.3], True),  # a systematic miss
+    ([1.02, 0, 0, 0, 11.0], True),  # past GROSS once
+    ([math.inf, 0, 0, 0, 0], True),  # NaN, a missing tensor, a bitwise difference
+])
+def test_the_marginal_rule(ratios: list[float], wrong: bool) -> None:
+    assert reproduce.holds(ratios) is wrong
