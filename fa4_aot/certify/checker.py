@@ -16,7 +16,9 @@ Each check runs FA4 itself over install() (strict: kernels from the store only) 
 out, lse and the gradients with an fp32 reference in FA4's test style (reference.compare); a deterministic
 backward runs twice and must repeat bitwise; the lean runtime runs the same call and must equal FA4 (forward
 bitwise; gradients bitwise for the deterministic backward, within the tolerance otherwise). The parent
-(pool.py) sets FA4_AOT_CACHE, FA4_AOT_SKU and FA4_AOT_CERTIFIED=off (the kernels under test must load).
+(pool.py) sets FA4_AOT_CACHE, FA4_AOT_SKU and FA4_AOT_CERTIFIED=off (the kernels under test must load). With
+FA4_AOT_CERTIFY_ORACLE=jit the worker is the oracle for a finding: FA4's own JIT compiles and runs the same
+check (no install(), no lean runtime), so that a failure it reproduces is FA4's and one it does not is ours.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from . import reference, reproduce
 from .blame import MEMORY_NOTE, out_of_memory
 from .inputs import Inputs, make_inputs
 from .plan import Check
-from .pool import memory_fraction
+from .pool import ORACLE, memory_fraction
 
 GRADS = ("dq", "dk", "dv", "dsink")
 
@@ -61,13 +63,15 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
     torch.backends.cudnn.allow_tf32 = False
     _limit_memory()
-    installation.install(mode="strict")
+    oracle = os.environ.get(ORACLE) == "jit"
+    if not oracle:  # the oracle runs FA4's own JIT: no kernel from the store
+        installation.install(mode="strict")
     out = sys.stdout
     sys.stdout = sys.stderr  # whatever FA4 or CuTe print must not end up in the answers
     for line in sys.stdin:
         request = json.loads(line)
         lean = (lambda sig: api.flash_attn_func if sig.layout == "dense" else api.flash_attn_varlen_func) \
-            if request.get("lean", True) else None
+            if request.get("lean", True) and not oracle else None
         runtimes = Runtimes(lambda sig: partial(fa4.attend, sig.call(1, 1, 1)), lean)
         answer = run(request["id"], Check.from_dict(request["check"]), runtimes, partial(_say, out))
         _say(out, answer)

@@ -8,8 +8,14 @@
    appended to a journal as it comes, so an interrupted run resumes where it stopped. The wide checks (a KV pool
    past 32-bit offsets, plan._wide) run last with one worker per GPU, the GPU to itself, and with them once more
    each check that ran out of GPU memory (an error, never a verdict: blame.out_of_memory).
-3. Judge (blame.py) and keep: verdicts into the store; for each failure, a measured known-bad entry for the SKU
-   (its signature, part, symptom and this run as its source), which the planner and both runtimes then honour.
+   A failing check is run again with other inputs in its worker, and only failures that reproduce count
+   (reproduce.py); the others are reported as marginal.
+3. Ask the oracle: each check that still failed runs once more through FA4's own JIT, in fresh workers with no
+   kernel of the store (pool ORACLE). A failure the JIT reproduces is FA4's; one it does not is ours, a defect of
+   fa4-aot (a wrong kernel, launch or check) to fix, never a known-bad entry.
+4. Judge (blame.py) and keep: verdicts into the store; for each failure that is FA4's (or that no oracle ran), a
+   measured known-bad entry for the SKU (its signature, part, symptom and this run as its source), which the
+   planner and both runtimes then honour.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class Report:
     out_of_memory: int = 0  # of those, checks that ran out of GPU memory (also when run alone on the GPU)
     unreached: list[str] = field(default_factory=list)
     measured: list[known_bad.Bad] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    marginal: list[dict[str, Any]] = field(default_factory=list)  # misses that did not reproduce
     seconds: float = 0.0
     interrupted: bool = False
 
@@ -65,7 +73,33 @@ class Report:
                 "interrupted": self.interrupted,
                 "verdicts": [v.to_dict() for v in self.verdicts], "errors": self.errors,
                 "out_of_memory": self.out_of_memory,
-                "unreached": self.unreached, "measured_known_bad": [b.to_dict() for b in self.measured]}
+                "unreached": self.unreached, "measured_known_bad": [b.to_dict() for b in self.measured],
+                "findings": [f.to_dict() for f in self.findings],
+                "findings_by_origin": {o: sum(f.origin == o for f in self.findings) for o in ORIGINS},
+                "marginal": self.marginal}
+
+
+ORIGINS = ("fa4", "ours", "unknown")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A check whose failure reproduced, and whose it is (`origin`): `fa4` when FA4's own JIT fails the same
+    check, `ours` when the JIT passes it (a defect of fa4-aot), `unknown` when no oracle ran or it could not
+    (`oracle` says what it did)."""
+
+    check: str
+    status: str
+    part: str
+    failures: list[dict[str, Any]]
+    detail: str
+    origin: str
+    oracle: str
+    kernels: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "status": self.status, "part": self.part, "failures": self.failures,
+                "detail": self.detail, "origin": self.origin, "oracle": self.oracle, "kernels": self.kernels}
 
 
 @dataclass(frozen=True)
@@ -77,6 +111,8 @@ class Options:
     recheck_known_bad: bool = False
     lean: bool = True  # also run each check on the lean runtime and compare it with FA4
     journal: Path | None = None
+    variants: Path | None = None  # the SKU table the run was given: the workers read the same
+    oracle: bool = True  # run each finding through FA4's own JIT to tell FA4's bugs from ours
 
 
 def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | None = None, *,
@@ -103,9 +139,13 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     run = _Run(store, sku, options, {i: done[i] for i, _c in named if i in done}, len(todo), progress, stop)
     run.all(pending)
     outcomes = list(run.found.values())
+    origins = run.oracle(outcomes) if options.oracle else {}
     report.interrupted = stop()
     report.after_crash = len(todo) - len(outcomes)
-    _keep(store, sku, device, report, outcomes, refused)
+    report.findings = [_finding(o, origins.get(o.ident, ("unknown", "no oracle ran"))) for o in outcomes
+                       if blame.failing_parts(o)]
+    report.marginal = [{"check": o.check.describe(), **m} for o in outcomes for m in o.marginal]
+    _keep(store, sku, device, report, outcomes, refused, {i for i, (origin, _) in origins.items() if origin == "ours"})
     if options.journal and not report.interrupted:
         options.journal.unlink(missing_ok=True)  # kept in the store now: a later run starts afresh
     report.seconds = time.monotonic() - start
@@ -141,7 +181,8 @@ class _Run:
         if not pending or self.stop():
             return
         gpus = list(self.options.gpus) or _visible_gpus()
-        pool = Pool(self.store.root, self.sku.name, gpus, jobs, self.options.deadline, self.options.lean)
+        pool = Pool(self.store.root, self.sku.name, gpus, jobs, self.options.deadline, self.options.lean,
+                    variants=self.options.variants)
         for outcome in pool.run(pending, self.stop, skip=lambda c: _kernels(c) in self.lost):
             self.found[outcome.ident] = outcome
             if outcome.status in ("crash", "hang"):
@@ -150,6 +191,33 @@ class _Run:
                 _journal_add(self.options.journal, outcome)
             if self.progress:
                 self.progress(len(self.found), self.total, outcome)
+
+
+    def oracle(self, outcomes: list[Outcome]) -> dict[str, tuple[str, str]]:
+        """(origin, what the JIT did) of each outcome that failed (see Finding), by check id: the same checks,
+        run by FA4's own JIT in fresh workers."""
+        failed = [(o.ident, o.check) for o in outcomes if blame.failing_parts(o)]
+        if not failed or self.stop():
+            return {}
+        gpus = list(self.options.gpus) or _visible_gpus()
+        pool = Pool(self.store.root, self.sku.name, gpus, self.options.jobs, self.options.deadline,
+                    variants=self.options.variants, oracle=True)
+        return {o.ident: _origin(o) for o in pool.run(failed, self.stop)}
+
+
+def _origin(jit: Outcome) -> tuple[str, str]:
+    """Whose a finding is, from FA4's JIT's outcome of the same check: a failure there is FA4's, a pass ours."""
+    said = "; ".join(f"{f.get('tensor')} {f.get('error')} > {f.get('bound')}" for f in jit.failures) or jit.detail
+    if blame.failing_parts(jit):
+        return "fa4", f"FA4's JIT: {jit.status} ({jit.part}): {said}"[:500]
+    if jit.status == "pass":
+        return "ours", "FA4's JIT passes this check: a defect of fa4-aot's kernels, launch or check"
+    return "unknown", f"FA4's JIT could not run it: {jit.detail}"[:500]
+
+
+def _finding(outcome: Outcome, origin: tuple[str, str]) -> Finding:
+    return Finding(outcome.check.describe(), outcome.status, outcome.part, outcome.failures, outcome.detail[:500],
+                   origin[0], origin[1], [u.kernel_key for u in outcome.check.kernels])
 
 
 def _kernels(check: plan.Check) -> frozenset[str]:
@@ -169,13 +237,16 @@ def signatures_of(work: Iterable[tuple[str, Any]]) -> list[tuple[str, Signature]
 
 
 def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes: list[Outcome],
-          refused: list[Verdict]) -> None:
+          refused: list[Verdict], ours: set[str] | None = None) -> None:
+    """Verdicts into the store; a measured known-bad entry for each failure but those that are `ours` (check
+    ids): a defect of fa4-aot is a bug to fix, not a fact about FA4 for the registry."""
     toolchain = _toolchain(store, outcomes)
     report.verdicts = blame.verdicts(outcomes, device.id, toolchain) + refused
     report.errors = [f"{o.check.describe()}: {o.detail}" for o in outcomes if o.status == "error"]
     report.out_of_memory = sum(blame.out_of_memory(o.detail) for o in outcomes)
     store.put_verdicts(report.verdicts)
-    report.measured = _measured(outcomes, report.verdicts, sku, device, store)
+    report.measured = _measured([o for o in outcomes if o.ident not in (ours or set())], report.verdicts, sku, device,
+                                store)
     if report.measured:
         data = store.known_bad(sku.name)
         before = list(known_bad.parse(json.loads(data), "store").entries) if data else []

@@ -26,6 +26,7 @@ from .plan import Check
 
 STARTUP_SECONDS = 300.0  # importing torch and FA4 and the first kernels' loads, on a loaded host (a worker's
 # first check gets this much more time than its deadline)
+ORACLE = "FA4_AOT_CERTIFY_ORACLE"  # "jit": the worker checks FA4's own JIT, not the store's kernels
 GPU_SHARED = 0.9  # of a GPU's memory, shared by its workers' PyTorch allocators (FA4's buffers are allocated
 # through PyTorch too); the rest is for what no allocator sees: each worker's CUDA context (~0.5 GiB: 8 GiB, 6% of
 # an H200's 141 GiB, at -j 16), the kernels' modules and the driver. An H200 worker's share is 127 GiB at -j 1,
@@ -48,15 +49,17 @@ class Outcome:
     failures: list[dict[str, Any]] = field(default_factory=list)
     detail: str = ""
     seconds: float = 0.0
+    marginal: list[dict[str, Any]] = field(default_factory=list)  # misses that did not reproduce (reproduce.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.ident, "check": self.check.to_dict(), "status": self.status, "part": self.part,
-                "failures": self.failures, "detail": self.detail, "seconds": round(self.seconds, 3)}
+                "failures": self.failures, "detail": self.detail, "seconds": round(self.seconds, 3),
+                "marginal": self.marginal}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Outcome:
         return cls(data["id"], Check.from_dict(data["check"]), data["status"], data["part"], data["failures"],
-                   data["detail"], data["seconds"])
+                   data["detail"], data["seconds"], data.get("marginal", []))
 
 
 class _Worker:
@@ -108,12 +111,19 @@ class Pool:
     """`jobs` workers on each GPU of `gpus`, for one store and SKU (see the module)."""
 
     def __init__(self, store_root: Path, sku: str, gpus: list[int], jobs: int, deadline: float,
-                 lean: bool = True, command: list[str] | None = None, startup: float = STARTUP_SECONDS) -> None:
-        self.deadline, self.lean, self.startup = deadline, lean, startup
+                 lean: bool = True, command: list[str] | None = None, startup: float = STARTUP_SECONDS, *,
+                 variants: Path | None = None, oracle: bool = False) -> None:
+        """`variants`: the SKU table the workers read (FA4_AOT_VARIANTS), the one the run was given. `oracle`:
+        the workers run FA4's own JIT, with no kernel of the store and no lean runtime (checker.ORACLE)."""
+        self.deadline, self.lean, self.startup = deadline, lean and not oracle, startup
         self.command = command or [sys.executable, "-m", "fa4_aot.certify.checker"]
         self.env = {k: v for k, v in os.environ.items() if k not in ("FA4_AOT_SERVER", "FA4_AOT_TRUSTED_KEYS")}
         self.env.update(FA4_AOT_CACHE=str(store_root), FA4_AOT_SKU=sku, FA4_AOT_CERTIFIED="off",
                         FA4_AOT_OFFLINE="1", PYTHONUNBUFFERED="1", FA4_AOT_CERTIFY_JOBS=str(jobs))
+        if variants is not None:
+            self.env["FA4_AOT_VARIANTS"] = str(Path(variants).resolve())
+        if oracle:
+            self.env[ORACLE] = "jit"
         self.answers: queue.Queue[tuple[_Worker, Any]] = queue.Queue()
         self.slots = [(gpu, n) for gpu in gpus for n in range(jobs)]
         self.workers: dict[int, _Worker] = {}
@@ -169,7 +179,7 @@ class Pool:
         elif answer.get("id") == ident:
             worker.fresh = False
             outcome = Outcome(ident, check, answer["status"], worker.part, answer.get("failures", []),
-                              answer.get("detail", ""), time.monotonic() - worker.since)
+                              answer.get("detail", ""), time.monotonic() - worker.since, answer.get("marginal", []))
             worker.job = None
             if outcome.status == "crash" or answer.get("restart"):
                 worker.kill()  # its context is lost: the next hand-out starts another

@@ -18,7 +18,7 @@ from ..errors import Fa4AotError
 from ..store import Store
 from . import stopping
 from .build_cmds import explicit_work
-from .common import emit, existing, json_option, load_matrix, pass_store, remote_for, variants_option
+from .common import NoGpu, emit, existing, json_option, load_matrix, pass_store, remote_for, variants_option
 from .progress import Progress, quiet_option
 from .stopping import on_signals
 
@@ -112,8 +112,7 @@ def check_trust(store: Store, sku: Sku, remote: object) -> None:
 
 
 def _no_gpu(why: str) -> NoReturn:
-    click.echo(f"Error: {why}", err=True)
-    sys.exit(NO_GPU)
+    raise NoGpu(why)
 
 
 @click.command()
@@ -137,17 +136,24 @@ def _no_gpu(why: str) -> NoReturn:
 @click.option("--recheck-known-bad", is_flag=True, help="Run the kernels the known-bad registry names instead of "
               "refusing them (to see whether a new FA4 fixed them; they may crash their worker).")
 @click.option("--no-lean", is_flag=True, help="Do not compare the lean runtime with FA4 on each check.")
+@click.option("--no-oracle", is_flag=True, help="Do not run failing checks through FA4's own JIT (which tells FA4's "
+              "bugs from fa4-aot's: only FA4's become known-bad entries); every failure then counts as FA4's.")
 @json_option("Print one JSON document: counts, every verdict, measured known-bad entries, what was not reached.")
 @quiet_option
 @pass_store
 def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str | None, tp_arg: str,
             workload_arg: str, calls_file: Path | None, keys_arg: str | None, jobs: int, gpus: str | None,
-            deadline: float, again: bool, recheck_known_bad: bool, no_lean: bool, as_json: bool,
+            deadline: float, again: bool, recheck_known_bad: bool, no_lean: bool, no_oracle: bool, as_json: bool,
             quiet: bool) -> None:
     """Run every kernel of the store for SKU on this GPU and keep a verdict per kernel and GPU class.
 
     Every signature whose recipe regions the store holds for SKU is certified, or only those of --model or
     --calls, or only the kernels --keys names.
+
+    A failing check runs four more times with new inputs and a float64 reference: only a failure that
+    reproduces is a verdict (a miss by rounding at a degenerate size is reported as marginal), and then FA4's
+    own JIT runs the same check: a failure it reproduces is FA4's (a known-bad entry), one it does not is
+    fa4-aot's (reported as ours, to fix).
 
     Each kernel is run at sizes drawn from its recipe regions (a typical, a small, a boundary and a large
     size; a paged kernel also over a KV pool past 32-bit offsets, last, alone on its GPU) with random inputs, through FA4 itself and through the lean runtime, and checked against an fp32
@@ -168,9 +174,13 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
     items = signatures_of(work) if work is not None else None  # None: every signature the store recorded
     keys = {k.strip() for k in keys_arg.split(",") if k.strip()} if keys_arg else None
     device = device_class()
-    journal = default_journal(store, target, device) if device is not None else None
+    if device is None:  # nothing here can run a kernel: "no GPU" (2), as `certifier` says it, not "a kernel failed"
+        _no_gpu(f"no CUDA device is visible here, and certify runs kernels: run it on a GPU host of SKU {sku} "
+                "(`fa4-aot skus --detect` there names its SKU)")
+    journal = default_journal(store, target, device)
     options = Options(jobs=jobs, gpus=tuple(int(g) for g in gpus.split(",")) if gpus else (), deadline=deadline,
-                      again=again, recheck_known_bad=recheck_known_bad, lean=not no_lean, journal=journal)
+                      again=again, recheck_known_bad=recheck_known_bad, lean=not no_lean, journal=journal,
+                      variants=variants_file, oracle=not no_oracle)
     with Progress("certify", quiet=quiet, as_json=as_json) as bar, stopping.on_signals() as stop:
         try:
             report = run(store, target, items, keys=keys, options=options, progress=_progress(bar),
@@ -207,6 +217,11 @@ def _summary(report: Report) -> str:
         if v.status != "pass":
             lines.append(f"{v.status.upper():8} {v.kernel_key[:16]} {v.describe()}")
     lines += [f"measured known-bad: {b.id}: {b.symptom}" for b in report.measured]
+    by_origin = report.to_dict()["findings_by_origin"]
+    lines.append(f"findings: {len(report.findings)} failing check(s): {by_origin['fa4']} reproduced by FA4's own JIT "
+                 f"(FA4's bugs), {by_origin['ours']} not (fa4-aot's: no known-bad entry), {by_origin['unknown']} "
+                 f"not put to the JIT; {len(report.marginal)} marginal miss(es) that did not reproduce (no verdict)")
+    lines += [f"OURS     {f.check}: {f.detail or f.failures}"[:300] for f in report.findings if f.origin == "ours"]
     lines += [f"not checked: {u}" for u in report.unreached[:20]]
     if len(report.unreached) > 20:
         lines.append(f"... and {len(report.unreached) - 20} more not checked (--json lists them)")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from fa4_aot.certify import driver
+from fa4_aot.certify import driver, pool
 from fa4_aot.certify.plan import Check, Use
 from fa4_aot.certify.pool import Outcome
 from fa4_aot.domain.signature import Signature
@@ -28,7 +30,7 @@ def _stand_in_pool(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     ran: list[tuple[str, int]] = []
 
     class Pool:
-        def __init__(self, _root: Path, _sku: str, _gpus: list[int], jobs: int, *_: object) -> None:
+        def __init__(self, _root: Path, _sku: str, _gpus: list[int], jobs: int, *_: object, **__: object) -> None:
             self.jobs = jobs
 
         def run(self, pending: list[tuple[str, Check]], stop: Callable[[], bool],
@@ -69,3 +71,34 @@ def test_wide_checks_run_last_with_the_gpu_to_themselves(monkeypatch: pytest.Mon
         run.all([("w", wide), ("a", _check("fits", "a")), ("b", _check("full", "b"))])
         assert ran == expected
         assert {i: o.status for i, o in run.found.items()} == {"a": "pass", "b": "pass", "w": "pass"}
+
+
+def _scripted_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's Pool with the real process handling, its workers scripted_worker.py (no GPU)."""
+    script = [sys.executable, str(Path(__file__).with_name("scripted_worker.py"))]
+    monkeypatch.setattr(driver, "Pool", functools.partial(pool.Pool, command=script, startup=60.0))
+
+
+def test_certify_variants_reach_the_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`certify --variants FILE`: the workers read that SKU table too (they read the default table before)."""
+    _scripted_pool(monkeypatch)
+    table = tmp_path / "my-skus.toml"
+    table.write_text("")
+    monkeypatch.delenv("FA4_AOT_VARIANTS", raising=False)
+    run = driver._Run(SimpleNamespace(root=tmp_path), SimpleNamespace(name="h100-sxm"),  # type: ignore[arg-type]
+                      driver.Options(gpus=(0,), variants=table), {}, 1, None, lambda: False)
+    run.all([("a", _check("variants", "a"))])
+    assert run.found["a"].detail == str(table.resolve())
+
+
+def test_a_finding_fa4s_own_jit_does_not_reproduce_is_ours_and_no_known_bad_entry(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each failing check runs again through FA4's own JIT (the oracle workers): a failure the JIT reproduces is
+    FA4's, one it does not is fa4-aot's own defect."""
+    _scripted_pool(monkeypatch)
+    run = driver._Run(SimpleNamespace(root=tmp_path), SimpleNamespace(name="h100-sxm"),  # type: ignore[arg-type]
+                      driver.Options(gpus=(0,)), {}, 3, None, lambda: False)
+    run.all([("o", _check("ours", "a")), ("f", _check("fa4", "b")), ("p", _check("pass", "c"))])
+    origins = run.oracle(list(run.found.values()))
+    assert {i: origin for i, (origin, _said) in origins.items()} == {"o": "ours", "f": "fa4"}
+    assert "dk 4.12" in origins["f"][1]
