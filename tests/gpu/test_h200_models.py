@@ -15,6 +15,7 @@ python -m pytest -q -p no:cacheprovider tests/gpu/test_h200_models.py
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,9 @@ SUITE = [
     ("llama-2-7b", 1), ("llama-2-70b", 8), ("llama-4-scout", 8), ("qwen2.5-14b", 2), ("qwen2.5-0.5b", 1),
     ("smollm2-135m", 1), ("gemma-2b", 1), ("starcoder2-3b", 4), ("flux.1-dev", 2), ("whisper-large-v3-decoder", 1),
 ]
+if os.environ.get("FA4_AOT_MODEL_SUITE"):  # "name:tp,name:tp": another suite (bench/certify_models.sh)
+    SUITE = [(n, int(t)) for n, _, t in (e.strip().rpartition(":") for e in
+                                         os.environ["FA4_AOT_MODEL_SUITE"].split(",") if e.strip())]
 TOLERANCE = 1e-2
 
 
