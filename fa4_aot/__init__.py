@@ -59,4 +59,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public face (__all__) and the module's dunders: not the names its own code imports (Any, importlib)."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))} - {"__getattr__"})

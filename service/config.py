@@ -39,6 +39,9 @@ class Settings(BaseSettings):
                                        "without a token) may have queued or running at once.")
     db_busy_timeout: float = Field(default=30.0, gt=0, le=3600, description="Seconds a SQLite write waits for "
                                    "another writer's lock; past it the request answers 503 with Retry-After.")
+    wheels_dir: Path | None = Field(default=None, description="Folder of wheels served as a PEP 503 simple index "
+                                    "at /simple/ (`pip install --index-url http://SERVER/simple fa4-aot`); "
+                                    "default: wheels/ in the store, when it exists.")
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
@@ -59,6 +62,11 @@ class Settings(BaseSettings):
         if self.db_url is None:
             self.db_url = f"sqlite:///{self.cache_dir / 'fa4-aot.db'}"
         return self
+
+    @property
+    def wheels_folder(self) -> Path:
+        """`wheels_dir`, else wheels/ inside the store (served only once it exists)."""
+        return self.wheels_dir or self.cache_dir / "wheels"
 
     @property
     def database_url(self) -> str:

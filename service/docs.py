@@ -5,17 +5,21 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 ASSETS = "/docs/assets"
 
 
 def mount(app: FastAPI) -> None:
-    """Serve /docs with local assets. The app must be created with docs_url=None."""
+    """Serve /docs with local assets, and redirect / to it. The app must be created with docs_url=None."""
     from swagger_ui_bundle import swagger_ui_path
 
     app.mount(ASSETS, StaticFiles(directory=swagger_ui_path), name="swagger-ui")
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:  # a browser pointed at the server lands on its API's page
+        return RedirectResponse("/docs")
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:

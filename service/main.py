@@ -46,6 +46,7 @@ from .routes import (
     objects,
     recipes,
     revocations,
+    simple,
     skus,
     token,
     verdicts,
@@ -84,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(SQLAlchemyError, db_faults.answer)
     app.add_exception_handler(405, openapi.method_not_allowed)
     for module in (health, metrics, skus, manifests, recipes, kernels, bundles, objects, misses, builds, certify,
-                   revocations, audit, token, verdicts):
+                   revocations, audit, token, verdicts, simple):
         app.include_router(module.router)
     docs.mount(app)
     app.openapi = openapi.builder(app)  # type: ignore[method-assign]

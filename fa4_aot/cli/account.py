@@ -12,7 +12,8 @@ from ..remote import credentials
 @click.option("--server", required=True, envvar="FA4_AOT_SERVER", help="Server URL ($FA4_AOT_SERVER).")
 @click.option("--token", help="The token (default: prompted for, hidden); from `fa4-aot token create`.")
 def login(server: str, token: str | None) -> None:
-    """Store a token for SERVER; push, pull, revoke and build --from-misses use it when no --token is given."""
+    """Store a token for SERVER; push, pull, revoke and build --from-misses use it when no --token is given, and
+    SERVER becomes push's and pull's default --server."""
     from ..remote.http import Remote
 
     Remote(server)  # a malformed URL is refused before anything is stored
@@ -26,7 +27,8 @@ def login(server: str, token: str | None) -> None:
     held = ("unchecked: the server predates GET /v1/token" if me is None else
             f"{me.get('scope')} token {me.get('name')!r}" + (f" for SKUs {', '.join(me['skus'])}" if me.get("skus")
                                                            else ""))
-    click.echo(f"{held} for {server.rstrip('/')} stored in {where} (mode 0600)")
+    click.echo(f"{held} for {server.rstrip('/')} stored in {where} (mode 0600); push and pull now default to this "
+               "server")
 
 
 @click.command()

@@ -12,7 +12,7 @@ import click
 from ..store import Store
 from . import reporting
 from .building import Run, executor_for
-from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
+from .common import cpu_count, emit, json_option, load_matrix, pass_store, plural, remote_for, variants_option
 from .progress import quiet_option
 
 if TYPE_CHECKING:
@@ -85,7 +85,8 @@ def _detect(matrix: Matrix, as_json: bool) -> None:
               "(required unless --from-misses).")
 @variants_option()
 @click.option("--only", multiple=True, metavar="NAME", help="Build only these [[variants]] entries (repeatable).")
-@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 256),
+@click.option("--jobs", "-j", default=lambda: min(256, cpu_count()), show_default="this host's CPU count",
+              type=click.IntRange(1, 256),
               help="Compiler processes (local executor; a new local Ray instance gets this many CPUs); each "
                    "needs about 1.5 GB of memory.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -132,7 +133,7 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
     """
     matrix = load_matrix(variants_file)
     if from_misses:
-        _build_misses(store, matrix, server, token, jobs, as_json)
+        _build_misses(store, matrix, server, token, jobs, as_json, dry_run)
         return
     targets = _targets(matrix, sku, executor, push_url)
     if family == "tirx":
@@ -184,21 +185,26 @@ def explicit_work(model_arg: str | None, tp_arg: str, workload_arg: str,
 
 
 def _build_misses(store: Store, matrix: Matrix, server: str | None, token: str | None, jobs: int,
-                  as_json: bool) -> None:
+                  as_json: bool, dry_run: bool) -> None:
     """--from-misses: build the kernels the server's clients missed (--server; pushed there) or those this store
-    recorded, and say per SKU what was built; exit 1 if any failed."""
+    recorded, and say per SKU what was built; exit 1 if any failed. With --dry-run, plan only: nothing is
+    written to the store and nothing is pushed. Misses are counted as `fa4-aot misses` counts them."""
     from ..compile.rebuild import build_misses, rebuild_misses
 
     if server:
-        reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs)
+        reports = rebuild_misses(matrix, store, remote_for(server, token), jobs=jobs, dry_run=dry_run)
     else:
-        reports = build_misses(matrix, store, store.misses(), jobs=jobs)
-    docs = [r.to_dict() for r in reports]
-    lines = [f"{d['sku']}: {d['calls']} missed call(s), {d['built']} built, {d['present']} present, "
-             f"{d['failed']} failed, {d['refused']} refused" + (f"; pushed to {server}" if server else "")
-             for d in docs]
+        reports = build_misses(matrix, store, store.misses(), jobs=jobs, dry_run=dry_run)
+    docs = [{**r.to_dict(), "dry_run": dry_run} for r in reports]
+    done = "to build" if dry_run else "built"
+    lines = [f"{d['sku']}: {plural(d['misses'], 'miss', 'misses')} ({plural(d['calls'], 'call')} and "
+             f"signatures), {d['planned' if dry_run else 'built']} {done}, {d['present']} present, "
+             f"{d['failed']} failed, {d['refused']} refused" + (f"; pushed to {server}" if server and not dry_run
+                                                                 else "") for d in docs]
     lines += [f"FAILED {f['kernel_key'][:16]} {f['family']}: {f['error']}" for d in docs for f in d["failures"]]
     lines += [f"REFUSED {r['call']}: {r['error']}" for d in docs for r in d["refusals"]]
+    lines += ["dry run: nothing was built or written; run it again without --dry-run to build"] if docs and dry_run \
+        else []
     emit(as_json, docs, "\n".join(lines) or f"{server or store.root} reports no misses")
     if any(d["failed"] for d in docs):
         sys.exit(1)

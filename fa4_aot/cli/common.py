@@ -1,5 +1,6 @@
 """What every `fa4-aot` command shares: the store option and `pass_store`, the variants and --json options,
-JSON-or-text output, and the one place where Fa4AotError becomes a click error (one line on stderr, exit 1).
+JSON-or-text output, and the one place where Fa4AotError becomes a click error (one line on stderr, exit 1; with
+--json, one JSON document on stdout).
 
 Command modules import from here, never from the group module (`fa4_aot.cli`), so there is no import circle.
 """
@@ -38,10 +39,33 @@ class Fa4AotGroup(click.Group):
         super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> Any:
+        as_json = "--json" in ctx.args[: ctx.args.index("--")] if "--" in ctx.args else "--json" in ctx.args
         try:
             return super().invoke(ctx)
         except Fa4AotError as e:
-            raise click.ClickException(printable(str(e))) from e
+            raise (JsonError(str(e), 1) if as_json else click.ClickException(printable(str(e)))) from e
+        except click.ClickException as e:  # usage errors too: a --json caller parses stdout whatever failed
+            if not as_json or isinstance(e, JsonError):
+                raise
+            raise JsonError(e.format_message(), e.exit_code) from e
+
+
+class JsonError(click.ClickException):
+    """An error of a command given --json: one JSON document on stdout ({"error": message, "exit_code": N}),
+    so a caller that parses stdout reads the failure too; the exit status is unchanged."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it on the class; this one varies
+
+    def show(self, file: Any = None) -> None:
+        click.echo(json.dumps({"error": self.message, "exit_code": self.exit_code}))
+
+
+class NoGpu(click.ClickException):
+    """A command that runs kernels, on a host without a usable GPU: exit 2 (1 is "a kernel failed")."""
+
+    exit_code = 2
 
 
 @dataclass
@@ -112,8 +136,11 @@ def pass_store(f: Callable[Concatenate[Store, P], R]) -> Callable[P, R]:
 
 
 def existing(store: Store) -> Store:
-    """`store`, when its folder exists: a command that only reads must not report a mistyped path as healthy."""
-    if not store.root.is_dir():
+    """`store`, when its folder holds a store (store.root.holds_store): a command that only reads must not report a
+    mistyped path as an empty store."""
+    from ..store.root import holds_store
+
+    if not holds_store(store.root):
         raise Fa4AotError(f"no store at {store.root}: check --cache-dir or FA4_AOT_CACHE (a store is made by "
                           "`fa4-aot build --sku NAME` or `fa4-aot pull`)")
     return store
@@ -172,6 +199,24 @@ def load_matrix(path: Path | None) -> Matrix:
     from ..matrix import variants
 
     return variants.load(path or config.default_variants_file())
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity, as a container or `taskset` limits it), at least 1."""
+    import os
+
+    counted = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if counted is not None:
+        return counted() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this platform (macOS)
+        return os.cpu_count() or 1
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """`n` and the word for that many: "1 kernel", "2 kernels", "3 entries" (plural(3, "entry", "entries"))."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def emit(as_json: bool, doc: Any, text: str) -> None:

@@ -12,7 +12,7 @@ import click
 from .. import __version__
 from ..errors import Fa4AotError
 from ..store import Store, kernels
-from .common import emit, load_matrix, state
+from .common import emit, existing, load_matrix, plural, state
 
 if TYPE_CHECKING:
     from ..trust.standing import SkuStanding
@@ -57,9 +57,11 @@ def _toolchain() -> Check:
 
 def _store(sku: str | None) -> Check:
     store = state().store
-    if not store.root.is_dir():
-        return _check("store", "warn", f"{store.root} does not exist",
-                      f"build into it: `fa4-aot build --sku {sku or 'NAME'}`, or `fa4-aot pull --server URL`")
+    try:
+        existing(store)
+    except Fa4AotError as missing:  # a mistyped --cache-dir must not pass as a store that is merely empty
+        return _check("store", "fail", str(missing), f"build into it: `fa4-aot build --sku {sku or 'NAME'}`, or "
+                                                     f"`fa4-aot pull --server URL --sku {sku or 'NAME'}`")
     store.check_root()
     counts: dict[str, int] = {}
     for e in kernels(store.entries()):  # one kernel, one count (list, build, sign and push count alike)
@@ -96,8 +98,9 @@ def _certification(sku: str | None) -> Check:
         return _check("certified", "fail", str(e), "")
     ours = {b.id for b in known_bad.load().entries}
     measured = [b.id for b in registry.entries if b.id not in ours]
-    detail = (f"{certified.ENV}={policy}; known-bad registry revision {registry.revision}, {len(registry.entries)} "
-              f"entr(ies), {len(measured)} measured in this store" + (f" for {sku}" if sku else "")
+    entries = plural(len(registry.entries), "entry", "entries")
+    detail = (f"{certified.ENV}={policy}; known-bad registry revision {registry.revision}, {entries}, "
+              f"{len(measured)} measured in this store" + (f" for {sku}" if sku else "")
               + (f" ({', '.join(measured)})" if measured else ""))
     if not sku or not store.root.is_dir():
         return _check("certified", "ok", detail, "`fa4-aot known-bad` lists the registry")

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..store import Store
-from .common import check_sku, emit, json_option, pass_store
+from .common import check_sku, emit, json_option, pass_store, plural
 
 
 @click.command(name="known-bad")
@@ -63,6 +63,7 @@ def _lines(doc: dict[str, Any]) -> list[str]:
     tools = ", ".join(f"{k} {v}" for k, v in doc["toolchain"].items())
     measured = f"{doc['measured']} measured in {doc['store']} for {doc['sku']}" if doc["sku"] else \
         "give --sku to add what this store's certification measured"
-    lines.append(f"registry revision {doc['revision']} ({doc['file']}): {len(doc['entries'])} entr(ies), {measured}; "
-                 f"installed: {tools}; FA4_AOT_CERTIFIED={doc['policy']}")
+    entries = plural(len(doc["entries"]), "entry", "entries")
+    lines.append(f"registry revision {doc['revision']} ({doc['file']}): {entries}, {measured}; installed: {tools}; "
+                 f"FA4_AOT_CERTIFIED={doc['policy']}")
     return lines

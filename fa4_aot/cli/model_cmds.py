@@ -12,7 +12,7 @@ import click
 
 from ..errors import Fa4AotError
 from ..store import Store
-from .common import emit, json_option, load_matrix, pass_store, variants_option
+from .common import emit, existing, json_option, load_matrix, pass_store, variants_option
 
 if TYPE_CHECKING:
     from ..matrix.models import Model
@@ -68,7 +68,8 @@ def _attention(m: Model) -> str:
 @click.option("--sku", required=True, help="SKU to judge against, e.g. h200 (`fa4-aot skus`).")
 @click.option("--model", "model_arg", metavar="NAME_OR_CONFIG_JSON",
               help="A catalog model (`fa4-aot models`) or a Hugging Face config.json: judge its signatures.")
-@click.option("--tp", "tp_arg", default="1,2,4,8", show_default=True, help="TP degrees for --model.")
+@click.option("--tp", "tp_arg", default="1", show_default=True, help="TP degrees for --model, e.g. 1,2,4,8 (the "
+              "default is build's and pull's, so a model is judged as it was built).")
 @click.option("--workload", "workload_arg", default="train,prefill,decode", show_default=True,
               help="Workloads for --model: train, prefill, decode.")
 @click.option("--calls", "calls_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -96,6 +97,7 @@ def coverage(store: Store, sku: str, model_arg: str | None, tp_arg: str, workloa
 
     if bool(model_arg) == bool(calls_file):
         raise click.UsageError("give exactly one of --model NAME_OR_CONFIG_JSON and --calls FILE")
+    existing(store)  # a mistyped --cache-dir is no store, not one that serves nothing
     target = load_matrix(variants_file).sku(sku)
     if calls_file:
         verdicts = cov.check_calls(target, store, cov.read_calls(calls_file), calls_file, jobs=jobs, runtime=runtime)

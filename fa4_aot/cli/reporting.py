@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .common import plural
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -70,7 +71,8 @@ def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs
         target = next(t for t in targets if t.name == report.sku)
         extra, doc["estimate"] = _dry_run_lines(report, store, target, jobs)
         lines += extra
-    lines.append(f"{report.sku}: {report.calls} signatures or calls, {len(report.results)} kernels: "
+    lines.append(f"{report.sku}: {plural(report.calls, 'signature or call', 'signatures or calls')}, "
+                 f"{plural(len(report.results), 'kernel')}: "
                  f"{report.count('built')} built, {report.count('present')} already present, "
                  + (f"{report.count('planned')} to build, " if dry_run else "")
                  + f"{report.failed} failed"

@@ -34,7 +34,19 @@ def _progress(bar: Progress) -> Callable[[int, int, str], None]:
     return report
 
 
-_server = click.option("--server", required=True, envvar="FA4_AOT_SERVER", help="Server URL ($FA4_AOT_SERVER).")
+def _logged_in(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """push's and pull's --server, else the server of the last `fa4-aot login`; missing when there is neither."""
+    from ..remote.credentials import default_server
+
+    found = value or default_server()
+    if not found:
+        raise click.MissingParameter(ctx=ctx, param=param, message="give --server URL, set FA4_AOT_SERVER, or "
+                                     "run `fa4-aot login --server URL` once")
+    return found
+
+
+_server = click.option("--server", envvar="FA4_AOT_SERVER", callback=_logged_in,
+                       help="Server URL ($FA4_AOT_SERVER; default: the server of the last `fa4-aot login`).")
 _token = click.option("--token", envvar="FA4_AOT_TOKEN", help="Bearer token ($FA4_AOT_TOKEN).")
 _jobs = click.option("--jobs", "-j", default=8, show_default=True, type=click.IntRange(1, 64),
                      help="Parallel transfers.")
@@ -53,21 +65,50 @@ _db = click.option("--db", "db_url", envvar="FA4_AOT_DB_URL", help="Server datab
 @click.option("--store-poll", default=10.0, show_default=True, type=click.FloatRange(0), envvar="FA4_AOT_STORE_POLL",
               help="Seconds between checks for changes of the store (a build, `sign`, a pull into it), which are "
                    "then served; 0: import the store only at start.")
+@click.option("--wheels", "wheels_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              envvar="FA4_AOT_WHEELS_DIR", help="Serve the wheels in this folder as a PEP 503 index at /simple/, so "
+              "GPU hosts run `pip install --index-url http://SERVER:PORT/simple fa4-aot` (default: wheels/ in the "
+              "store, when it exists).")
 def serve(host: str, port: int, db_url: str | None, require_read_token: bool, workers: int,
-          store_poll: float) -> None:
+          store_poll: float, wheels_dir: Path | None) -> None:
     """Serve the store to a cluster over HTTP (FastAPI + uvicorn); the OpenAPI page is at /docs.
 
     Kernels, recipe files and signed manifests already in the store are indexed at start, and what is
     written into it later (`fa4-aot build`, `fa4-aot sign`) within --store-poll seconds, so
     `fa4-aot build --sku h200 && fa4-aot serve` is a working server. Publishing needs a token from
-    `fa4-aot token create --scope publish`.
+    `fa4-aot token create --scope publish`. GPU hosts install the client from /simple/ (--wheels).
     """
     from service.config import Settings
     from service.main import serve as run
 
     _check_port(host, port)
-    run(Settings(cache_dir=state().cache_dir, db_url=db_url, host=host, port=port,
-                 require_read_token=require_read_token, workers=workers, store_poll=store_poll))
+    settings = Settings(cache_dir=state().cache_dir, db_url=db_url, host=host, port=port,
+                        require_read_token=require_read_token, workers=workers, store_poll=store_poll,
+                        wheels_dir=wheels_dir)
+    _check_database(settings.database_url)
+    run(settings)
+
+
+def _check_database(url: str) -> None:
+    """Fail before uvicorn does (a traceback of a few hundred lines out of its startup) when the database cannot
+    be reached: one line naming the database, what it answered and what to check."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from service import db
+
+    shown = make_url(url).render_as_string(hide_password=True)
+    try:
+        engine = db.make_engine(url)
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        engine.dispose()
+    except (SQLAlchemyError, OSError) as e:
+        why = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        raise Fa4AotError(f"cannot reach the database {shown}: {why}; check --db (or FA4_AOT_DB_URL): its host, "
+                          "port, user and database name, and that the database server runs and accepts this host "
+                          "(without --db, the SQLite file in --cache-dir is used)") from e
 
 
 def _check_port(host: str, port: int) -> None:

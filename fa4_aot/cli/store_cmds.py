@@ -13,7 +13,7 @@ from ..domain.verdicts import by_device
 from ..store import Entry, Store, kernels, maintenance
 from ..store.maintenance import VerifyReport
 from ..trust import standing
-from .common import check_sku, emit, existing, json_option, pass_store
+from .common import check_sku, emit, existing, json_option, pass_store, plural
 from .progress import Progress, quiet_option
 
 
@@ -135,7 +135,8 @@ def _verdict(report: VerifyReport, problems: int) -> str:
         return "ok"
     if report.quarantine_dir or report.unlinked:
         moved = f", moved to {report.quarantine_dir}" if report.quarantine_dir else ""
-        dropped = f", {len(report.unlinked)} broken librar(ies) dropped from their entries" if report.unlinked else ""
+        broken = plural(len(report.unlinked), "broken library", "broken libraries")
+        dropped = f", {broken} dropped from their entries" if report.unlinked else ""
         return f"{problems} problem(s){moved}{dropped}; rebuild (`fa4-aot build`) or pull what they held"
     return f"{problems} problem(s); `fa4-aot verify` quarantines them, then rebuild with `fa4-aot build`"
 
@@ -165,7 +166,7 @@ def misses(store: Store, as_json: bool) -> None:
     had no recipe region for (family "recipe"); `fa4-aot build --from-misses` builds them."""
     found = existing(store).misses()
     rows = [f"{m.when}  {m.sku:<10} {m.family:<26} {m.kernel_key[:16]}" for m in found]
-    rows.append(f"{len(found)} miss(es)")
+    rows.append(plural(len(found), "miss", "misses"))
     emit(as_json, [m.to_dict() for m in found], "\n".join(rows))
 
 

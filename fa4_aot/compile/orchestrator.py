@@ -54,6 +54,7 @@ class Result:
 class Report:
     sku: str
     calls: int = 0
+    misses: int = 0  # the reported misses a --from-misses build was asked to close (each may add several calls)
     # FA4's dispatch read this SM count while planning (FLASH_ATTENTION_NUM_SMS): the kernels chosen for a call
     # (split-KV, persistent, 2-CTA) are those of this SKU's dispatch, whoever else shares them
     dispatch_sm_count: int = 0
@@ -83,7 +84,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "sku": self.sku, "dispatch": {"sku": self.sku, "sm_count": self.dispatch_sm_count},
-            "calls": self.calls, "kernels": len(self.results), "built": self.count("built"),
+            "calls": self.calls, "misses": self.misses, "kernels": len(self.results), "built": self.count("built"),
             "present": self.count("present"), "planned": self.count("planned"), "failed": self.failed,
             "seconds": round(self.seconds, 2), "interrupted": self.interrupted, "not_built": self.not_built,
             "recipes": self.recipes, "lean_failures": self.lean_failures,

@@ -30,23 +30,26 @@ from .orchestrator import Report, Result, Work, build_calls, describe
 
 
 def rebuild_misses(matrix: Matrix, store: Store, remote: Remote, jobs: int = 1,
-                   progress: Callable[..., None] | None = None) -> list[Report]:
-    """Build the kernels clients reported missing to `remote`, per SKU, and push the results."""
-    reports = build_misses(matrix, store, remote.misses(), jobs=jobs, progress=progress)
-    for report in reports:
+                   progress: Callable[..., None] | None = None, dry_run: bool = False) -> list[Report]:
+    """Build the kernels clients reported missing to `remote`, per SKU, and push the results; with `dry_run`,
+    plan them only: nothing is written to `store` and nothing is pushed."""
+    reports = build_misses(matrix, store, remote.misses(), jobs=jobs, progress=progress, dry_run=dry_run)
+    for report in reports if not dry_run else []:
         push(store, remote, report.sku)
     return reports
 
 
 def build_misses(matrix: Matrix, store: Store, misses: list[Miss], jobs: int = 1,
-                 progress: Callable[..., None] | None = None, executor: Executor | None = None) -> list[Report]:
+                 progress: Callable[..., None] | None = None, executor: Executor | None = None,
+                 dry_run: bool = False) -> list[Report]:
     """Build every kernel in `misses` for the SKUs `matrix` knows: a miss that carries the exact
     FA4 arguments of its call (`args`, domain/exact.py) is replayed through FA4 with them, an older one re-plans the
     Call it carries; a lean runtime's miss (Miss.is_lean, runtime/on_miss.py) plans its Call and its whole
     signature, which records its recipe regions with every kernel and library they name. A missed kernel the
     rebuild does not produce (no call recorded, or the call no longer selects it), or a lean call no region then
     serves, is a failure in its SKU's report, so nothing is left out silently. `executor` (default: a local
-    pool of `jobs`) is left open for its owner."""
+    pool of `jobs`) is left open for its owner. With `dry_run`, plan only: the kernels the store lacks are
+    reported as "planned", nothing is written, and no miss is judged unreproduced (nothing was built to judge)."""
     by_sku: dict[str, dict[str, Miss]] = {}
     for miss in misses:
         if miss.sku in matrix.skus:
@@ -55,9 +58,12 @@ def build_misses(matrix: Matrix, store: Store, misses: list[Miss], jobs: int = 1
     for name, wanted in sorted(by_sku.items()):
         items = [each for m in wanted.values() for each in _work_items(m)]
         work: Work = list(dict.fromkeys(("from-misses", c) for c in items))
-        report = build_calls(matrix.sku(name), store, work, jobs=jobs, progress=progress, executor=executor)
+        report = build_calls(matrix.sku(name), store, work, jobs=jobs, progress=progress, executor=executor,
+                             dry_run=dry_run)
+        report.misses = len(wanted)
         _set_aside(report, {describe(item) for _label, item in work if isinstance(item, Signature)})
-        _unreproduced(report, wanted, store, matrix.sku(name))
+        if not dry_run:
+            _unreproduced(report, wanted, store, matrix.sku(name))
         reports.append(report)
     return reports
 

@@ -125,10 +125,22 @@ def unknown(name: str, known: Iterable[str], what: str = "SKU") -> UnknownSku:
     folded = {n.lower(): n for n in names}
     low = name.lower()
     close = ([folded[low]] if low in folded else [n for n in names if n.lower().startswith(low)][:2]
-             or [folded[n] for n in difflib.get_close_matches(low, list(folded), n=1, cutoff=0.6)])
+             or _close(low, folded))
     hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
     return UnknownSku(f"unknown {what} {name!r}; {hint}known: {', '.join(names) or 'none'} "
                       "(`fa4-aot skus` lists them; names are lowercase)")
+
+
+def _close(low: str, folded: dict[str, str]) -> list[str]:
+    """The closest of `folded`'s names to `low`, also read with the letter o typed for the digit 0 (h2oo: h200),
+    which a plain spelling distance finds too far."""
+    for guess in dict.fromkeys([low, low.replace("o", "0"), low.replace("0", "o")]):
+        if guess in folded:
+            return [folded[guess]]
+        found = difflib.get_close_matches(guess, list(folded), n=1, cutoff=0.6)
+        if found:
+            return [folded[found[0]]]
+    return []
 
 
 def check_name(name: str, *known: Iterable[str]) -> None:

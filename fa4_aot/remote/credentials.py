@@ -1,6 +1,7 @@
 """Stored server tokens (`fa4-aot login`): one JSON file, mode 0600, under the user's config folder
 ($FA4_AOT_CONFIG_DIR, else $XDG_CONFIG_HOME/fa4-aot, else ~/.config/fa4-aot). push, pull, revoke and
-`build --from-misses` use the token stored for their --server when no --token or FA4_AOT_TOKEN is given."""
+`build --from-misses` use the token stored for their --server when no --token or FA4_AOT_TOKEN is given; the server
+of the last login is the default --server of push and pull (a file beside the tokens)."""
 
 from __future__ import annotations
 
@@ -44,15 +45,35 @@ def token_for(server: str) -> str | None:
 
 
 def save(server: str, token: str) -> Path:
+    """Store `token` for `server`, which becomes the default server (default_server)."""
     tokens = _read()
     tokens[_key(server)] = token
     _write(tokens)
+    atomic_write(_default_path(), (_key(server) + "\n").encode(), mode=0o600)
     return path()
 
 
+def default_server() -> str | None:
+    """The server of the last `fa4-aot login` (push and pull use it without --server), or None."""
+    try:
+        return _default_path().read_text().strip() or None
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise Fa4AotError(f"cannot read the default server {_default_path()}: {e}; remove it and run `fa4-aot "
+                          "login` again") from e
+
+
 def forget(server: str | None) -> int:
-    """Remove the token of `server` (every stored one when None); returns how many went."""
+    """Remove the token of `server` (every stored one when None), and the default server when it is that one;
+    returns how many tokens went."""
     tokens = _read()
     gone = len(tokens) if server is None else int(tokens.pop(_key(server), None) is not None)
     _write({} if server is None else tokens)
+    if server is None or default_server() == _key(server):
+        _default_path().unlink(missing_ok=True)
     return gone
+
+
+def _default_path() -> Path:
+    return path().parent / "default-server"

@@ -20,6 +20,9 @@ _UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "score_mod_bwd", "mask_m
                 "scheduler_metadata", "seqlen_k_per_split", "disable_scheduler_metadata", "gather_bwd_recompute_p",
                 "gather_bwd_token_chunk")
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
+# the names a caller may write for those dtypes instead of the torch object (load(..., dtype="bf16"))
+_DTYPE_NAMES = {"bf16": "torch.bfloat16", "bfloat16": "torch.bfloat16", "fp16": "torch.float16",
+                "float16": "torch.float16", "half": "torch.float16"}
 _FORMS = {("cu_seqlens_q", "cu_seqlens_k"): "varlen", ("seqused_k",): "seqused", ("seqused_k", "page_table"): "paged"}
 
 
@@ -36,14 +39,24 @@ def refuse(extra: dict[str, Any]) -> None:
                           "fa4_aot.install() for these")
 
 
+def dtype_name(dtype: Any) -> str:
+    """The torch name ("torch.bfloat16") of `dtype`: a torch dtype, or one of the strings "bf16", "bfloat16",
+    "fp16", "float16", "half" (or "torch.bfloat16"). Raises ValueError naming what is accepted for anything else."""
+    name = str(dtype)
+    name = _DTYPE_NAMES.get(name.lower().removeprefix("torch."), name) if isinstance(dtype, str) else name
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported: FA4 kernels here are bf16 or fp16; pass torch.bfloat16 "
+                         "or torch.float16 (or the strings 'bf16', 'fp16')")
+    return name
+
+
 def signature(layout: str, dtype: str, heads_q: int, head_dim: int, heads_kv: int, head_dim_v: int, *,
               causal: bool = False, window_size: Any = (None, None), softcap: float = 0.0, sink: bool = False,
               num_splits: int = 1, training: bool = False, deterministic: bool = False,
               return_lse: bool = False, page_size: int = 0) -> Signature:
     """The Signature (as the planner records it) of a call with these arguments. Raises ValueError for
     arguments FA4 takes but no recipe can describe (a half-open window, a dtype other than bf16/fp16)."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype} is not supported: FA4 kernels here are bf16 or fp16")
+    dtype = dtype_name(dtype)
     mask, window = _mask_and_window(bool(causal), tuple(window_size))
     return Signature(
         layout=layout,

@@ -27,6 +27,17 @@ _FOLDERS = ("objects", "index", "misses", "locks", "manifests", "recipes", "verd
 SHARED_DIR_MODE, SHARED_FILE_MODE = 0o2770, 0o640
 
 
+def holds_store(folder: Path) -> bool:
+    """Whether `folder` may be a store: it exists and holds one of the store's own folders, the server's
+    database, or nothing but a README (an empty folder, the checkout's cache/ before its first build). A folder of
+    other things (a mistyped --cache-dir such as docs/) is no store. Reads only the folder's names."""
+    try:
+        names = set(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return bool(names & {*_FOLDERS, QUARANTINE, "fa4-aot.db"}) or names <= {"README.md"}
+
+
 def check_hex(value: str, what: str = "digest") -> str:
     """Return `value` if it is 64 lowercase hex digits; raise StoreError otherwise (before any path is built)."""
     if not isinstance(value, str) or not HEX64.fullmatch(value):

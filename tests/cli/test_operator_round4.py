@@ -1,0 +1,191 @@
+"""A newcomer's fourth round on a fresh clone: each defect as a test that failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import click
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from fa4_aot.cli import main
+from tests.conftest import ROOT, TINY_VARIANTS, _has_cuda, run_cli
+from tests.helpers.servers import free_port
+
+
+@pytest.fixture(autouse=True)
+def _defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FA4_AOT_CACHE", "FA4_AOT_VARIANTS", "FA4_AOT_SKU", "FA4_AOT_SERVER", "FA4_AOT_TOKEN",
+                 "FA4_AOT_DB_URL", "FA4_AOT_RECORD"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_build_from_misses_dry_run_writes_nothing_and_counts_as_misses_does(tmp_path: Path) -> None:
+    """`build --from-misses --dry-run` compiled into the store, and counted 2 "missed calls" (a lean miss's call
+    and its whole signature) where `fa4-aot misses` listed 1: a dry run plans only, and both count misses."""
+    from tests.e2e.test_lean_miss_loop import CALLS, lean_misses
+
+    cache = tmp_path / "store"
+    assert len(lean_misses(cache)) == len(CALLS)
+    listed = run_cli("misses", "--json", cache=cache)
+    assert listed.returncode == 0, listed.stderr
+    before = _files(cache)
+    planned = run_cli("build", "--from-misses", "--dry-run", "--variants", str(TINY_VARIANTS), "--json",
+                      cache=cache)
+    assert planned.returncode == 0, planned.stderr[-3000:] + planned.stdout[-3000:]
+    assert _files(cache) == before, "a dry run wrote to the store"
+    [report] = json.loads(planned.stdout)
+    assert report["built"] == 0 and report["planned"] >= 1, report
+    assert report["misses"] == len(json.loads(listed.stdout)) == len(CALLS)
+    text = run_cli("build", "--from-misses", "--dry-run", "--variants", str(TINY_VARIANTS), cache=cache)
+    assert f"{len(CALLS)} misses" in text.stdout, text.stdout + text.stderr[-2000:]  # the summary is on stdout
+    assert _files(cache) == before
+
+
+def _default(command: click.Command, name: str) -> Any:
+    param = next(p for p in command.params if p.name == name)
+    return param.get_default(click.Context(command), call=True)
+
+
+def test_model_commands_share_one_tp_default_and_build_uses_every_cpu() -> None:
+    """Right after `build --model M` (TP 1), `coverage --model M` judged TP 1,2,4,8 and exited 1; builds ran one
+    compiler on a many-core host."""
+    tps = {name: _default(main.commands[name], "tp_arg") for name in ("build", "pull", "certify", "coverage")}
+    assert set(tps.values()) == {"1"}, tps
+    assert _default(main.commands["build"], "jobs") == min(256, len(os.sched_getaffinity(0)))
+
+
+LEAN_COVERAGE = ["coverage", "--sku", "h200", "--model", "smollm2-135m", "--tp", "1", "--runtime", "lean"]
+
+
+@pytest.mark.parametrize("args", [["list"], ["doctor"], LEAN_COVERAGE])
+def test_a_folder_that_holds_no_store_is_named_so(args: list[str]) -> None:
+    """`coverage --cache-dir TYPO` said "0 of 11 served", `doctor` "does not exist" and exit 0, `list --cache-dir
+    docs/` "0 kernel(s)" and exit 0: each says there is no store there, with the next step, and exits non-zero."""
+    for folder in (ROOT / "docs", ROOT / "no-such-folder"):
+        result = CliRunner().invoke(main, [*args, "--cache-dir", str(folder)])
+        assert result.exit_code != 0, result.output
+        assert f"no store at {folder}" in result.output and "fa4-aot build" in result.output, result.output
+
+
+def test_load_takes_dtype_names_and_shows_what_it_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fa4_aot.load(..., dtype="bf16") said "dtype bf16 is not supported: FA4 kernels here are bf16 or fp16", and
+    what load() returned printed as <...Loaded object at 0x...>."""
+    from fa4_aot.runtime import api, runner
+
+    class Attention:
+        def __init__(self, sig: Any) -> None:
+            self.sig, self.regions = sig, ["region", "region"]
+            self.rt = SimpleNamespace(sku=SimpleNamespace(name="h200"), store=SimpleNamespace(root=Path("/store")))
+
+        def preload(self, _sizes: Any) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "runtime", lambda _cache_dir=None: SimpleNamespace(attention=Attention))
+    for name, want in [("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("float16", "fp16")]:
+        loaded = api.load((2, 256, 4, 64), causal=True, dtype=name)
+        assert loaded.attention.sig.dtype == want, name
+    assert repr(loaded) == ("<fa4_aot.Loaded dense fwd fp16 heads=4/4 head_dim=64/64 causal on SKU h200: 2 recipe "
+                            "region(s) from /store>")
+    with pytest.raises(ValueError, match="pass torch.bfloat16 or torch.float16"):
+        api.load((2, 256, 4, 64), dtype="int8")
+
+
+def test_serve_with_an_unreachable_database_says_one_line(tmp_path: Path) -> None:
+    """`serve --db URL` of a database that is not there printed a 209-line traceback."""
+    url = "postgresql+psycopg://fa4@127.0.0.1:9/fa4"  # port 9: nothing listens, the connection is refused
+    result = run_cli("serve", "--db", url, "--port", str(free_port()), cache=tmp_path, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
+    assert "cannot reach the database postgresql+psycopg://fa4@127.0.0.1:9/fa4" in result.stderr
+    assert "--db" in result.stderr
+
+
+def test_json_errors_are_json_on_stdout(tmp_path: Path) -> None:
+    """With --json, errors went as plain text to stderr and stdout was empty."""
+    listed = CliRunner().invoke(main, ["list", "--json", "--cache-dir", str(ROOT / "docs")])
+    assert listed.exit_code == 1
+    doc = json.loads(listed.stdout)
+    assert doc["exit_code"] == 1 and doc["error"].startswith(f"no store at {ROOT / 'docs'}"), doc
+    usage = CliRunner().invoke(main, ["build", "--json", "--cache-dir", str(tmp_path)])
+    assert usage.exit_code == 2 and "--sku is required" in json.loads(usage.stdout)["error"], usage.output
+
+
+@pytest.mark.skipif(_has_cuda(), reason="this host has a GPU: certify would run")
+def test_certify_without_a_gpu_exits_2_as_certifier_does(tmp_path: Path) -> None:
+    """With no GPU, `certify` exited 1 (the code for "a kernel failed") while `certifier` exits 2."""
+    result = CliRunner().invoke(main, ["certify", "--sku", "h200", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "no CUDA device" in result.output
+    as_json = CliRunner().invoke(main, ["certify", "--sku", "h200", "--json", "--cache-dir", str(tmp_path)])
+    assert as_json.exit_code == 2 and "no CUDA device" in json.loads(as_json.stdout)["error"]
+
+
+def test_dir_shows_the_public_face_only() -> None:
+    import fa4_aot
+
+    shown = set(dir(fa4_aot))
+    assert not shown & {"Any", "TYPE_CHECKING", "annotations", "importlib"}, shown
+    assert set(fa4_aot.__all__) | {"__version__"} <= shown
+
+
+@pytest.mark.parametrize(("n", "word", "many", "said"), [(1, "entry", "entries", "1 entry"),
+                                                         (3, "entry", "entries", "3 entries"),
+                                                         (0, "miss", "misses", "0 misses"),
+                                                         (2, "kernel", None, "2 kernels")])
+def test_plural(n: int, word: str, many: str | None, said: str) -> None:
+    from fa4_aot.cli.common import plural
+
+    assert plural(n, word, many) == said
+
+
+def test_no_command_prints_a_plural_in_brackets() -> None:
+    """Plurals printed as "entr(ies)"."""
+    found = [f"{p.relative_to(ROOT)}:{i}" for folder in ("fa4_aot/cli", "service")
+             for p in (ROOT / folder).rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"[a-z]\(ies\)", line)]
+    assert not found, found
+
+
+def test_an_o_typed_for_a_zero_gets_a_suggestion() -> None:
+    """The SKU typo `h2oo` got no suggestion."""
+    from fa4_aot.domain.sku_table import unknown
+
+    assert "did you mean 'h200'?" in str(unknown("h2oo", ["h100", "h200", "b200"]))
+    assert "did you mean 'h200'?" in str(unknown("H2OO", ["h100", "h200", "b200"]))
+
+
+def test_root_redirects_to_docs_and_login_gives_push_its_server(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET / was a 404; `login` gave pull and push no default --server."""
+    from tests.helpers.servers import Server, prepare_database
+
+    db_url = f"sqlite:///{tmp_path / 'fa4-aot.db'}"
+    server = Server(cache_dir=tmp_path / "served", db_url=db_url, log=tmp_path / "server.log",
+                    tokens=prepare_database(db_url)).start()
+    try:
+        root = httpx.get(f"{server.url}/")
+        assert root.status_code in (302, 307) and root.headers["location"] == "/docs", root
+        monkeypatch.setenv("FA4_AOT_CONFIG_DIR", str(tmp_path / "config"))
+        login = CliRunner().invoke(main, ["login", "--server", server.url, "--token", server.tokens["publish"]])
+        assert login.exit_code == 0, login.output
+        (tmp_path / "store").mkdir()
+        pushed = CliRunner().invoke(main, ["push", "--cache-dir", str(tmp_path / "store")])
+        assert pushed.exit_code == 0 and server.url in pushed.output, pushed.output
+        logout = CliRunner().invoke(main, ["logout", "--all"])
+        assert logout.exit_code == 0, logout.output
+        forgotten = CliRunner().invoke(main, ["push", "--cache-dir", str(tmp_path / "store")])
+        assert forgotten.exit_code == 2 and "--server" in forgotten.output, forgotten.output
+    finally:
+        server.kill()
