@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..domain import recipe_format
 from ..errors import Unsupported
 from . import replay, runner
-from .call_args import refuse, signature, varlen_form
+from .call_args import dtype_name, refuse, signature, varlen_form
 
 if TYPE_CHECKING:  # torch is imported on first call, not by `import fa4_aot`
     from torch import Tensor
@@ -190,6 +190,16 @@ class Loaded:
     def __init__(self, layout: str, flags: dict[str, Any], attention: runner.Attention) -> None:
         self.layout, self.flags, self.attention = layout, flags, attention
 
+    def __repr__(self) -> str:
+        s, rt = self.attention.sig, self.attention.rt
+        mask = f"{s.mask} window={list(s.window)}" if s.mask == "local" else s.mask
+        extra = "".join([f", softcap={s.softcap:g}" if s.softcap else "", ", sink" if s.sink else "",
+                         f", num_splits={s.num_splits}" if s.num_splits != 1 else "",
+                         f", page_size={s.page_size}" if s.page_size else ""])
+        return (f"<fa4_aot.Loaded {s.layout} {s.pass_} {s.dtype} heads={s.heads_q}/{s.heads_kv} "
+                f"head_dim={s.head_dim}/{s.head_dim_v} {mask}{extra} on SKU {rt.sku.name}: "
+                f"{len(self.attention.regions)} recipe region(s) from {rt.store.root}>")
+
     def __call__(self, q: Any, k: Any, v: Any, **kwargs: Any) -> tuple[Any, Any]:
         fn = flash_attn_func if self.layout == "dense" else flash_attn_varlen_func
         return fn(q, k, v, **{**self.flags, **kwargs})
@@ -217,7 +227,7 @@ def load(q_shape: tuple[int, int, int, int], k_shape: tuple[int, int, int, int] 
     if layout == "paged" and page_size <= 0:
         raise ValueError("layout='paged' needs page_size (k's dimension 1 in the call: the pool's page size)")
     k_shape = k_shape or q_shape
-    sig = signature(layout, str(dtype or torch.bfloat16), q_shape[2], q_shape[3], k_shape[2], k_shape[3],
+    sig = signature(layout, dtype_name(dtype or torch.bfloat16), q_shape[2], q_shape[3], k_shape[2], k_shape[3],
                     causal=causal, window_size=window_size, softcap=softcap, sink=learnable_sink,
                     num_splits=num_splits, training=training, deterministic=deterministic, return_lse=return_lse,
                     page_size=page_size)
