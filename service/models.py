@@ -251,17 +251,22 @@ class Verdict(Base):
 
 class CertifyJob(Base):
     """A certification the service asks for (fa4_aot/certify/certifier.py runs it on a GPU of the SKU): one per
-    published kernel key (signposts excepted: they name another key's kernel), queued when the kernel is published.
+    published kernel key (signposts excepted: they name another key's kernel), queued when the kernel is published,
+    and one more per other device class whose certifier asks for work after that job ran elsewhere.
     A certifier claims a job of its SKU with a lease it renews while it works; only the claiming token, with the
     claim id its claim was answered with, may renew or finish it. A job whose lease ran out (its certifier died,
     perhaps killed by the kernel) is claimed again, at most MAX_ATTEMPTS times (service/crud/certify.py)."""
 
     __tablename__ = "certify_jobs"
     # ids are never reused (SQLite: AUTOINCREMENT), so a client following job N never follows another job
-    __table_args__ = (UniqueConstraint("kernel_key", name="uq_certify_jobs_key"), {"sqlite_autoincrement": True})
+    __table_args__ = (UniqueConstraint("kernel_key", "wanted", name="uq_certify_jobs_key_wanted"),
+                      {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     kernel_key: Mapped[str] = mapped_column(String(64))
+    # '' for the job queued when the kernel was published (any certifier of the SKU takes it); else the device class
+    # of a certifier that asked after that job had run on another class: one job per kernel and device class
+    wanted: Mapped[str] = mapped_column(String(160), default="")
     sku: Mapped[str] = mapped_column(String(64), index=True)  # the kernel row's SKU: certifiers of it claim the job
     family: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16), index=True)  # queued -> running -> done | failed

@@ -17,6 +17,7 @@ Pure: no torch, no I/O. A kernel's verdicts are kept in the store (store/side.py
 
 from __future__ import annotations
 
+import calendar
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,9 @@ TENSORS = ("", "out", "lse", "dq", "dk", "dv", "dsink", "repeat", "lean")
 _SEVERITY = {"pass": 0, "refused": 1, "wrong": 2, "hang": 3, "crash": 4}
 _ID = re.compile(r"([a-z0-9][a-z0-9-]*)\.(\d+)sm\.driver-([0-9.]+)\.cuda-([0-9.]+)")
 MAX_DETAIL = 2000  # a verdict's detail is a message, not a log
+EARLIEST = "2020-01-01T00:00:00Z"  # no verdict can predate this project
+MAX_SKEW = 300  # seconds a verdict's `when` may be ahead of the clock that receives it (clocks drift)
+_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,31 @@ class Verdict:
         if not isinstance(calls, list) or not all(isinstance(c, str) for c in calls):
             raise ValueError("invalid verdict calls: expected a list of strings")
         return cls(**data)
+
+
+def utc_now(now: float | None = None) -> str:
+    """`now` (default: this host's clock) as a verdict's `when` is written."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+
+
+def check_when(when: object, now: float | None = None) -> str:
+    """`when` if it can be a measurement's time on a clock reading `now`; ValueError naming why not: not a UTC
+    time string, not a date, before EARLIEST, or more than MAX_SKEW seconds ahead of `now` (a `when` is the
+    publisher's word, and one dated ahead would outrank every later measurement)."""
+    if not isinstance(when, str) or not _UTC.fullmatch(when):
+        raise ValueError(f"invalid verdict time {str(when)[:40]!r}: expected a string, a UTC time like "
+                         "2026-12-03T10:00:00Z")
+    try:
+        stamp = calendar.timegm(time.strptime(when, "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        raise ValueError(f"invalid verdict time {when!r}: not a date") from None
+    if when < EARLIEST:
+        raise ValueError(f"invalid verdict time {when!r}: before {EARLIEST}, earlier than any measurement")
+    clock = time.time() if now is None else now
+    if stamp > clock + MAX_SKEW:
+        raise ValueError(f"invalid verdict time {when!r}: in the future (this clock reads {utc_now(clock)}, at most "
+                         f"{MAX_SKEW} s of skew allowed); fix the certifier's clock and certify again")
+    return when
 
 
 def worst(verdicts: list[Verdict]) -> Verdict:

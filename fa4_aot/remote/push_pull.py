@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..domain.skus import Sku
-from ..domain.verdicts import Verdict, by_device
+from ..domain.verdicts import Verdict, by_device, utc_now
 from ..errors import DiskFull, Fa4AotError, RemoteAuthError, RemoteError, TrustError, Unreachable
 from ..store import Store
 from ..trust import signing
@@ -153,12 +153,13 @@ def pull_verdicts(store: Store, remote: Remote, sku: str, listed: set[str], fail
 
 def newer_than_held(store: Store, verdicts: list[Verdict]) -> list[Verdict]:
     """Those of `verdicts` that would change what the store holds: of a device class it has no verdict for, or
-    newer than (at the same time: other than) the one it has, as Store.put_verdicts would keep them."""
+    newer than (at the same time: other than) the one it has. A held verdict dated ahead of this host's clock
+    counts as measured now: its `when` is its publisher's word and must not outrank later measurements."""
     held = {key: by_device(store.verdicts(key)) for key in {v.kernel_key for v in verdicts}}
-    fresh = []
+    fresh, now = [], utc_now()
     for v in verdicts:
         mine = held[v.kernel_key].get(v.device)
-        if mine is None or (v.when >= mine.when and v != mine):
+        if mine is None or (v.when >= min(mine.when, now) and v != mine):
             fresh.append(v)
     return fresh
 

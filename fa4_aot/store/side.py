@@ -89,12 +89,15 @@ class SideData(Root):
         return found
 
     def put_verdicts(self, verdicts: list[Verdict]) -> None:
-        """Keep `verdicts`, each replacing the verdict its kernel had for its device class (a kernel's file is
-        rewritten under a lock, so certifiers and a server may add verdicts at once)."""
+        """Keep `verdicts`, each replacing the verdict its kernel had for its device class whatever its `when` (the
+        newest of `verdicts` for a class if several): a write is the later fact, and a `when` is its publisher's
+        word, so one dated ahead must not outlive what is written after it. A kernel's file is rewritten under a
+        lock, so certifiers and a server may add verdicts at once."""
         for kernel_key in sorted({v.kernel_key for v in verdicts}):
             lock_name = hashlib.sha256(f"verdicts:{kernel_key}".encode()).hexdigest()
             with self.lock(lock_name):
-                mine = by_device(self.verdicts(kernel_key) + [v for v in verdicts if v.kernel_key == kernel_key])
+                new = by_device([v for v in verdicts if v.kernel_key == kernel_key])
+                mine = {**by_device(self.verdicts(kernel_key)), **new}
                 doc = {"kernel_key": kernel_key, "verdicts": [v.to_dict() for _, v in sorted(mine.items())]}
                 self._write(self._verdicts_path(kernel_key), json.dumps(doc, sort_keys=True, indent=1).encode())
 

@@ -1,5 +1,7 @@
 """Certify jobs in the database, keyword-only like crud.py (writes commit themselves; reads never raise for a
-missing row). A published kernel becomes one queued job (however often it is published); a certifier claims the
+missing row). A published kernel becomes one queued job (however often it is published), and one more per other
+device class whose certifier finds no queued job while the kernel lacks a verdict for its class (a verdict holds
+for one device class: a GPU under another driver or CUDA must be certified too); a certifier claims the
 oldest job of its SKU with a lease, renews it while it works and finishes it with its verdicts. Only the claiming
 token with the claim id its claim was answered with may renew or finish a job (issue 28, D30: a token of another
 SKU, or the same certifier name, must not). A job whose certifiers keep dying on it ends failed after MAX_ATTEMPTS
@@ -11,9 +13,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.domain.verdicts import Verdict, worst
@@ -43,15 +45,17 @@ def enqueue_many(session: Session, kernels: list[tuple[str, str, str]]) -> None:
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     t = now()
     for start in range(0, len(kernels), _ROWS_PER_INSERT):
-        rows = [dict(kernel_key=key, sku=sku, family=family, status="queued", attempts=0, lapses=0, certifier="",
-                     device="", claim_hash="", created=t, detail="", verdict="", verdicts="[]", seconds=0.0)
+        rows = [dict(kernel_key=key, wanted="", sku=sku, family=family, status="queued", attempts=0, lapses=0,
+                     certifier="", device="", claim_hash="", created=t, detail="", verdict="", verdicts="[]",
+                     seconds=0.0)
                 for key, sku, family in kernels[start:start + _ROWS_PER_INSERT]]
         stmt = dialect.insert(models.CertifyJob).values(rows)
-        session.execute(stmt.on_conflict_do_nothing(index_elements=[models.CertifyJob.kernel_key]))
+        session.execute(stmt.on_conflict_do_nothing(index_elements=[models.CertifyJob.kernel_key,
+                                                                    models.CertifyJob.wanted]))
     session.commit()
 
 
-_ROWS_PER_INSERT = 500  # 15 columns a row: under SQLite's 32,766 bound parameters a statement
+_ROWS_PER_INSERT = 500  # 16 columns a row: under SQLite's 32,766 bound parameters a statement
 
 
 def get(session: Session, *, job_id: int) -> models.CertifyJob:
@@ -84,16 +88,18 @@ def expire(session: Session, *, sku: str) -> list[Verdict]:
 
 def claim(session: Session, *, sku: str, certifier: str, device: str, token_id: int,
           lease_seconds: float) -> tuple[models.CertifyJob | None, str]:
-    """(the oldest queued job of `sku`, or running one whose lease ran out, now running for `certifier` on
-    `device` until its lease ends, and the claim id that alone renews and finishes it); (None, '') when none."""
+    """(the oldest queued job of `sku` for any device class or `device`'s, or running one whose lease ran out, else
+    a new job for a kernel of `sku` that lacks a verdict for `device`, now running for `certifier` on `device`
+    until its lease ends, and the claim id that alone renews and finishes it); (None, '') when none."""
     db.lock_table(session, models.CertifyJob)
     t = now()
     job = session.scalar(
         select(models.CertifyJob)
         .where(models.CertifyJob.sku == sku, models.CertifyJob.attempts < MAX_ATTEMPTS,
+               models.CertifyJob.wanted.in_(("", device)),
                or_(models.CertifyJob.status == "queued",
                    and_(models.CertifyJob.status == "running", models.CertifyJob.lease_until < t)))
-        .order_by(models.CertifyJob.id).limit(1))
+        .order_by(models.CertifyJob.id).limit(1)) or _for_device(session, sku=sku, device=device, t=t)
     if job is None:
         session.commit()
         return None, ""
@@ -104,6 +110,26 @@ def claim(session: Session, *, sku: str, certifier: str, device: str, token_id: 
     job.lease_until, job.started = t + timedelta(seconds=lease_seconds), job.started or t
     session.commit()
     return job, claim_id
+
+
+def _for_device(session: Session, *, sku: str, device: str, t: datetime) -> models.CertifyJob | None:
+    """A new queued job (flushed) for the oldest kernel of `sku` whose publish-time job ran on another device
+    class and which has neither a verdict nor a job for `device`; None when every kernel has. The caller holds
+    the table's lock, so two certifiers of one class never make two jobs."""
+    jobs, other, verdicts = models.CertifyJob, aliased(models.CertifyJob), models.Verdict
+    first = session.scalar(
+        select(jobs).where(jobs.sku == sku, jobs.wanted == "", jobs.status.in_(FINAL), jobs.device != device,
+                           ~exists().where(other.kernel_key == jobs.kernel_key, other.wanted == device),
+                           ~exists().where(verdicts.kernel_key == jobs.kernel_key, verdicts.device == device))
+        .order_by(jobs.id).limit(1))
+    if first is None:
+        return None
+    job = models.CertifyJob(kernel_key=first.kernel_key, wanted=device, sku=sku, family=first.family,
+                            status="queued", attempts=0, lapses=0, certifier="", device="", claim_hash="", created=t,
+                            detail="", verdict="", verdicts="[]", seconds=0.0)
+    session.add(job)
+    session.flush()
+    return job
 
 
 def held(session: Session, *, job_id: int, token_id: int, claim_id: str) -> models.CertifyJob:

@@ -14,7 +14,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
@@ -23,7 +23,7 @@ from fa4_aot.trust import signing, signing_keys
 
 from .. import models, schemas
 from ..crud import record_audit, retrying
-from ..errors import Conflict, InvalidBody, TooMany
+from ..errors import Conflict, InvalidBody, TooLarge, TooMany
 from ..models import utcnow
 
 _IN_CHUNK = 500  # kernel keys per IN (...) query: far below SQLite's and PostgreSQL's parameter limits
@@ -31,6 +31,9 @@ ENVELOPE_FIELDS = frozenset({"format", "manifest", "key_id", "public_key", "sign
 MANIFEST_FIELDS = frozenset({"sku", "kernels", "toolchain", "created", "expires", "libraries", "recipes", "verdicts"})
 PER_KEY = 4  # manifests kept per (SKU, signing key): a newer one makes the oldest go
 KEYS_PER_SKU = 8  # distinct signing keys a publish token may store manifests of, per SKU (admins: any)
+# What a SKU's manifests may add up to: clients read GET /v1/skus/{sku}/manifests whole and refuse an answer over
+# 64 MiB (fa4_aot/remote/transport.py MAX_JSON), so one SKU's manifests must never outgrow that, whoever uploads.
+SKU_BYTES = 40 << 20
 TOOLCHAIN_CHARS = 4096
 
 
@@ -41,8 +44,10 @@ def store_manifest(session: Session, *, sku: str, envelope: Any, actor: str, adm
     one is audited). Raises InvalidBody (422) for a malformed envelope (fields beyond the format's, no kernel
     listed, an oversized toolchain) or one for another SKU, Conflict (409) for an unknown SKU, other SKU facts,
     a kernel the service lacks or holds with another object digest, or an envelope with this manifest id but
-    another signature; TooMany (429) when a non-admin brings a ninth signing key to the SKU. Only the newest
-    PER_KEY manifests of a SKU and key are kept: storing one more drops the oldest (audited)."""
+    another signature; TooMany (429) when a non-admin brings a ninth signing key to the SKU; TooLarge (413) when
+    the SKU's manifests would add up past SKU_BYTES though each key kept only its newest. Only the newest PER_KEY
+    manifests of a SKU and key are kept: storing one more drops the oldest, and older manifests of any key go,
+    oldest first, while the SKU's add up past SKU_BYTES (audited)."""
     manifest = _checked_shape(envelope, sku)
     manifest_id = signing.manifest_id(envelope)
     text = canonical_json(envelope)
@@ -64,6 +69,7 @@ def store_manifest(session: Session, *, sku: str, envelope: Any, actor: str, adm
                      detail={"sku": sku, "key_id": envelope["key_id"], "kernels": len(manifest["kernels"])})
         session.flush()
         _prune(session, sku, envelope["key_id"], actor)
+        _fit(session, sku, actor)
         return _stored(envelope, manifest_id), True
 
     return retrying(session, work)
@@ -87,11 +93,40 @@ def _prune(session: Session, sku: str, key_id: str, actor: str) -> None:
     session.flush()
 
 
-def list_manifests(session: Session, *, sku: str) -> list[dict[str, Any]]:
-    """Every stored envelope of `sku` (none for an unknown SKU), newest `created` first, then newest upload."""
-    rows = session.scalars(select(models.SignedManifest).where(models.SignedManifest.sku == sku)).all()
+def _fit(session: Session, sku: str, actor: str) -> None:
+    """Drop manifests of `sku` that a newer one of their key supersedes, oldest first, while the SKU's add up past
+    SKU_BYTES; TooLarge (rolled back by the caller) when the newest of each key alone do."""
+    size = func.length(models.SignedManifest.envelope).label("size")  # canonical JSON is ASCII: characters are bytes
+    rows = session.execute(select(models.SignedManifest.manifest_id, models.SignedManifest.key_id,
+                                  models.SignedManifest.created, models.SignedManifest.uploaded_at, size)
+                           .where(models.SignedManifest.sku == sku)).all()
     rows = sorted(rows, key=lambda r: (_parse_time(r.created), r.uploaded_at, r.manifest_id), reverse=True)
-    return [json.loads(r.envelope) for r in rows]
+    total, newest = sum(r.size for r in rows), {r.key_id: r.manifest_id for r in reversed(rows)}
+    for row in reversed(rows):  # oldest first
+        if total <= SKU_BYTES:
+            return
+        if newest[row.key_id] != row.manifest_id:
+            session.delete(session.get(models.SignedManifest, row.manifest_id))
+            record_audit(session, actor=actor, action="manifest.prune", target=row.manifest_id,
+                         detail={"sku": sku, "key_id": row.key_id, "created": row.created, "room": True})
+            total -= row.size
+    if total > SKU_BYTES:
+        raise TooLarge(f"SKU {sku!r}'s signed manifests would add up to {total >> 20} MiB, over the {SKU_BYTES >> 20} "
+                       f"MiB a SKU keeps (clients read them whole), though each of its {len(newest)} signing keys "
+                       "keeps only its newest: revoke a key whose manifests are no longer wanted (`fa4-aot revoke "
+                       "--key-id`), or sign with a key that already signs this SKU")
+    session.flush()
+
+
+def list_manifests(session: Session, *, sku: str) -> bytes:
+    """The JSON document {"manifests": [...]} of every stored envelope of `sku` (none for an unknown SKU), newest
+    `created` first, then newest upload: joined from the canonical texts stored, never parsed again, so a fetch
+    costs about the bytes it sends (at most SKU_BYTES)."""
+    rows = session.execute(select(models.SignedManifest.envelope, models.SignedManifest.created,
+                                  models.SignedManifest.uploaded_at, models.SignedManifest.manifest_id)
+                           .where(models.SignedManifest.sku == sku)).all()
+    rows = sorted(rows, key=lambda r: (_parse_time(r.created), r.uploaded_at, r.manifest_id), reverse=True)
+    return b'{"manifests":[' + b",".join(r.envelope.encode() for r in rows) + b"]}"
 
 
 def _checked_shape(envelope: Any, sku: str) -> dict[str, Any]:

@@ -1,10 +1,13 @@
 """Certification verdicts in the database, keyword-only like crud.py (writes commit themselves and are audited;
 reads never raise for a missing row).
 
-A kernel has one verdict per device class: the newest measurement (by the verdict's `when`) replaces an older
-one, as the store's verdict files do (Store.put_verdicts, where a later write wins a tie), so publishes and
-imports of the store agree whatever order they come in. Verdicts name kernels the service holds: a row's SKU is
-its kernel's."""
+A kernel has one verdict per device class: the newest measurement replaces an older one. A verdict's `when` is
+its publisher's word, so the server orders by its own clock: a verdict counts as measured at its `when` or at the
+time the server received it, whichever is earlier, so that a date ahead of the clock cannot outrank verdicts the
+server receives later. Every publish holds the verdicts table's write lock from its first read to its commit and
+writes the store's verdict files (Store.put_verdicts, what `sign` lists) under it: concurrent publishes are
+serialized, none is lost, and the files hold what the database holds. Verdicts name kernels the service holds: a
+row's SKU is its kernel's."""
 
 from __future__ import annotations
 
@@ -15,11 +18,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
-from fa4_aot.domain.verdicts import STATUSES, Verdict
+from fa4_aot.domain.verdicts import STATUSES, Verdict, check_when, utc_now
 from fa4_aot.errors import StoreError
 from fa4_aot.store import Store
 
-from .. import models
+from .. import db, models
 from ..crud import record_audit, retrying
 from ..models import utcnow
 from ..schemas.verdicts import VerdictOut
@@ -42,11 +45,13 @@ def publish(session: Session, *, verdicts: list[Verdict], skus: dict[str, str], 
             write: Write | None = None) -> int:
     """Record `verdicts` (of kernels whose SKUs `skus` holds) and commit; returns how many were stored: new, or
     newer than the verdict held for their kernel and device class (the others are kept out, not an error).
-    `write(stored)` runs before the commit (the store's verdict files go there), so a failed write stores
-    nothing. One audit entry per call that stores any, as `actor`."""
+    `write(stored)` runs under the table's write lock before the commit (the store's verdict files go there), so
+    a failed write stores nothing and files are written in the order the database commits. One audit entry per
+    call that stores any, as `actor`."""
 
     def work() -> int:
-        stored = _upsert(session, verdicts, skus, actor)
+        db.lock_table(session, models.Verdict)
+        stored = _upsert(session, verdicts, skus, actor, utc_now())
         if stored:
             record_audit(session, actor=actor, action="verdicts.store",
                          target=",".join(sorted({skus[v.kernel_key] for v in stored}))[:255],
@@ -59,18 +64,24 @@ def publish(session: Session, *, verdicts: list[Verdict], skus: dict[str, str], 
     return retrying(session, work)
 
 
-def _upsert(session: Session, verdicts: list[Verdict], skus: dict[str, str], actor: str) -> list[Verdict]:
+def measured(when: str, received: str) -> str:
+    """When a verdict counts as measured: its `when`, but never later than the server received it."""
+    return min(when, received)
+
+
+def _upsert(session: Session, verdicts: list[Verdict], skus: dict[str, str], actor: str,
+            now: str) -> list[Verdict]:
     """Add or replace the rows of `verdicts` that are new or newer (flushed, not committed); returns those."""
     newest: dict[tuple[str, str], Verdict] = {}
     for v in verdicts:  # within one call too, the newest of a kernel and device class wins, a later one a tie
         prior = newest.get((v.kernel_key, v.device))
-        if prior is None or v.when >= prior.when:
+        if prior is None or measured(v.when, now) >= measured(prior.when, now):
             newest[(v.kernel_key, v.device)] = v
     held = _held(session, {key for key, _ in newest})
     stored = []
     for ident, v in sorted(newest.items()):
         row = held.get(ident)
-        if row is not None and (v.when < row.measured or verdict_of(row) == v):
+        if row is not None and (measured(v.when, now) < _rank(row) or verdict_of(row) == v):
             continue
         if row is None:
             row = models.Verdict(kernel_key=v.kernel_key, device=v.device)
@@ -79,6 +90,10 @@ def _upsert(session: Session, verdicts: list[Verdict], skus: dict[str, str], act
         stored.append(v)
     session.flush()
     return stored
+
+
+def _rank(row: models.Verdict) -> str:
+    return measured(row.measured, utc_now(row.recorded.timestamp()))
 
 
 def _held(session: Session, kernel_keys: set[str]) -> dict[tuple[str, str], models.Verdict]:
@@ -116,10 +131,22 @@ def import_store(session: Session, store: Store, skipped: list[str]) -> int:
             skipped.append(f"verdicts of kernel {key}: the database holds no such kernel (build or push it)")
             continue
         try:
-            found += store.verdicts(key)
+            found += _possible(store.verdicts(key), skipped)
         except StoreError as e:
             skipped.append(str(e))
     return publish(session, verdicts=found, skus=skus, actor="import") if found else 0
+
+
+def _possible(verdicts: list[Verdict], skipped: list[str]) -> list[Verdict]:
+    """Those of `verdicts` whose `when` can be a measurement's time; the others are named in `skipped`."""
+    found = []
+    for v in verdicts:
+        try:
+            check_when(v.when)
+            found.append(v)
+        except ValueError as e:
+            skipped.append(f"verdict of kernel {v.kernel_key} on {v.device}: {e}")
+    return found
 
 
 def list_verdicts(session: Session, *, sku: str | None = None, kernel_key: str | None = None,

@@ -28,12 +28,13 @@ _ENVELOPE_BODY = {"required": True, "content": {"application/json": {
 
 @router.get("/{sku}/manifests", response_model=SignedManifests, responses=errors(*READ_ERRORS, 404),
             dependencies=[Depends(require_read)], openapi_extra=READ)
-def list_manifests(sku: SkuPath, session: SessionDep) -> SignedManifests:
-    """Every signed manifest stored for the SKU, newest first, as uploaded. The service does not verify
-    signatures, expiry or revocations: clients do (GET /v1/revocations lists what is revoked)."""
+def list_manifests(sku: SkuPath, session: SessionDep) -> Response:
+    """Every signed manifest stored for the SKU, newest first, as uploaded (at most 40 MiB together: older
+    manifests of a key make room for newer ones). The service does not verify signatures, expiry or revocations:
+    clients do (GET /v1/revocations lists what is revoked)."""
     if crud.get_sku(session, name=sku) is None:
         raise NotFound(f"unknown SKU {sku!r}: GET /v1/skus lists the SKUs this service holds")
-    return SignedManifests.model_validate({"manifests": crud_trust.list_manifests(session, sku=sku)})
+    return Response(crud_trust.list_manifests(session, sku=sku), media_type="application/json")
 
 
 @router.put(
@@ -41,7 +42,7 @@ def list_manifests(sku: SkuPath, session: SessionDep) -> SignedManifests:
     response_model=ManifestStored,
     status_code=status.HTTP_201_CREATED,
     responses={200: {"model": ManifestStored, "description": "Already stored"},
-               **errors(400, 401, 403, 409, 413, 429), 422: _INVALID},
+               **errors(400, 401, 403, 409, 413, 429), 422: _INVALID},  # 413: also when the SKU's would outgrow 40 MiB
     openapi_extra={**PUBLISH, "requestBody": _ENVELOPE_BODY},
 )
 async def put_manifest(sku: SkuPath, request: Request, response: Response, session: SessionDep,

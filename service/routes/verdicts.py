@@ -8,12 +8,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Response, status
 
+from .. import crud
 from ..crud import tokens as crud_tokens
 from ..crud import verdicts as crud_verdicts
-from ..deps import PublisherDep, SessionDep, StoreDep, check_sku_allowed, require_read
+from ..deps import PublisherDep, SessionDep, StoreDep, check_facts_allowed, check_sku_allowed, require_read
 from ..errors import Conflict
 from ..openapi import PUBLISH, READ
-from ..schemas import HEX64, SKU_NAME
+from ..schemas import HEX64, SKU_NAME, SkuFacts
 from ..schemas.verdicts import DEVICE, MAX_PER_REQUEST, Status, VerdictIn, VerdictOut, VerdictsStored
 from . import READ_ERRORS, errors
 
@@ -29,18 +30,21 @@ Verdicts = Annotated[list[VerdictIn], Body(min_length=1, max_length=MAX_PER_REQU
 def publish_verdicts(verdicts: Verdicts, session: SessionDep, store: StoreDep, response: Response,
                      token: PublisherDep) -> VerdictsStored:
     """Store verdicts (Verdict.to_dict() documents, at most 1000 and 1 MiB a request) of kernels the service
-    holds: 201 when any was stored, 200 when none was new. Per kernel and device class the newest `when` wins,
-    so an older verdict is kept out, not refused. The token must be allowed every SKU the verdicts' kernels were
-    published under (403 otherwise); 409 when a kernel is not held here (push it first); 422 for a malformed
-    verdict. Nothing is stored unless all are accepted."""
+    holds: 201 when any was stored, 200 when none was new. Per kernel and device class the newest measurement
+    wins (its `when`, or when later the time the server received it), so an older verdict is kept out, not
+    refused. The token must be allowed every SKU the verdicts' kernels were published under and every SKU sharing
+    their facts (403 otherwise), as certify claims are; 409 when a kernel is not held here (push it first); 422
+    for a malformed verdict or an impossible `when` (not a date, before 2020, ahead of the server's clock by more
+    than 5 minutes). Nothing is stored unless all are accepted."""
     skus = crud_verdicts.kernel_skus(session, kernel_keys=[v.kernel_key for v in verdicts])
     missing = sorted({v.kernel_key for v in verdicts} - set(skus))
     if missing:
         raise Conflict(f"{len(missing)} verdict(s) name kernels this service does not hold (e.g. {missing[0]}); "
                        "publish those kernels first (`fa4-aot push` sends kernels before their verdicts), then the "
                        "verdicts again")
-    for sku in sorted(set(skus.values())):
+    for sku in sorted(set(skus.values())):  # SKUs sharing facts share kernel keys: a verdict of one is of all
         check_sku_allowed(token, sku)
+        check_facts_allowed(session, token, SkuFacts.model_validate(crud.get_sku(session, name=sku)))
     stored = crud_verdicts.publish(session, verdicts=[v.verdict() for v in verdicts], skus=skus,
                                    actor=crud_tokens.token_label(token), write=store.put_verdicts)
     response.status_code = status.HTTP_201_CREATED if stored else status.HTTP_200_OK

@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from fa4_aot.domain.verdicts import MAX_DETAIL, Verdict
+from fa4_aot.domain.verdicts import MAX_DETAIL, Verdict, check_when
 
 from . import Hex64, SkuName, Text
 
@@ -24,13 +24,18 @@ Status = Literal["pass", "wrong", "crash", "hang", "refused"]
 Tensor = Literal["", "out", "lse", "dq", "dk", "dv", "dsink", "repeat", "lean"]
 DeviceId = Annotated[str, Field(pattern=DEVICE, max_length=160, description="A device class id, e.g. "
                                 "nvidia-h200.132sm.driver-13.0.cuda-13.0")]
-Measured = Annotated[str, Field(pattern=UTC_TIME, description="When it was measured (UTC), e.g. 2026-12-03T03:04:11Z")]
+# The publisher's word, so checked against the server's clock (a date, not before 2020, not ahead by more than a
+# few minutes) and never trusted to order verdicts past the time the server received them (crud/verdicts.py).
+Measured = Annotated[str, Field(pattern=UTC_TIME, description="When it was measured (UTC), e.g. 2026-12-03T03:04:11Z; "
+                                "a date from 2020 on, at most 5 minutes ahead of the server's clock"),
+                     AfterValidator(check_when)]
 Number = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class VerdictIn(BaseModel):
-    """One verdict as `fa4-aot certify` keeps it (Verdict.to_dict()). The newest `when` of a kernel and device
-    class wins: an older one is kept out, not an error."""
+    """One verdict as `fa4-aot certify` keeps it (Verdict.to_dict()). The newest measurement of a kernel and
+    device class wins, its time being its `when` or, when that is later, the time the server received it: an
+    older one is kept out, not an error."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # a count is a number, not "12"
 
@@ -58,6 +63,8 @@ class VerdictIn(BaseModel):
 
 class VerdictOut(VerdictIn):
     """A verdict the service holds, with the SKU of its kernel and when the service recorded it."""
+
+    when: Annotated[str, Field(pattern=UTC_TIME)]  # checked when it came in, not against today's clock
 
     sku: SkuName
     publisher: str
