@@ -124,7 +124,9 @@ def test_doctor_says_what_this_host_is_and_what_to_do_next(tmp_path: Path,
     assert set(checks) == {"fa4-aot", "device", "toolchain", "store", "certified", "server"}
     assert "h200" in checks["device"]["detail"]
     assert "flash-attn-4" in checks["toolchain"]["detail"]
-    assert checks["store"]["status"] == "warn" and "fa4-aot build --sku h200" in checks["store"]["next"]
+    # no store there: a failed check naming the folder (a mistyped --cache-dir must not pass), and the next step
+    assert checks["store"]["status"] == "fail" and "fa4-aot build --sku h200" in checks["store"]["next"]
+    assert f"no store at {tmp_path / 'store'}" in checks["store"]["detail"]
     down = cli(tmp_path / "store", "doctor", "--server", "http://127.0.0.1:9")
     assert down.exit_code == 1 and "FAIL server" in down.output and "cannot reach" in down.output
 
