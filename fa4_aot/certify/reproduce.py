@@ -51,7 +51,8 @@ def confirm(runs: Sequence[Sequence[dict[str, Any]]]) -> tuple[list[dict[str, An
     rest its repeats; a run without a failure of some identity passed it, ratio 0). Each failure comes back as
     the first run's, with `ratios` (one per run) added."""
     first = list(runs[0])
-    confirmed, marginal = [], []
+    confirmed: list[dict[str, Any]] = []
+    marginal: list[dict[str, Any]] = []
     for failure in first:
         ident = identity(failure)
         ratios = [max((ratio(f) for f in run if identity(f) == ident), default=0.0) for run in runs]

@@ -155,13 +155,13 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
     own JIT runs the same check: a failure it reproduces is FA4's (a known-bad entry), one it does not is
     fa4-aot's (reported as ours, to fix).
 
-    Each kernel is run at sizes drawn from its recipe regions (a typical, a small, a boundary and a large
-    size; a paged kernel also over a KV pool past 32-bit offsets, last, alone on its GPU) with random inputs, through FA4 itself and through the lean runtime, and checked against an fp32
-    reference: out, lse and, for training kernels, dq, dk and dv; a deterministic backward must repeat
-    bitwise; the lean runtime must equal FA4. Each check runs in a worker process under a deadline: a crash
-    or a hang costs one verdict, never the run. Verdicts (pass, wrong, crash, hang, refused) go into the
-    store, and every failure into the SKU's measured known-bad entries: both runtimes then refuse those
-    kernels, and the planner their calls. Then `fa4-aot sign` and `fa4-aot push` carry them to a cluster.
+    Each kernel is run at sizes drawn from its recipe regions (a typical, a small, a boundary and a large size; a
+    paged kernel also over a KV pool past 32-bit offsets, last, alone on its GPU) with random inputs, through FA4
+    itself and through the lean runtime, and checked against an fp32 reference: out, lse and, for training kernels,
+    dq, dk and dv; a deterministic backward must repeat bitwise; the lean runtime must equal FA4. Each check runs in a
+    worker process under a deadline: a crash or a hang costs one verdict, never the run. Verdicts (pass, wrong, crash,
+    hang, refused) go into the store, and every failure into the SKU's measured known-bad entries: both runtimes then
+    refuse those kernels, and the planner their calls. Then `fa4-aot sign` and `fa4-aot push` carry them to a cluster.
     Resumable: a second run checks only what has no verdict yet. Exits 1 if any kernel failed.
     """
     from ..certify.driver import Options, default_journal, signatures_of

@@ -1,9 +1,9 @@
 """A stand-in for fa4_aot.certify.checker that needs no GPU, for tests/certify/test_pool.py: it speaks the worker's
-protocol and does what each check's label tells it (pass, wrong, crash: say so and exit, die: exit without a
-word, hang: sleep, bwd-hang: announce the backward part, then sleep, oom: out of GPU memory with the context lost:
-an error marked restart, then exit, jobs: pass, saying the worker count per GPU it was told, variants: pass,
-saying the SKU table it was told, ours and fa4: wrong, and under the JIT oracle wrong again only for fa4), so that the pool's
-real process handling is exercised."""
+protocol and does what each check's label tells it (pass, wrong, crash: say so and exit, die: exit without a word,
+hang: sleep, bwd-hang: announce the backward part, then sleep, oom: out of GPU memory with the context lost: an error
+marked restart, then exit, jobs: pass, saying the worker count per GPU it was told, variants: pass, saying the SKU
+table it was told, ours and fa4: wrong, and under the JIT oracle wrong again only for fa4), so that the pool's real
+process handling is exercised."""
 
 import json
 import os

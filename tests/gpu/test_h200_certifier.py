@@ -1,9 +1,9 @@
-"""On the H200 (issue 27, point 5): the certifier in the on-demand flow. A real server (`fa4-aot serve`, SQLite)
-seeded with one kernel, a real `fa4-aot builder` on this host's CPUs and a real `fa4-aot certifier` on its GPU (as
-bench/on_demand.py sets up the first two); then a fresh lean process with FA4_AOT_CERTIFIED=require and
-FA4_AOT_BUILD_WAIT calls a signature no store holds (a softcap value of its own): it waits for the build, then for
-the certification of what was built, and runs the kernel only once it passed on this GPU. Its output is right, its
-store holds the pass verdicts for this device class, and the server's certify jobs are done by the certifier."""
+"""On a Hopper GPU of any SKU of the table (h100-sxm, h200): the certifier in the on-demand flow. A real server
+(`fa4-aot serve`, SQLite) seeded with one kernel, a real `fa4-aot builder` on this host's CPUs and a real `fa4-aot certifier` on
+its GPU (as bench/on_demand.py sets up the first two); then a fresh lean process with FA4_AOT_CERTIFIED=require and
+FA4_AOT_BUILD_WAIT calls a signature no store holds (a softcap value of its own): it waits for the build, then for the
+certification of what was built, and runs the kernel only once it passed on this GPU. Its output is right, its store
+holds the pass verdicts for this device class, and the server's certify jobs are done by the certifier."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 from fa4_aot.domain.devices import device_class
 from fa4_aot.store import Store
 from tests.conftest import ROOT
+from tests.gpu.skus import present_sku
 
 pytestmark = pytest.mark.gpu
 
@@ -47,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("certify-on-demand")
     served = tmp / "server"
     (tmp / "seed.jsonl").write_text(json.dumps(on_demand.SEED) + "\n")
-    on_demand.cli("build", "--sku", "h200", "--calls", str(tmp / "seed.jsonl"), "-j", "8", cache=served)
+    on_demand.cli("build", "--sku", present_sku(), "--calls", str(tmp / "seed.jsonl"), "-j", "8", cache=served)
     token = on_demand.cli("token", "create", "--scope", "publish", "--name", "builder", cache=served).stdout.split()[-1]
     url = f"http://127.0.0.1:{on_demand.free_port()}"
     procs = [on_demand.start(["--cache-dir", str(served), "serve", "--port", url.rsplit(":", 1)[1]],

@@ -1,9 +1,10 @@
-"""Certification on the H200 (issue 27): `fa4-aot certify` finds FA4 4.0.0b36's wrong dq at head dims 72 and 80
-and its paged head-dim-160 crash, survives them, and passes the controls; then both runtimes refuse those kernels
-with the reason while serving the rest, in one process each, with no CUDA error on the way.
+"""Certification on a Hopper GPU (the SKU of the GPU present: h100-sxm, h200): `fa4-aot certify` finds FA4 4.0.0b36's
+wrong dq at head dims 72 and 80 and its paged head-dim-160 crash, survives them, and passes the controls; then both
+runtimes refuse those kernels with the reason while serving the rest, in one process each, with no CUDA error on the
+way.
 
-Needs the store of tests/data/certify_variants.toml in FA4_AOT_CACHE, built with the registry off (see that file).
-The test certifies a copy of it.
+Needs the store of tests/data/certify_variants.toml in FA4_AOT_CACHE, built with the registry off for this GPU's
+SKU (see that file). The test certifies a copy of it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, copy_store
+from tests.gpu.skus import present_sku
 
 pytestmark = pytest.mark.gpu
 
@@ -30,9 +32,14 @@ def fa4_aot(store: Path, *args: str, env: dict[str, str] | None = None,
 
 
 @pytest.fixture(scope="module")
-def certified(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def sku() -> str:
+    return present_sku(VARIANTS)
+
+
+@pytest.fixture(scope="module")
+def certified(tmp_path_factory: pytest.TempPathFactory, sku: str) -> tuple[Path, dict]:
     store = copy_store(Path(os.environ["FA4_AOT_CACHE"]), tmp_path_factory.mktemp("certify") / "store")
-    result = fa4_aot(store, "certify", "--sku", "h200", "--variants", str(VARIANTS), "--recheck-known-bad",
+    result = fa4_aot(store, "certify", "--sku", sku, "--variants", str(VARIANTS), "--recheck-known-bad",
                      "--json", "-q", "-j", "4", "--deadline", "60")
     print(result.stderr[-3000:])
     assert result.returncode == 1, result.stderr[-3000:]  # kernels failed: said, not a failed run
@@ -63,9 +70,9 @@ def test_certify_finds_the_dq_bug_and_the_paged_crash(certified: tuple[Path, dic
     assert measured, "every failure adds a measured known-bad entry for the SKU"
 
 
-def test_a_second_run_has_nothing_left_to_check(certified: tuple[Path, dict]) -> None:
+def test_a_second_run_has_nothing_left_to_check(certified: tuple[Path, dict], sku: str) -> None:
     store, _doc = certified
-    result = fa4_aot(store, "certify", "--sku", "h200", "--variants", str(VARIANTS), "--json", "-q")
+    result = fa4_aot(store, "certify", "--sku", sku, "--variants", str(VARIANTS), "--json", "-q")
     doc = json.loads(result.stdout)
     assert doc["checks"] == 0 and doc["skipped"] > 0, doc
 
@@ -108,7 +115,8 @@ def test_a_failed_verdict_alone_refuses_and_require_refuses_the_unchecked(certif
 def calls(store: Path, runtime: str, env: dict[str, str] | None = None) -> dict[str, str]:
     result = subprocess.run([sys.executable, "-m", "tests.gpu.certify_calls", runtime], capture_output=True,
                             text=True, timeout=900, cwd=ROOT,
-                            env={**os.environ, "FA4_AOT_CACHE": str(store), "FA4_AOT_SKU": "h200", **(env or {})})
+                            env={**os.environ, "FA4_AOT_CACHE": str(store), "FA4_AOT_SKU": present_sku(VARIANTS),
+                                 **(env or {})})
     assert result.returncode == 0, result.stderr[-3000:]
     found: dict[str, str] = json.loads(result.stdout.strip().splitlines()[-1])
     print(runtime, json.dumps(found, indent=1))
