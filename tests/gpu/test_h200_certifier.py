@@ -1,9 +1,10 @@
 """On a Hopper GPU of any SKU of the table (h100-sxm, h200): the certifier in the on-demand flow. A real server
-(`fa4-aot serve`, SQLite) seeded with one kernel, a real `fa4-aot builder` on this host's CPUs and a real `fa4-aot certifier` on
-its GPU (as bench/on_demand.py sets up the first two); then a fresh lean process with FA4_AOT_CERTIFIED=require and
-FA4_AOT_BUILD_WAIT calls a signature no store holds (a softcap value of its own): it waits for the build, then for the
-certification of what was built, and runs the kernel only once it passed on this GPU. Its output is right, its store
-holds the pass verdicts for this device class, and the server's certify jobs are done by the certifier."""
+(`fa4-aot serve`, SQLite) seeded with one kernel, a real `fa4-aot builder` on this host's CPUs and a real `fa4-aot
+certifier` on its GPU (as bench/on_demand.py sets up the first two); then a fresh lean process with
+FA4_AOT_CERTIFIED=require and FA4_AOT_BUILD_WAIT calls a signature no store holds (a softcap value of its own): it
+waits for the build, then for the certification of what was built, and runs the kernel only once it passed on this
+GPU. Its output is right, its store holds the pass verdicts for this device class, and the server's certify jobs are
+done by the certifier."""
 
 from __future__ import annotations
 
