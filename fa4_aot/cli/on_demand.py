@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from ..store import Store
 from .building import executor_for
 from .common import emit, json_option, load_matrix, pass_store, remote_for, variants_option
 from .stopping import on_signals
+
+if TYPE_CHECKING:
+    from ..domain.misses import BuildJob
 
 
 @click.command()
@@ -88,9 +92,20 @@ def builds(server: str, token: str | None, status: str | None, job_id: int | Non
     """The server's build jobs, newest first: state, reports, compile seconds and why one failed."""
     remote = remote_for(server, token)
     found = [remote.build(job_id)] if job_id else remote.builds(status, limit)
-    lines = [f"{j.id:>6} {j.status:<8} {j.sku} {j.family} {j.kernel_key[:16]} reports={j.reports} built={j.built} "
+    lines = [f"{j.id:>6} {j.status:<8} {j.sku} {_what(j)} {j.kernel_key[:16]} reports={j.reports} built={j.built} "
              f"{j.compile_seconds:.1f} CPU-s" + (f"\n       {j.detail}" if j.detail and (job_id or j.status != "done")
                                                  else "")
              for j in found]
     docs = [j.to_dict() for j in found]
     emit(as_json, docs[0] if job_id else docs, "\n".join(lines) or f"{server} has no build jobs")
+
+
+def _what(job: BuildJob) -> str:
+    """What a job builds, as a person reads it: the call it carries (its model's shapes, mask, dtype), else its
+    FA4 family (a job from a client that could not describe its call)."""
+    from ..domain.calls import Call
+
+    try:
+        return f"{job.family}: {Call.from_dict(job.call).describe()}" if job.call else job.family
+    except (TypeError, KeyError, ValueError):  # a call this fa4-aot cannot read: a server holds other clients' jobs
+        return job.family

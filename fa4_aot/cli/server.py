@@ -123,8 +123,25 @@ def _check_port(host: str, port: int) -> None:
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise Fa4AotError(f"cannot listen on {host}:{port}: {e.strerror}; check --host") from e
-            raise Fa4AotError(f"port {port} on {host} is already in use (another `fa4-aot serve`?): pick another "
-                              f"with `fa4-aot serve --port {port + 1}`, or stop what listens there") from e
+            free = _free_port_after(host, port)
+            pick = f"`fa4-aot serve --port {free}` (free now)" if free else "another --port"
+            raise Fa4AotError(f"port {port} on {host} is already in use (another `fa4-aot serve`?): pick {pick}, "
+                              "or stop what listens there") from e
+
+
+def _free_port_after(host: str, port: int, tries: int = 100) -> int | None:
+    """The first port after `port` that `host` can listen on now, among the next `tries`; None if none is."""
+    import socket
+
+    for candidate in range(port + 1, min(port + 1 + tries, 65536)):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, candidate))
+            except OSError:
+                continue
+            return candidate
+    return None
 
 
 @click.group()
@@ -313,6 +330,10 @@ def _pull_model(store: Store, remote: Remote, sku: str, model_arg: str, tp_arg: 
                  f"{r.recipes} recipe file(s) and {r.verdicts} certification verdict(s) into {Path(store.root)}"
                  + (f"; {len(r.unbuilt)} signature(s) and {len(r.missing)} kernel(s) the server lacks, "
                     f"{r.reported} reported to it as misses" if r.unbuilt or r.missing else ""))
+    if r.unbuilt or r.missing:
+        lines.append(f"next: on a build host, `fa4-aot build --sku {sku} --model {model_arg} --tp {tp_arg}` then "
+                     f"`fa4-aot push --server {remote.url} --sku {sku}`; where `fa4-aot builder` serves "
+                     f"{remote.url}, pull again once it built the misses reported now (`fa4-aot builds`)")
     emit(as_json, r.to_dict(), "\n".join(lines))
     if not r.complete:
         sys.exit(1)

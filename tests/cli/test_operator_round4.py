@@ -189,3 +189,50 @@ def test_root_redirects_to_docs_and_login_gives_push_its_server(tmp_path: Path,
         assert forgotten.exit_code == 2 and "--server" in forgotten.output, forgotten.output
     finally:
         server.kill()
+
+
+def test_a_busy_port_suggests_a_free_one(tmp_path: Path) -> None:
+    """A busy port suggested the next port, itself busy."""
+    import socket
+
+    with socket.socket() as first, socket.socket() as second:
+        first.bind(("127.0.0.1", 0))
+        port = first.getsockname()[1]
+        try:
+            second.bind(("127.0.0.1", port + 1))
+        except OSError:
+            pytest.skip(f"port {port + 1} is taken already")
+        first.listen()
+        second.listen()
+        result = CliRunner().invoke(main, ["serve", "--port", str(port), "--cache-dir", str(tmp_path)])
+        assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is already in use" in result.output
+        suggested = int(re.search(r"fa4-aot serve --port (\d+)", result.output).group(1))  # type: ignore[union-attr]
+        assert suggested not in (port, port + 1), result.output
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", suggested))
+
+
+def test_builds_name_their_call_and_pull_model_names_the_next_step(tmp_path: Path) -> None:
+    """`fa4-aot builds` listed jobs by key only, and `pull --model` of a model the server has not built gave no
+    next step."""
+    from fa4_aot.domain.misses import Miss
+    from tests.helpers.builders import hold_sku, tiny
+    from tests.helpers.servers import Server, prepare_database
+
+    db_url = f"sqlite:///{tmp_path / 'fa4-aot.db'}"
+    server = Server(cache_dir=tmp_path / "served", db_url=db_url, log=tmp_path / "server.log",
+                    tokens=prepare_database(db_url)).start()
+    try:
+        hold_sku(server)
+        call = tiny(batch=7)
+        with server.client() as c:
+            assert c.post("/v1/misses", json=Miss.lean(call, "h200").to_dict()).status_code in (200, 201, 202)
+        listed = CliRunner().invoke(main, ["builds", "--server", server.url])
+        assert listed.exit_code == 0 and call.describe() in listed.output, listed.output
+        pulled = run_cli("pull", "--server", server.url, "--sku", "h200", "--model", "smollm2-135m",
+                         cache=tmp_path / "node", env={"FA4_AOT_INSECURE": "1", "FA4_AOT_TRUSTED_KEYS": ""})
+        assert pulled.returncode == 1, pulled.stderr[-2000:]
+        assert "fa4-aot build --sku h200 --model smollm2-135m --tp 1" in pulled.stdout, pulled.stdout + pulled.stderr
+        assert f"fa4-aot push --server {server.url} --sku h200" in pulled.stdout
+    finally:
+        server.kill()
