@@ -146,7 +146,7 @@ def build(store: Store, sku: str | None, variants_file: Path | None, only: tuple
     chosen, work = matrix.select(list(only)), explicit_work(model_arg, tp_arg, workload_arg, calls_file)
     ex = executor_for(executor, jobs, ray_address, ray_node_ip, push_url, token)
     if not (as_json or quiet):
-        click.echo(reporting.banner(targets, push_url or store.root, executor, ray_address, jobs), err=True)
+        click.echo(reporting.banner(targets, push_url or store.root, executor, ray_address, jobs, dry_run), err=True)
     reports, stop = Run(matrix, store, work, chosen, ex, dry_run, push_url, token).each(targets, quiet, as_json)
     docs, lines = reporting.documents(reports, store, targets, jobs, dry_run)
     emit(as_json, docs[0] if len(docs) == 1 else docs, "\n".join(lines))

@@ -17,11 +17,15 @@ if TYPE_CHECKING:
     from ..store import Store
 
 
-def banner(targets: list[Sku], into: str | Path, executor: str, ray_address: str | None, jobs: int) -> str:
-    """The first line on stderr: the SKUs, where the kernels go (the store or the --push server), and on what."""
-    where = f"Ray ({ray_address or 'local'})" if executor == "ray" else f"{jobs} job(s)"
-    return (f"building {', '.join(f'{t.name} ({t.arch}, {t.sm_count} SMs)' for t in targets)} into {into} "
-            f"on {where}")
+def banner(targets: list[Sku], into: str | Path, executor: str, ray_address: str | None, jobs: int,
+           dry_run: bool = False) -> str:
+    """The first line on stderr: the SKUs, where the kernels go (the store or the --push server), and on what; a
+    dry run says it plans only, and against which store."""
+    where = f"Ray ({ray_address or 'local'})" if executor == "ray" else plural(jobs, "job")
+    skus = ", ".join(f"{t.name} ({t.arch}, {t.sm_count} SMs)" for t in targets)
+    if dry_run:
+        return f"planning {skus} against {into} on {where} (dry run: nothing is built or written)"
+    return f"building {skus} into {into} on {where}"
 
 
 def planning_progress(bar: Progress) -> Callable[[int, int], None]:
@@ -80,7 +84,10 @@ def _report_doc(report: build_mod.Report, store: Store, targets: list[Sku], jobs
                  + f" ({report.seconds:.0f}s); planned with {report.sku}'s dispatch "
                  f"({report.dispatch_sm_count} SMs)"
                  + ("" if dry_run else f"; {report.recipes} lean recipe region(s) recorded"))
-    if report.interrupted:
+    if report.interrupted and dry_run:
+        lines[-1] = (f"INTERRUPTED {lines[-1]}; the plan above is partial (the work items planned before the "
+                     "stop): run the same command again for the whole plan")
+    elif report.interrupted:
         lines[-1] = (f"INTERRUPTED {lines[-1]}; {report.not_built} not built (the kernels in flight were dropped, "
                      "no partial entry is left): run the same command again to build the rest")
     return doc, lines
@@ -95,7 +102,9 @@ def _dry_run_lines(report: build_mod.Report, store: Store, target: Sku,
     lines = [f"{'variant':<28}{'kernels':>8}{'to build':>10}"]
     for name, needed in sorted(report.by_variant.items()):
         lines.append(f"{name:<28}{len(needed):>8}{len(needed - stored):>10}")
-    guess = estimate(report.count("planned"), store, target, jobs)
-    lines.append(f"estimated build time: {guess.seconds / 60:.1f} min for {guess.kernels} kernel(s) at "
+    # planned results exist once planning finished; a stopped plan counts what its table lists
+    lacking = set().union(*report.by_variant.values()) - stored if report.by_variant else set()
+    guess = estimate(max(report.count("planned"), len(lacking)), store, target, jobs)
+    lines.append(f"estimated build time: {guess.seconds / 60:.1f} min for {plural(guess.kernels, 'kernel')} at "
                  f"{guess.seconds_per_kernel:.1f} s each over {jobs} job(s) ({guess.source})")
     return lines, guess.to_dict()

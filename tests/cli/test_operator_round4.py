@@ -236,3 +236,23 @@ def test_builds_name_their_call_and_pull_model_names_the_next_step(tmp_path: Pat
         assert f"fa4-aot push --server {server.url} --sku h200" in pulled.stdout
     finally:
         server.kill()
+
+
+def test_a_stopped_dry_run_says_its_plan_is_partial_and_estimates_its_table(tmp_path: Path) -> None:
+    """The whole-matrix dry run's first line said "building"; stopped, its table summed to 2,525 kernels to build,
+    then it printed "estimated build time: 0.0 min for 0 kernel(s)" and "run the same command again to build the
+    rest"."""
+    from fa4_aot.cli import reporting
+    from fa4_aot.compile.orchestrator import Report
+    from fa4_aot.matrix.variants import load
+    from fa4_aot.store import Store
+
+    target = load(TINY_VARIANTS).skus["h200"]
+    first = reporting.banner([target], tmp_path, "local", None, 2, dry_run=True)
+    assert first.startswith("planning h200") and "nothing is built" in first, first
+    report = Report(sku="h200", calls=3, interrupted=True,
+                    by_variant={"a": {"1" * 64, "2" * 64}, "b": {"2" * 64, "3" * 64}})
+    docs, lines = reporting.documents([report], Store(tmp_path / "store"), [target], 2, dry_run=True)
+    text = "\n".join(lines)
+    assert "for 3 kernels" in text and docs[0]["estimate"]["kernels"] == 3, text
+    assert "to build the rest" not in text and "the plan above is partial" in text, text
