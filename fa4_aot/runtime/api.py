@@ -215,11 +215,14 @@ def load(q_shape: tuple[int, int, int, int], k_shape: tuple[int, int, int, int] 
     table spans, with `page_size`), then return a callable with FA4's semantics (a `Loaded`). Raises
     KernelMissing before returning when the store lacks a recipe region or kernel. family="tirx": the TIRx FA4
     kernel of exactly these static shapes (fp16, head dim 128, dense; fa4_aot/tirx/loading.py), a callable
-    attn(q, k, v) -> out."""
+    attn(q, k, v) -> out, admitted as the lean runtime's kernels are (Runtime.admit: TrustError for a kernel no
+    valid signed manifest lists under FA4_AOT_TRUSTED_KEYS, KernelRefused when certification refuses it)."""
     if family == "tirx":
         from ..tirx.loading import load as load_tirx
 
-        return load_tirx(q_shape, k_shape, causal=causal, cache_dir=cache_dir)
+        rt = runner.runtime(cache_dir)
+        return load_tirx(q_shape, k_shape, causal=causal, store=rt.store, sku=rt.sku, constants=rt.constants,
+                         admit=rt.admit)
     if family != "fa4":
         raise ValueError(f"unknown kernel family {family!r}; fa4_aot.load takes family='fa4' or 'tirx'")
     import torch

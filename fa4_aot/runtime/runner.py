@@ -24,7 +24,7 @@ from ..domain.region import Region, Step
 from ..domain.signature import Signature
 from ..domain.skus import Constants, Sku
 from ..errors import KernelMissing, Unsupported
-from ..store import Store, recipes
+from ..store import Entry, Store, recipes
 from ..trust.certified import Gate
 from ..trust.policy import Trust
 from . import on_miss, replay
@@ -37,11 +37,21 @@ class Runtime:
 
     def __init__(self, store: Store, sku: Sku, constants: Constants | None = None, trust: Trust | None = None,
                  fetcher: Fetcher | None = None, gate: Gate | None = None) -> None:
-        self.store, self.sku, self.trust, self.fetcher = store, sku, trust, fetcher
+        self.store, self.sku, self.trust, self.fetcher, self.gate = store, sku, trust, fetcher, gate
+        self.constants = constants or sku.constants()
         # the device's constants pick, for a kernel that consumed some, the build with the device's values;
         # the gate refuses known-bad and failed kernels before their first launch (trust/certified.py)
-        self.libraries = Libraries(store, sku.name, constants or sku.constants(), trust, fetcher, gate)
+        self.libraries = Libraries(store, sku.name, self.constants, trust, fetcher, gate)
         self._attention: dict[Signature, Attention] = {}
+
+    def admit(self, entry: Entry) -> None:
+        """Raise TrustError or KernelRefused unless the kernel object of `entry` may be loaded in this process:
+        the trust policy's check of its digest (Trust.check) and the certification gate, as for every kernel this
+        runtime loads (for a TIRx kernel: no signature, so the registry's call predicates cannot hold)."""
+        if self.trust is not None:
+            self.trust.check(entry)
+        if self.gate is not None:
+            self.gate.admit(entry.kernel_key, None, lambda _key: entry)
 
     def attention(self, sig: Signature) -> Attention:
         found = self._attention.get(sig)

@@ -1,17 +1,18 @@
 """fa4_aot.load(q_shape, causal=..., family="tirx"): the TIRx FA4 kernel of one static problem, found in the store
 for this GPU and launched by the project's own launcher (tensor_maps.py, cuda_driver.py), never compiled.
 
-Strict: a problem the store does not hold raises KernelMissing naming the build that makes it. `find()` is the
-pure part (a store, a problem, a SKU row and the device's constants), so it is tested on a CPU host.
+Strict: a problem the store does not hold raises KernelMissing naming the build that makes it. A kernel found
+passes the caller's check before a byte of it is read (fa4_aot.load gives the lean runtime's: the trust policy and
+the certification gate, runtime/runner.py Runtime.admit). `find()` is the pure part (a store, a problem, a SKU row
+and the device's constants), so it is tested on a CPU host.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from .. import config
 from ..domain.skus import Constants, Sku
 from ..errors import KernelMissing
 from ..store import Entry, Store
@@ -71,19 +72,13 @@ class TirxAttention:
         return out
 
 
-def load(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None = None, *, causal: bool = False,
-         cache_dir: Path | None = None) -> TirxAttention:
-    """The TIRx kernel of these shapes for this GPU, loaded (see the module). KernelMissing before returning when
-    the store lacks it; UnknownSku without a GPU of a known SKU."""
-    import os
-
-    from ..domain import hosts, sku_table
-    from ..domain.devices import detect_device
-    from ..domain.matching import select
-
+def load(q_shape: tuple[int, ...], k_shape: tuple[int, ...] | None = None, *, causal: bool = False, store: Store,
+         sku: Sku, constants: Constants, admit: Callable[[Entry], None]) -> TirxAttention:
+    """The TIRx kernel of these shapes for a device of `sku` with `constants`, loaded from `store` (see the module).
+    KernelMissing before returning when the store lacks it. `admit(entry)` runs before a byte of the kernel is read
+    and refuses it by raising: the caller's trust policy and certification gate (runtime/runner.py: Runtime.admit,
+    the check every kernel the runtimes load passes)."""
     problem = problem_of(tuple(q_shape), tuple(k_shape) if k_shape else None, causal)
-    store = Store(cache_dir or config.default_cache_dir())
-    table = sku_table.table(config.default_variants_file())
-    sku, constants, _trace = select(table, detect_device(), forced=os.environ.get("FA4_AOT_SKU"), cpu=hosts.detect())
     entry = find(store, problem, sku, constants)
+    admit(entry)
     return TirxAttention(problem, KernelFile.parse(store.read_object(entry.object_digest), entry.object_digest))
