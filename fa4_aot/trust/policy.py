@@ -116,9 +116,18 @@ class Trust:
             self._refuse_lean(f"recipe file {key} {what}", "recipes")
 
     def listed_verdicts(self) -> dict[str, Any]:
-        """{kernel key: {device class id: verdict listing}} over valid manifests (signing.verdict_listing), the
-        newest manifest that lists a kernel deciding: the verdicts a client under this policy believes."""
-        return self._lean("verdicts")
+        """{kernel key: {device class id: verdict listing}} over valid manifests (signing.verdict_listing): the
+        verdicts a client under this policy believes. The newest manifest that lists a kernel's verdict for a
+        device class decides that one: a manifest listing the kernel for other device classes only leaves it
+        standing (a failure holds until a verdict of its own device class replaces it)."""
+        if "verdicts" not in self._listings:
+            self.allowed()
+            found: dict[str, dict[str, Any]] = {}
+            for manifest in sorted(self._valid, key=lambda m: str(m["created"])):
+                for kernel_key, per_device in (manifest.get("verdicts") or {}).items():
+                    found.setdefault(kernel_key, {}).update(per_device)
+            self._listings["verdicts"] = found
+        return self._listings["verdicts"]
 
     def _lean(self, field: str) -> dict[str, Any]:
         """{kernel key or recipe key: listing} over valid manifests, the newest that lists a key deciding
