@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..domain import known_bad
+from ..domain import known_bad, scopes
 from ..domain.signature import Signature
 from ..domain.skus import Sku
 from ..domain.verdicts import DeviceClass, Verdict
 from ..errors import Fa4AotError
 from ..store import Store
 from ..trust.certified import registry_for
-from . import blame, plan
+from . import blame, measured, plan
 from .pool import Outcome, Pool
 
 Progress = Callable[[int, int, Outcome], None]
@@ -56,6 +56,7 @@ class Report:
     out_of_memory: int = 0  # of those, checks that ran out of GPU memory (also when run alone on the GPU)
     unreached: list[str] = field(default_factory=list)
     measured: list[known_bad.Bad] = field(default_factory=list)
+    scopes: scopes.Scopes = scopes.NONE  # where the measured entries hold (domain/scopes.py)
     findings: list[Finding] = field(default_factory=list)
     marginal: list[dict[str, Any]] = field(default_factory=list)  # misses that did not reproduce
     seconds: float = 0.0
@@ -74,6 +75,7 @@ class Report:
                 "verdicts": [v.to_dict() for v in self.verdicts], "errors": self.errors,
                 "out_of_memory": self.out_of_memory,
                 "unreached": self.unreached, "measured_known_bad": [b.to_dict() for b in self.measured],
+                "scoped_refusals": {i: s.describe() for i, s in self.scopes.entries.items()},
                 "findings": [f.to_dict() for f in self.findings],
                 "findings_by_origin": {o: sum(f.origin == o for f in self.findings) for o in ORIGINS},
                 "marginal": self.marginal}
@@ -245,13 +247,11 @@ def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes:
     report.errors = [f"{o.check.describe()}: {o.detail}" for o in outcomes if o.status == "error"]
     report.out_of_memory = sum(blame.out_of_memory(o.detail) for o in outcomes)
     store.put_verdicts(report.verdicts)
-    report.measured = _measured([o for o in outcomes if o.ident not in (ours or set())], report.verdicts, sku, device,
-                                store)
+    fa4s = [o for o in outcomes if o.ident not in (ours or set())]
+    report.measured, report.scopes = measured.entries(fa4s, outcomes, report.verdicts, sku, device.id,
+                                                      store.get_entry)
     if report.measured:
-        data = store.known_bad(sku.name)
-        before = list(known_bad.parse(json.loads(data), "store").entries) if data else []
-        keep = {b.id: b for b in before + report.measured}
-        store.put_known_bad(sku.name, known_bad.measured_document(list(keep.values())))
+        store.put_known_bad(sku.name, measured.document(store.known_bad(sku.name), report.measured, report.scopes))
 
 
 def _split(checks: list[plan.Check], store: Store, sku: Sku, device: DeviceClass, recheck: bool
@@ -277,29 +277,6 @@ def _bad(registry: known_bad.Registry, store: Store, sku: Sku, sig: Signature, u
         return None
     return registry.find(sig, arch=entry.arch, versions=entry.toolchain, part=use.part, sku=sku.name,
                          kernel_key=use.kernel_key)
-
-
-def _measured(outcomes: list[Outcome], verdicts: list[Verdict], sku: Sku, device: DeviceClass,
-              store: Store) -> list[known_bad.Bad]:
-    """A known-bad entry per failing (signature, part): what certification measured, for the planner and the
-    runtimes. Its predicate is the failing call's signature less its head counts; its source is this run."""
-    failed = {v.kernel_key: v for v in verdicts if v.status in ("wrong", "crash", "hang")}
-    found: dict[str, known_bad.Bad] = {}
-    for o in outcomes:
-        for part in blame.failing_parts(o):
-            keys = [u.kernel_key for u in o.check.kernels if u.part == part and u.kernel_key in failed]
-            if not keys:
-                continue
-            entry = store.get_entry(keys[0])
-            when = {k: v for k, v in o.check.sig.to_dict().items() if k not in ("heads_q", "heads_kv", "window")}
-            ident = hashlib.sha256(json.dumps([sku.name, part, when], sort_keys=True).encode()).hexdigest()[:12]
-            found[ident] = known_bad.Bad(
-                id=f"measured-{sku.name}-{ident}", symptom=failed[keys[0]].describe(),
-                source=f"fa4-aot certify on {device} ({failed[keys[0]].when})", when=when,
-                flash_attn=(entry.toolchain.get("flash-attn-4", "*"),) if entry else ("*",),
-                cutlass_dsl=(entry.toolchain.get("nvidia-cutlass-dsl", "*"),) if entry else ("*",),
-                arch=(sku.arch,), parts=(part,), sku=(sku.name,))
-    return list(found.values())
 
 
 def _certified(store: Store, kernels: set[str], device: str, recheck: bool) -> set[str]:

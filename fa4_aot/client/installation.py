@@ -154,7 +154,8 @@ class Installation:
         """KernelRefused when certification refuses `entry` for the call FA4 is running (trust/certified.py)."""
         if self.gate is not None:
             call = fa4.current()
-            self.gate.admit(entry.kernel_key, Signature.of(call) if call else None, lambda _key: entry)
+            sizes = {"batch": call.batch, "seqlen_q": call.seqlen_q, "seqlen_k": call.seqlen_k} if call else None
+            self.gate.admit(entry.kernel_key, Signature.of(call) if call else None, lambda _key: entry, sizes)
 
     def loaded(self, family: str, key: Any) -> None:
         self.stats.loaded += 1
@@ -274,6 +275,7 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=remote, trust=trust,
                                 tools=fa4.toolchain(), constants=constants, gate=gate)
     fa4.capture()
+    fa4.check_calls(gate.check_call if gate.policy != "off" else None)  # scoped refusals, judged per call
     fa4.install_store_caches(installation)
     _installed = installation
     return installation

@@ -136,6 +136,12 @@ def capture() -> None:
     tracking.capture()
 
 
+def check_calls(check: Callable[[Call, str], None] | None) -> None:
+    from . import tracking
+
+    tracking.check_calls(check)
+
+
 def current() -> Call | None:
     from . import tracking
 

@@ -18,6 +18,7 @@ from ..domain.calls import Call, dtype_name, mask_of, pass_of
 from . import exact_replay
 
 _current = threading.local()
+_per_call: Callable[[Call, str], None] | None = None  # check_calls(): judges each call before FA4 runs it
 Describe = Callable[[], dict[str, Any] | None]  # the exact record of the call in flight, made only when asked
 _UNSUPPORTED = ("qv", "gather_kv_indices", "score_mod", "mask_mod", "block_sparse_tensors", "aux_tensors")
 
@@ -42,6 +43,14 @@ def running(call: Call | None, describe: Describe | None = None) -> Iterator[Non
         yield
     finally:
         _current.call, _current.describe = previous
+
+
+def check_calls(check: Callable[[Call, str], None] | None) -> None:
+    """Have `check(call, part)` judge each call install() can describe before FA4 runs it: part "fwd" before a
+    forward, "bwd" before a backward; whatever it raises (KernelRefused) stops the call. None: no check. The
+    certification gate's scoped refusals need it: FA4 loads a kernel once, then launches it at every size."""
+    global _per_call
+    _per_call = check
 
 
 def capture() -> None:
@@ -78,6 +87,8 @@ def _wrap_forward(forward: Any, layout: str, entry: str) -> Any:
         # a backward needs the forward's record after the forward returned: kept on ctx, for training calls only
         # (what it holds besides the tensors FA4 saves for backward anyway is small integer metadata)
         ctx._fa4_aot_describe = describe if _training(arguments) else None
+        if _per_call is not None and call is not None:
+            _per_call(call, "fwd")
         with running(call, describe):
             return forward(ctx, *args, **kwargs)
 
@@ -92,7 +103,10 @@ def _wrap_backward(backward: Any) -> Any:
         def describe() -> dict[str, Any] | None:
             return exact_replay.with_backward(forward(), dout, dlse) if forward is not None else None
 
-        with running(getattr(ctx, "_fa4_aot_call", None), describe):
+        call = getattr(ctx, "_fa4_aot_call", None)
+        if _per_call is not None and call is not None:
+            _per_call(call, "bwd")
+        with running(call, describe):
             return backward(ctx, dout, dlse)
 
     return wrapped

@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,25 +58,28 @@ class Libraries:
         self._links: Path | None = None  # the private link folder of the batch of loads under way (_batch)
         self._lock = threading.RLock()
 
-    def function(self, kernel_key: str, family: str = "", sig: Signature | None = None) -> Any:
+    def function(self, kernel_key: str, family: str = "", sig: Signature | None = None,
+                 sizes: Mapping[str, int | None] | None = None) -> Any:
         """The launchable function of kernel `kernel_key` (a base key), loaded once. KernelMissing when the store
-        (and the server) lack it; KernelRefused when certification refuses it for a call of `sig`."""
+        (and the server) lack it; KernelRefused when certification refuses it for a call of `sig` at `sizes`
+        (domain/scopes.AXES; None: unknown)."""
         fn = self._functions.get(kernel_key)
         if fn is None:
             with self._lock, self._batch():
                 fn = self._functions.get(kernel_key) or self._load(kernel_key, family)
                 self._functions[kernel_key] = fn
         if self.gate is not None:  # after loading: a kernel fetched on first use is decided on like any other
-            self.gate.admit(kernel_key, sig, self._judged)
+            self.gate.admit(kernel_key, sig, self._judged, sizes)
         return fn
 
-    def functions(self, kernels: Sequence[tuple[str, str]], sig: Signature | None = None) -> list[Any]:
+    def functions(self, kernels: Sequence[tuple[str, str]], sig: Signature | None = None,
+                  sizes: Mapping[str, int | None] | None = None) -> list[Any]:
         """function() of each (kernel key, family) of `kernels`, in order; those not loaded yet are loaded in one
         batch (one link folder). Errors as function(), for the first kernel that fails."""
         if any(key not in self._functions for key, _family in kernels):
             with self._lock, self._batch():
-                return [self.function(key, family, sig) for key, family in kernels]
-        return [self.function(key, family, sig) for key, family in kernels]
+                return [self.function(key, family, sig, sizes) for key, family in kernels]
+        return [self.function(key, family, sig, sizes) for key, family in kernels]
 
     def _judged(self, kernel_key: str) -> Entry | None:
         """The entry the gate decides on: that of the library loaded for `kernel_key` (read when it was loaded),

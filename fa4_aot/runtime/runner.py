@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..domain import hosts, narrow_build, recipe_format, sku_table
+from ..domain import hosts, narrow_build, recipe_format, scopes, sku_table
 from ..domain.devices import detect_device, device_class
 from ..domain.matching import select
 from ..domain.region import Region, Step
@@ -198,29 +198,32 @@ class Attention:
             region = self.region(sizes)
             used = region.launched(region.fwd + region.bwd)
             self.rt.libraries.prefetch([region.kernels[i].kernel_key for i in used])
-            functions = self._functions(region, region.fwd)
+            functions = self._functions(region, region.fwd, sizes)
             chosen = region.softmax_scale if scale is None else scale
             found = self._bound[key] = replay.bind(region, sizes, functions, device, chosen,
-                                                   lambda: self._functions(region, region.bwd))
+                                                   lambda: self._functions(region, region.bwd, sizes))
         return found
 
-    def _functions(self, region: Region, steps: tuple[Step, ...]) -> list[Any]:
+    def _functions(self, region: Region, steps: tuple[Step, ...], sizes: dict[str, int]) -> list[Any]:
         """By kernel index, the functions of the kernels `steps` launch (None for the region's others), each
-        loaded once and admitted by the certification gate (Libraries.functions raises what they raise)."""
+        loaded once and admitted by the certification gate for a call at `sizes` (a scoped refusal holds at some
+        sizes only: domain/scopes.py); Libraries.functions raises what they raise."""
         used = region.launched(steps)
         kernels = [(region.kernels[i].kernel_key, region.kernels[i].family) for i in used]
         found: list[Any] = [None] * len(region.kernels)
-        for i, fn in zip(used, self.rt.libraries.functions(kernels, self.sig), strict=True):
+        loaded = self.rt.libraries.functions(kernels, self.sig, scopes.call_sizes(sizes))
+        for i, fn in zip(used, loaded, strict=True):
             found[i] = fn
         return found
 
     def preload(self, sizes: dict[str, int]) -> None:
         """Load every kernel the region at `sizes` launches, both passes' (KernelMissing when one is absent): a
         training region's backward kernels too, a forward-only one's (a training file's forward part) not."""
-        region = self.region(self.sizes(sizes))
+        sizes = self.sizes(sizes)
+        region = self.region(sizes)
         steps = region.fwd + region.bwd
         self.rt.libraries.prefetch([region.kernels[i].kernel_key for i in region.launched(steps)])
-        self._functions(region, steps)
+        self._functions(region, steps, sizes)
 
 
 def _function() -> Any:

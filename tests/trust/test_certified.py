@@ -143,3 +143,60 @@ def test_a_malformed_measured_file_is_an_error_not_silence(store: Store) -> None
     store.put_known_bad("h200", json.dumps({"format": 1, "revision": 1, "bad": [{"id": "x"}]}).encode())
     with pytest.raises(StoreError, match="certify --sku h200"):
         Gate(store, "h200", H200, policy="known-bad")
+
+
+def _certified_at_degenerate_sizes(store: Store) -> tuple[Entry, Gate]:
+    """A store whose certification found the backward kernel of SIG_64 wrong at seqlen_k 2 and right at 1024:
+    the run's measured entry and the kernel's verdict, as certify keeps them (certify/measured.py)."""
+    from fa4_aot.certify import measured
+    from fa4_aot.certify.plan import Check, Use
+    from fa4_aot.certify.pool import Outcome
+    from fa4_aot.domain.skus import Sku
+
+    e = entry(store, "_flash_attn_bwd", tag="scoped")
+    uses = (Use("_flash_attn_bwd", e.kernel_key),)
+    failing = Outcome("f", Check(SIG_64, {"batch": 2, "seqlen_q": 1, "seqlen_k": 2, "heads_kv": 16}, uses, "small",
+                                 1), "wrong", "bwd", [{"tensor": "dk", "error": 0.3, "bound": 0.01}])
+    passing = Outcome("p", Check(SIG_64, {"batch": 2, "seqlen_q": 1024, "seqlen_k": 1024, "heads_kv": 16}, uses,
+                                 "typical", 2), "pass", "bwd")
+    verdict = Verdict(e.kernel_key, H200.id, "wrong", detail="dk", tensor="dk", error=0.3, bound=0.01)
+    store.put_verdicts([verdict])
+    sku = Sku("h200", "sm_90a", 132, 62914560, 13)
+    made, found = measured.entries([failing], [failing, passing], [verdict], sku, H200.id, store.get_entry)
+    store.put_known_bad("h200", measured.document(None, made, found))
+    return e, Gate(store, "h200", H200, policy="known-bad")
+
+
+def test_a_scoped_refusal_refuses_inside_its_sizes_and_serves_outside(store: Store) -> None:
+    """A finding at seqlen_k 2 refuses the kernel at such sizes only: at seqlen_k 1024, where its checks passed,
+    both the measured entry and the kernel's failed verdict let it run (one record, one scope)."""
+    e, gate = _certified_at_degenerate_sizes(store)
+    with pytest.raises(KernelRefused, match="seqlen_k <= 1023"):
+        gate.admit(e.kernel_key, SIG_64, lambda _key: e, {"batch": 4, "seqlen_q": 1, "seqlen_k": 2})
+    gate.admit(e.kernel_key, SIG_64, lambda _key: e, {"batch": 4, "seqlen_q": 2048, "seqlen_k": 2048})
+    with pytest.raises(KernelRefused):
+        gate.admit(e.kernel_key, SIG_64, lambda _key: e)  # sizes unknown: refused, never served unjudged
+
+
+def test_the_per_call_check_refuses_scoped_calls_after_a_kernel_was_loaded(store: Store) -> None:
+    """FA4 over install() loads a kernel once: later calls at other sizes are judged by check_call."""
+    e, gate = _certified_at_degenerate_sizes(store)
+    gate.admit(e.kernel_key, SIG_64, lambda _key: e, {"batch": 4, "seqlen_q": 2048, "seqlen_k": 2048})
+    gate.check_call(SIG_64.call(4, 2048, 2048), "bwd")
+    gate.check_call(SIG_64.call(4, 1, 2), "fwd")  # the forward is not in the finding's part
+    with pytest.raises(KernelRefused, match="seqlen_k <= 1023"):
+        gate.check_call(SIG_64.call(4, 1, 2), "bwd")
+
+
+def test_a_client_without_scopes_refuses_the_whole_signature(store: Store) -> None:
+    """The scopes are a map beside the entries: a reader that ignores it (a client before scopes) still parses the
+    document and refuses the entry's whole signature."""
+    e, _gate = _certified_at_degenerate_sizes(store)
+    data = store.known_bad("h200")
+    assert data is not None
+    doc = json.loads(data)
+    assert set(doc["scopes"]) == {"entries", "kernels"} and all("scope" not in b for b in doc["bad"])
+    plain = known_bad.load().plus(list(known_bad.parse({k: doc[k] for k in ("format", "revision", "bad")},
+                                                        "old").entries))
+    gate = Gate(store, "h200", H200, policy="known-bad", registry=plain)
+    assert refusal(gate, e, SIG_64) is not None

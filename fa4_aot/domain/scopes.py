@@ -1,0 +1,158 @@
+"""Where a certification finding holds: the size scope of a measured known-bad entry. Pure.
+
+A finding is measured at a few sizes of a signature (plan.py's points), and the same signature's checks at other
+sizes may pass: FA4 4.0.0b36's backward at head dim 128/64 without a mask failed at 37 of 111 sizes on the H200.
+A refusal of the whole signature then stops calls that are right. So a measured entry carries a scope: the sizes
+(a call's batch, seqlen_q and seqlen_k, as both runtimes know them for every call) where it is refused.
+
+derive() draws the scope from the failing and passing points of the signature's part: for each sequence length,
+when every failing point lies below every passing one, the scope holds below the smallest passing value (and
+above the largest, the other way round). The scope is the union of those half-lines: a call is refused when any
+holds, which refuses every size that no passing check vouches for on that side. The batch is used only where no
+sequence length separates (the checks' batch sizes vary by draw, and a chance separation would refuse most
+calls). Where nothing separates failures from passes (they interleave, or nothing passed), there is no scope and
+the whole signature is refused, as before.
+
+Scopes travel in the known-bad document a store keeps (Store.known_bad) as a top-level map beside its entries,
+{"scopes": {"entries": {id: scope}, "kernels": {kernel key: id}}}: a client that predates them reads the entries
+alone and refuses their whole signatures (safe), a current one refuses inside the scope only. `kernels` names the
+kernels whose failed verdicts are that entry's finding: the gate applies the entry's scope to them too, so that
+the verdict and the entry are one record with one scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+AXES = ("batch", "seqlen_q", "seqlen_k")  # a Call's sizes: what both runtimes know of every call
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One half-line: `axis` <= `most` (or >= `least`)."""
+
+    axis: str
+    least: int | None = None
+    most: int | None = None
+
+    def holds(self, sizes: Mapping[str, int | None]) -> bool:
+        value = sizes.get(self.axis)
+        if value is None:
+            return True  # a size the caller does not know: inside, so that nothing unjudged is served
+        return (self.least is None or value >= self.least) and (self.most is None or value <= self.most)
+
+    def describe(self) -> str:
+        return f"{self.axis} >= {self.least}" if self.least is not None else f"{self.axis} <= {self.most}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"axis": self.axis, **({"min": self.least} if self.least is not None else {"max": self.most})}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where a finding holds: a call whose sizes meet any bound (see the module)."""
+
+    bounds: tuple[Bound, ...]
+
+    def holds(self, sizes: Mapping[str, int | None]) -> bool:
+        return any(b.holds(sizes) for b in self.bounds)
+
+    def describe(self) -> str:
+        return " or ".join(b.describe() for b in self.bounds)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [b.to_dict() for b in self.bounds]
+
+    @classmethod
+    def from_list(cls, data: Any, where: str) -> Scope:
+        """Inverse of to_list; ConfigError naming `where` for anything else (a scope that cannot be read must not
+        widen what is served)."""
+        if not isinstance(data, list) or not data:
+            raise ConfigError(f"{where}: a scope is a non-empty list of {{axis, min}} or {{axis, max}} bounds")
+        return cls(tuple(_bound(b, where) for b in data))
+
+
+def _bound(data: Any, where: str) -> Bound:
+    ok = isinstance(data, dict) and data.get("axis") in AXES and len(data) == 2 and \
+        sum(k in data for k in ("min", "max")) == 1
+    value = data.get("min", data.get("max")) if ok else None
+    if not ok or not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where}: scope bound {data!r}: expected {{axis: one of {', '.join(AXES)}, min or max: "
+                          "a whole number >= 0}")
+    return Bound(data["axis"], least=value if "min" in data else None, most=value if "max" in data else None)
+
+
+def call_sizes(sizes: Mapping[str, int]) -> dict[str, int | None]:
+    """A call's sizes in a Call's terms from recipe-space sizes (a plan's point, the lean runtime's sizes):
+    seqlen_q is a varlen call's max_seqlen_q, seqlen_k its max_seqlen_k, or a paged call's pages per sequence
+    times the page size (what fa4/tracking's Call gives for the same call)."""
+    seqlen_k = sizes.get("max_seqlen_k", sizes.get("seqlen_k"))
+    if "pages_per_seq" in sizes and "page_size" in sizes:
+        seqlen_k = sizes["pages_per_seq"] * sizes["page_size"]
+    return {"batch": sizes.get("batch"), "seqlen_q": sizes.get("max_seqlen_q", sizes.get("seqlen_q")),
+            "seqlen_k": seqlen_k}
+
+
+def derive(failing: Iterable[Mapping[str, int | None]], passing: Iterable[Mapping[str, int | None]]
+           ) -> Scope | None:
+    """The scope of failures at `failing` sizes given passes at `passing` sizes (Call terms), or None: the whole
+    signature (see the module)."""
+    failing, passing = list(failing), list(passing)
+    for axes in (("seqlen_q", "seqlen_k"), ("batch",)):
+        bounds = [b for axis in axes if (b := _separating(axis, failing, passing)) is not None]
+        if bounds:
+            return Scope(tuple(bounds))
+    return None
+
+
+def _separating(axis: str, failing: list[Mapping[str, int | None]], passing: list[Mapping[str, int | None]]
+                ) -> Bound | None:
+    """The half-line of `axis` holding every failing size and no passing one, bounded by the passing sizes."""
+    bad = [v for p in failing if (v := p.get(axis)) is not None]
+    good = [v for p in passing if (v := p.get(axis)) is not None]
+    if not bad or not good or len(bad) < len(failing):
+        return None
+    if max(bad) < min(good):
+        return Bound(axis, most=min(good) - 1)
+    if min(bad) > max(good):
+        return Bound(axis, least=max(good) + 1)
+    return None
+
+
+@dataclass(frozen=True)
+class Scopes:
+    """The scopes of a store's measured entries, and the kernels whose failed verdicts each entry stands for."""
+
+    entries: Mapping[str, Scope]
+    kernels: Mapping[str, str]
+
+    def of_kernel(self, kernel_key: str) -> tuple[str, Scope] | None:
+        """(entry id, scope) of the finding a kernel's failed verdict is, when it has a scope."""
+        ident = self.kernels.get(kernel_key)
+        scope = self.entries.get(ident) if ident is not None else None
+        return (ident, scope) if ident is not None and scope is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entries": {i: s.to_list() for i, s in sorted(self.entries.items())},
+                "kernels": dict(sorted(self.kernels.items()))}
+
+    @classmethod
+    def from_document(cls, doc: Any, where: str) -> Scopes:
+        """The `scopes` map of a known-bad document (none: no scope). ConfigError when it is malformed."""
+        data = doc.get("scopes", {}) if isinstance(doc, dict) else {}
+        if not isinstance(data, dict) or set(data) - {"entries", "kernels"}:
+            raise ConfigError(f"{where}: `scopes` must be {{entries: {{id: scope}}, kernels: {{key: id}}}}")
+        entries, kernels = data.get("entries", {}), data.get("kernels", {})
+        if not isinstance(entries, dict) or not isinstance(kernels, dict) or not all(
+                isinstance(k, str) and len(k) == 64 and set(k) <= _HEX and isinstance(v, str) and v in entries
+                for k, v in kernels.items()):
+            raise ConfigError(f"{where}: `scopes.kernels` must map 64-hex kernel keys to ids of `scopes.entries`")
+        return cls({i: Scope.from_list(s, f"{where} scope {i!r}") for i, s in entries.items()}, dict(kernels))
+
+
+NONE = Scopes({}, {})
