@@ -7,6 +7,7 @@ KeyError, TypeError or a size that spins a reader forever (issue 18, D18 and D24
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, cast
 
 from ..domain.misses import BuildJob, Miss
@@ -17,6 +18,51 @@ from ..trust import signing
 
 AGAIN = "is it an fa4-aot server of this version (not a proxy's page)?"
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, StoreError)  # what a document of another shape raises
+# The deepest nesting a client parses: an fa4-aot answer nests about 10 deep (a manifest envelope's verdict calls),
+# and every later walk of a document (checks, error messages, json.dumps) stays far below the interpreter's
+# recursion limit within it.
+MAX_DEPTH = 64
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, unrolled
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def parsed(data: bytes, source: str) -> Any:
+    """The JSON document of `data`, a server's answer that `source` names (method and URL): the one parse of every
+    answer a client reads. RemoteError naming `source` when it is not JSON or nests deeper than MAX_DEPTH, never a
+    RecursionError (an answer 200,000 deep killed a certifier and a builder) nor a decode error."""
+    if _too_deep(data):
+        raise RemoteError(f"{source} answered JSON nested deeper than {MAX_DEPTH} levels, which no answer of an "
+                          f"fa4-aot server does; nothing of it was used: {AGAIN}")
+    try:
+        return json.loads(data)
+    except RecursionError:  # json's own limit (a deep stack lowers it), for text _too_deep could not pair up
+        raise RemoteError(f"{source} answered JSON nested too deep to read; nothing of it was used: {AGAIN}") \
+            from None
+    except ValueError as e:
+        raise RemoteError(f"{source} answered something that is not JSON ({str(e)[:80]}): {AGAIN}") from None
+
+
+def _too_deep(data: bytes) -> bool:
+    """Whether the brackets of `data` outside its strings nest deeper than MAX_DEPTH: innermost pairs removed a level
+    at a time, at C speed. The strings are removed (a regular expression over the whole answer) only when the
+    brackets with them do not empty within the bound: a string may hold brackets."""
+    if _peeled(data.translate(None, _NOT_BRACKETS)):
+        return False
+    return not _peeled(_STRING.sub(b"", data).translate(None, _NOT_BRACKETS), unbalanced=True)
+
+
+def _peeled(brackets: bytes, unbalanced: bool = False) -> bool:
+    """True when `brackets` empty within MAX_DEPTH passes removing innermost pairs (a pass may take two levels
+    where "[]" and "{}" alternate: the bound lies between MAX_DEPTH and twice as many levels); `unbalanced`: what
+    to say of brackets that stop pairing up (not JSON, which json.loads then says)."""
+    for _level in range(MAX_DEPTH):
+        if not brackets:
+            return True
+        inner = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if inner == brackets:
+            return unbalanced
+        brackets = inner
+    return not brackets
 
 
 def byte_count(value: Any, what: str) -> int:
@@ -76,22 +122,28 @@ def build_job_of(doc: Any, source: str, claimed: bool = False) -> BuildJob:
 
 
 def verdict_of(item: Any, source: str) -> Verdict:
-    """One item of a verdict listing (GET /v1/verdicts): a verdict whose every field holds (signing.verdict_of, the
-    check a signed listing passes); fields the client does not use (sku, recorded...) are dropped."""
+    """One item of a verdict listing (GET /v1/verdicts): checked_verdict's verdict, or RemoteError naming `source`."""
     try:
-        doc = _of(item, dict)
-        listing = {k: v for k, v in doc.items() if k in Verdict.__dataclass_fields__}
-        return signing.verdict_of(doc["kernel_key"], doc["device"], listing)
+        return checked_verdict(item)
     except MALFORMED as e:
-        raise RemoteError(f"{source} listed {json.dumps(item)[:120]}, not a verdict ({str(e)[:200]}); {AGAIN}") \
-            from None
+        raise RemoteError(f"{source} listed {_short(item)}, not a verdict ({str(e)[:200]}); {AGAIN}") from None
+
+
+def checked_verdict(item: Any) -> Verdict:
+    """The verdict document `item` from a server (a verdict listing's item, a certify job's verdict) as a Verdict
+    whose every field holds: signing.verdict_of, the check a signed listing passes (types included: a count is a
+    count, `when` a UTC time). Fields the client does not use (sku, recorded...) are dropped. One of MALFORMED
+    otherwise: every place that reads a server's verdict checks it here, then names itself in the error."""
+    doc = _of(item, dict)
+    listing = {k: v for k, v in doc.items() if k in Verdict.__dataclass_fields__}
+    return signing.verdict_of(doc["kernel_key"], doc["device"], listing)
 
 
 def bundle_head(line: bytes, source: str) -> tuple[list[Entry], list[str], list[tuple[str, int]]]:
     """The first line of a bundle: (entries, keys the server lacks, (digest, size) of each object that follows,
     in order). A size that is not a count of bytes would make the reader read past nothing, forever."""
     try:
-        head = _of(json.loads(line), dict)
+        head = _of(parsed(line, source), dict)
         missing = [k for k in _of(head["missing"], list) if isinstance(k, str)]
         objects = [(check_hex(digest), byte_count(size, f"size of object {digest}"))
                    for digest, size in _of(head["objects"], list)]

@@ -10,7 +10,7 @@ from typing import Any
 from ..domain.verdicts import Verdict
 from ..errors import RemoteError
 from ..store import check_hex
-from .answers import AGAIN, MALFORMED
+from .answers import AGAIN, MALFORMED, checked_verdict
 
 STATUSES = ("queued", "running", "done", "failed")
 FINAL = ("done", "failed")
@@ -47,7 +47,8 @@ class CertifyJob:
 
 
 def job_of(doc: Any, source: str) -> CertifyJob:
-    """The certify job in `doc`; RemoteError naming `source` when a field it uses is missing or of another type."""
+    """The certify job in `doc`; RemoteError naming `source` when a field it uses is missing or of another type,
+    or when one of its verdicts fails the check every verdict from a server passes (answers.checked_verdict)."""
     try:
         if not isinstance(doc, dict):
             raise TypeError(f"expected a JSON object, got {str(doc)[:80]}")
@@ -58,7 +59,7 @@ def job_of(doc: Any, source: str) -> CertifyJob:
             status=_status(doc["status"]), attempts=_count(doc["attempts"], "attempts"),
             certifier=_text(doc["certifier"], "certifier"), device=_text(doc["device"], "device"),
             detail=_text(doc["detail"], "detail"), verdict=_text(doc["verdict"], "verdict"),
-            verdicts=tuple(Verdict.from_dict(v) for v in _list(doc["verdicts"])),
+            verdicts=tuple(checked_verdict(v) for v in _list(doc["verdicts"])),
             claim=_text(doc.get("claim") or "", "claim"))
     except (*MALFORMED, RecursionError) as e:
         raise RemoteError(f"{source} sent something that is not a certify job ({type(e).__name__}: {str(e)[:200]}); "

@@ -30,6 +30,7 @@ import httpx
 from .. import config
 from ..errors import RemoteAuthError, RemoteError, Unreachable
 from . import deadline as deadlines
+from .answers import parsed
 
 _T = TypeVar("_T")
 RETRIES = 4
@@ -290,8 +291,8 @@ def detail(response: httpx.Response) -> str:
     """The server's own reason (its JSON `detail`), else the start of the body."""
     response.read()
     try:
-        reason = response.json().get("detail")
-    except (ValueError, AttributeError):
+        reason = parsed(response.content, "").get("detail")
+    except (RemoteError, AttributeError):
         reason = None
     return str(reason) if reason else response.text[:300]
 
@@ -313,13 +314,10 @@ def checked(response: httpx.Response, ok: tuple[int, ...], url: str) -> httpx.Re
 
 
 def decoded(response: httpx.Response, url: str) -> Any:
-    """The JSON body of `response`; RemoteError (never a decode error) when it is not JSON."""
-    try:
-        return response.json()
-    except ValueError:
-        raise RemoteError(f"{response.request.method} {response.request.url} answered {response.status_code} "
-                          f"with {response.headers.get('content-type', 'no content type')}, not JSON: is {url} an "
-                          "fa4-aot server (`fa4-aot serve`)?") from None
+    """The JSON body of `response` (answers.parsed, the one parse of an answer); RemoteError naming the request,
+    its status and content type when it is not JSON or nests too deep (never a decode error nor a RecursionError)."""
+    request, kind = response.request, response.headers.get("content-type", "no content type")
+    return parsed(response.content, f"{request.method} {request.url} ({response.status_code}, {kind})")
 
 
 def shaped(doc: Any, kind: type[_T], url: str) -> _T:
