@@ -25,20 +25,50 @@ runtimes refuse to launch a matching kernel (trust/certified.py). Pure: reading 
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .calls import DTYPES, LAYOUTS, MASKS, PASSES
 from .signature import Signature
+from .skus import ARCH_RE, ARCHS
 
 FORMAT = 1
 PARTS = ("fwd", "bwd")
 FIELDS = tuple(f.name for f in fields(Signature))
 _ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 _HEX = re.compile(r"[0-9a-f]{64}")
+_VERSION = re.compile(r"[0-9][0-9A-Za-z.+!_-]*")  # a version as a distribution's metadata gives it
+_SKU = re.compile(r"[a-z0-9][a-z0-9-]*")  # a SKU name, as the SKU table allows them
+# What the matcher compares each list field with, as (the rule a value must follow, whether it does)
+_LISTS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "flash_attn": ("expected '*' or a flash-attn-4 version as installed, e.g. 4.0.0b36",
+                   lambda v: v == "*" or _VERSION.fullmatch(v)),
+    "cutlass_dsl": ("expected '*' or an nvidia-cutlass-dsl version as installed, e.g. 4.8.1",
+                    lambda v: v == "*" or _VERSION.fullmatch(v)),
+    "arch": (f"expected '*' or an arch target as the SKU table names it, e.g. {', '.join(ARCHS[:2])}",
+             lambda v: v == "*" or ARCH_RE.fullmatch(v)),
+    "parts": ("parts must be among fwd, bwd", lambda v: v in PARTS),
+    "sku": ("expected a SKU name of the table (lowercase letters, digits and '-')", lambda v: _SKU.fullmatch(v)),
+    "kernel_keys": ("kernel_keys must be 64 hex digits each (lowercase)", lambda v: _HEX.fullmatch(v)),
+}
+# What a call's signature holds in each field (Signature.to_dict), as (what it is, whether a `when` value can equal
+# it); a `when` value that cannot is refused, since the entry would never match
+_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    **{name: (f"one of {', '.join(choices)}", frozenset(choices).__contains__)
+       for name, choices in (("layout", LAYOUTS), ("pass_", PASSES), ("dtype", DTYPES), ("mask", MASKS))},
+    **{name: ("a whole number", lambda v: _whole(v))
+       for name in ("head_dim", "head_dim_v", "num_splits", "heads_q", "heads_kv", "page_size")},
+    "softcap": ("a finite number", lambda v: _number(v)),
+    "sink": ("true or false", lambda v: isinstance(v, bool)),
+    "window": ("a [left, right] pair of whole numbers",
+               lambda v: isinstance(v, list) and len(v) == 2 and all(_whole(x) for x in v)),
+}
+_RANGED = ("head_dim", "head_dim_v", "num_splits", "heads_q", "heads_kv", "page_size", "softcap")
 
 
 def part_of(family: str) -> str:
@@ -130,17 +160,9 @@ def parse_entry(data: Any, where: str) -> Bad:
     if not isinstance(when, dict) or not when:
         raise ConfigError(f"{where}: known-bad entry {data['id']}: `when` must be a non-empty table of "
                           f"signature fields ({', '.join(FIELDS)})")
-    for name, want in when.items():
-        if name not in FIELDS:
-            raise ConfigError(f"{where}: known-bad entry {data['id']}: `when.{name}` is not a signature field "
-                              f"({', '.join(FIELDS)})")
-        _check_value(want, f"{where}: known-bad entry {data['id']}: when.{name}")
-    lists = {name: _strings(data.get(name), f"{where}: known-bad entry {data['id']}: {name}")
-             for name in ("flash_attn", "cutlass_dsl", "arch", "parts", "sku", "kernel_keys") if name in data}
-    if any(p not in PARTS for p in lists.get("parts", ())):
-        raise ConfigError(f"{where}: known-bad entry {data['id']}: parts must be among {', '.join(PARTS)}")
-    if any(not _HEX.fullmatch(k) for k in lists.get("kernel_keys", ())):
-        raise ConfigError(f"{where}: known-bad entry {data['id']}: kernel_keys must be 64 hex digits each")
+    _check_when(when, f"{where}: known-bad entry {data['id']}")
+    lists = {name: _listed(name, data.get(name), f"{where}: known-bad entry {data['id']}")
+             for name in _LISTS if name in data}
     return Bad(id=data["id"], symptom=data["symptom"].strip(), source=data["source"].strip(), when=dict(when),
                **lists)
 
@@ -199,18 +221,71 @@ def _value_holds(want: Any, value: Any) -> bool:
     return bool(value == want)
 
 
-def _check_value(want: Any, where: str) -> None:
-    if isinstance(want, dict):
-        if not want or set(want) - {"min", "max"} or not all(
-                isinstance(v, int | float) and not isinstance(v, bool) for v in want.values()):
-            raise ConfigError(f"{where}: a range is {{min = N, max = N}} (either may be left out)")
-    elif isinstance(want, list):
-        for w in want:
-            if isinstance(w, list) and all(isinstance(x, int) for x in w):
-                continue  # a window, [left, right]
-            _check_value(w, where)
-    elif not isinstance(want, str | int | float | bool):
-        raise ConfigError(f"{where}: expected a value, a list of values or a {{min, max}} range")
+def _check_when(when: dict[str, Any], where: str) -> None:
+    """ConfigError unless every value of `when` can equal what a call's signature holds in its field (_FORMS): an
+    entry that can never match is a refusal that silently never happens."""
+    for name, want in when.items():
+        if name not in FIELDS:
+            raise ConfigError(f"{where}: `when.{name}` is not a signature field ({', '.join(FIELDS)})")
+        for one in _alternatives(name, want, f"{where}: when.{name}"):
+            _check_value(name, one, f"{where}: when.{name}")
+    windows = _alternatives("window", when["window"], where) if "window" in when else []
+    masks = _alternatives("mask", when["mask"], where) if "mask" in when else []
+    if masks and "local" not in masks and any(w != [0, 0] for w in windows):
+        raise ConfigError(f"{where}: when.window {when['window']} never matches with when.mask {when['mask']}: "
+                          "only a call of mask \"local\" has a window; add \"local\" to mask or drop the window")
+
+
+def _alternatives(name: str, want: Any, where: str) -> list[Any]:
+    """The values of which `want` (a value, a range, or a list of them; a window is itself a list) names any."""
+    one_window = name == "window" and isinstance(want, list) and not any(isinstance(w, list) for w in want)
+    if not isinstance(want, list) or one_window:
+        return [want]
+    if not want:
+        raise ConfigError(f"{where}: an empty list never matches: list at least one value, or leave the field out "
+                          "(any value)")
+    return want
+
+
+def _check_value(name: str, value: Any, where: str) -> None:
+    kind, fits = _FORMS[name]
+    if isinstance(value, dict):
+        _check_range(name, value, where)
+    elif not fits(value):
+        raise ConfigError(f"{where}: expected a value, a list of values or a {{min, max}} range, where a call's "
+                          f"{name} is {kind}: {str(value)[:60]!r} never matches")
+
+
+def _check_range(name: str, bounds: dict[str, Any], where: str) -> None:
+    if not bounds or set(bounds) - {"min", "max"} or not all(_number(v) for v in bounds.values()):
+        raise ConfigError(f"{where}: a range is {{min = N, max = N}} (either may be left out) of finite numbers")
+    if name not in _RANGED:
+        raise ConfigError(f"{where}: a range never matches a call's {name}, which is {_FORMS[name][0]}: list the "
+                          "values instead")
+    if bounds.get("min", -math.inf) > bounds.get("max", math.inf):
+        raise ConfigError(f"{where}: the range {bounds} is empty (min > max) and never matches; swap the bounds")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _listed(name: str, value: Any, where: str) -> tuple[str, ...]:
+    """The strings of list field `name` (a string alone is a list of one); ConfigError naming the field unless
+    each can equal what the matcher compares it with (_LISTS), and the list is not empty."""
+    found = _strings(value, f"{where}: {name}")
+    if not found:
+        raise ConfigError(f"{where}: {name} is empty, so the entry never matches: list at least one value, or "
+                          f"leave {name} out (any)")
+    rule, fits = _LISTS[name]
+    for item in found:
+        if not fits(item):
+            raise ConfigError(f"{where}: {name} {item[:80]!r} never matches: {rule}")
+    return found
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:
