@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["tests.helpers.server_fixtures", "tests.helpers.fault_suites", "tests.helpers.interrupts"]
+pytest_plugins = ["tests.helpers.server_fixtures", "tests.helpers.fault_suites", "tests.helpers.interrupts",
+                  "tests.helpers.temp_cleanup"]
 _BAD_INPUT = pytest.StashKey[dict[str, set[str]]]()
 ROOT = Path(__file__).resolve().parent.parent
 TINY_VARIANTS = ROOT / "tests" / "data" / "tiny_variants.toml"
