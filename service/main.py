@@ -142,8 +142,9 @@ def prepare(settings: Settings) -> None:
     removed = sync.remove_dead_temp_files(store)
     with db.session_for(settings.database_url) as session:
         report = sync.import_store(session, store)
-    log.info("store %s: imported %d kernels (%d new objects), %d recipe files and %d signed manifests, removed %d "
-             "stale temp files", store.root, report.kernels, report.objects, report.recipes, report.manifests, removed)
+    log.info("store %s: imported %d kernels (%d index entries, signposts included; %d new objects), %d recipe files "
+             "and %d signed manifests, removed %d stale temp files", store.root, report.kernels, report.entries,
+             report.objects, report.recipes, report.manifests, removed)
     # tokens are checked against this database: `fa4-aot token create` must be given the same --cache-dir or --db
     log.info("tokens and metadata: %s", _shown_url(settings.database_url))
     for line in report.skipped:

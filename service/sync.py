@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ImportReport:
-    kernels: int = 0
+    kernels: int = 0  # kernels imported: index entries but signposts (Entry.is_signpost), the unit of every command
+    entries: int = 0  # index entries imported, signposts included
     objects: int = 0
     recipes: int = 0
     manifests: int = 0
@@ -129,7 +130,7 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
         if row.object_digest != entry.object_digest or row.sku != entry.sku:
             raise ValueError(f"the database publishes it with object {row.object_digest} (SKU {row.sku}), the "
                              "store's entry differs; kernel keys are immutable, so the database's is served")
-        report.kernels += 1
+        _count(report, entry)
         return
     row = models.Kernel(kernel_key=entry.kernel_key)
     session.add(row)
@@ -138,7 +139,12 @@ def _import_entry(session: Session, store: Store, entry: Entry, report: ImportRe
     crud.record_audit(session, actor="import", action="kernel.import", target=entry.kernel_key,
                       detail={"sku": entry.sku, "object_digest": entry.object_digest})
     session.flush()
-    report.kernels += 1
+    _count(report, entry)
+
+
+def _count(report: ImportReport, entry: Entry) -> None:
+    report.entries += 1
+    report.kernels += not entry.is_signpost
 
 
 def with_held_libraries(store: Store, entry: Entry) -> Entry:

@@ -93,7 +93,8 @@ def verify(store: Store, quarantine: bool, as_json: bool, quiet: bool) -> None:
                 bar.update(done, total, status)
 
         report = maintenance.verify(existing(store), quarantine=quarantine, progress=step)
-    doc = {"objects": report.objects_checked, "entries": report.entries_checked, "ok": report.ok,
+    held = len(kernels(store.entries()))  # after any quarantine: the kernels a reader finds now
+    doc = {"objects": report.objects_checked, "entries": report.entries_checked, "kernels": held, "ok": report.ok,
            "bad_objects": [{"expected": e, "actual": a} for e, a in report.bad_objects],
            "dangling_entries": report.dangling_entries,
            "bad_entries": [{"path": p, "reason": r} for p, r in report.bad_entries],
@@ -102,12 +103,14 @@ def verify(store: Store, quarantine: bool, as_json: bool, quiet: bool) -> None:
            "unlinked": report.unlinked,
            "quarantined": [{"path": p, "to": to} for p, to in report.quarantined.items()],
            "quarantine_dir": report.quarantine_dir}
-    emit(as_json, doc, "\n".join(_verify_lines(store, report)))
+    emit(as_json, doc, "\n".join(_verify_lines(store, report, held)))
     if not report.ok:
         sys.exit(1)
 
 
-def _verify_lines(store: Store, report: VerifyReport) -> list[str]:
+def _verify_lines(store: Store, report: VerifyReport, held: int) -> list[str]:
+    """What verify found, then the summary: kernels (the unit of every command), index entries (signposts
+    included) and objects checked."""
     def rel(path: Path) -> str:
         return str(path.relative_to(store.root))
 
@@ -125,8 +128,9 @@ def _verify_lines(store: Store, report: VerifyReport) -> list[str]:
         for k, arch, why in report.broken_libraries]
     problems = len(lines)
     lines += [f"UNEXPECTED {p}: not a store name; no reader opens it (ignored)" for p in report.unexpected]
-    lines.append(f"{report.objects_checked} objects, {report.entries_checked} entries checked: "
-                 f"{_verdict(report, problems)}")
+    entries = plural(report.entries_checked, "index entry", "index entries")
+    lines.append(f"{plural(held, 'kernel')} ({entries}, signposts included; {plural(report.objects_checked, 'object')})"
+                 f" checked: {_verdict(report, problems)}")
     return lines
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..domain.skus import Sku
-from ..store import Store
+from ..store import Store, kernels
 
 DEFAULT_SECONDS = {"sm_90a": 1.8}
 DEFAULT_OTHER = 4.6  # sm_100a and newer compile slower; no figure for sm_110a / sm_120a yet
@@ -45,7 +45,8 @@ class Estimate:
 def seconds_per_kernel(store: Store, sku: Sku) -> tuple[float, str]:
     """(median compile CPU seconds of the store's kernels for sku's arch, "median of N kernels in STORE"), or the
     documented default for the arch when the store holds fewer than MIN_SAMPLES."""
-    samples = [e.compile_seconds for e in store.entries() if e.arch == sku.arch and e.compile_seconds > 0]
+    # kernels, not index entries: a signpost shares its kernel's compile and would count it twice
+    samples = [e.compile_seconds for e in kernels(store.entries()) if e.arch == sku.arch and e.compile_seconds > 0]
     if len(samples) >= MIN_SAMPLES:
         return (statistics.median(samples),
                 f"median CPU seconds of {len(samples)} {sku.arch} kernels in {store.root}, one idle core a job")

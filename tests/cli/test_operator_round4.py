@@ -256,3 +256,29 @@ def test_a_stopped_dry_run_says_its_plan_is_partial_and_estimates_its_table(tmp_
     text = "\n".join(lines)
     assert "for 3 kernels" in text and docs[0]["estimate"]["kernels"] == 3, text
     assert "to build the rest" not in text and "the plan above is partial" in text, text
+
+
+def test_verify_and_the_servers_import_count_kernels_as_list_does(tiny_h200_full_fwd: Path, tmp_path: Path) -> None:
+    """One store, several numbers: list said 82 kernels, verify "76 entries", serve "imported 76 kernels": verify
+    and the server's import count kernels (signposts aside) and name index entries as such."""
+    from fa4_aot.store import Store
+    from service import db, sync
+    from tests.cli.test_cli_operator import _kernel_with_signpost_and_library
+    from tests.conftest import copy_store
+
+    store = copy_store(tiny_h200_full_fwd, tmp_path / "store")
+    _kernel_with_signpost_and_library(Store(store), "consumed-the-sm-count", b"runtime" * 100)
+    entries = list(Store(store).entries())
+    listed = CliRunner().invoke(main, ["list", "--json", "--cache-dir", str(store)])
+    held = len(json.loads(listed.output))
+    assert len(entries) > held >= 1, "the test store must hold a kernel with a signpost"
+    verified = CliRunner().invoke(main, ["verify", "--json", "--cache-dir", str(store)])
+    doc = json.loads(verified.stdout)
+    assert (doc["kernels"], doc["entries"]) == (held, len(entries)), doc
+    text = CliRunner().invoke(main, ["verify", "--cache-dir", str(store)]).stdout
+    assert f"{held} kernels ({len(entries)} index entries" in text, text
+    url = f"sqlite:///{tmp_path / 'fa4-aot.db'}"
+    db.migrate(url)
+    with db.session_for(url) as session:
+        report = sync.import_store(session, Store(store))
+    assert (report.kernels, report.entries) == (held, len(entries)), report
