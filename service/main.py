@@ -55,8 +55,8 @@ from .routes import (
 log = logging.getLogger("service")
 # The event loop `serve` runs: asyncio's, not uvloop (uvicorn's pick where it is installed). libuv accepts one
 # connection per loop iteration (since 1.45), and a busy worker's iteration serves every ready connection: at 256
-# connections on 2 cores about 100 ms, so new connections waited seconds to be accepted (serve_load's p99 of 1 s,
-# issue 28). asyncio's loop accepts every waiting connection at once, at the same throughput here.
+# connections on 2 cores about 100 ms, so new connections waited seconds to be accepted (serve_load's p99 of 1 s).
+# asyncio's loop accepts every waiting connection at once, at the same throughput here.
 LOOP = "asyncio"
 
 

@@ -5,7 +5,7 @@ once at the end (76 kernels refused for one reason are one line, not 76).
 
 Work whose items each take long (planning a signature: seconds to minutes on a loaded host) says it is alive:
 with `every`, the last update is said again, with the seconds since the start, whenever `every` seconds pass
-without one (issue 30, point 9: an interrupted whole-matrix build printed nothing for 314 s while planning)."""
+without one (an interrupted whole-matrix build once printed nothing for 314 s while planning)."""
 
 from __future__ import annotations
 

@@ -216,8 +216,8 @@ def _installed_toolchain() -> dict[str, str]:
 @json_option()
 @pass_store
 def migrate(store: Store, dry_run: bool, as_json: bool) -> None:
-    """Re-file kernels built before per-SKU constants were keyed by need (issue 13) under today's keys, and
-    recipe regions keyed by page size and window (format 2, before issue 29) under today's recipe keys.
+    """Re-file kernels built before per-SKU constants were keyed by need under today's keys, and
+    recipe regions keyed by page size and window (format 2) under today's recipe keys.
 
     Objects are kept; old signed manifests list the old keys, so sign each SKU again afterwards. Kernels built by
     another toolchain (other FA4, CuTe or fa4-aot patch source) cannot be re-filed: it says to rebuild them."""

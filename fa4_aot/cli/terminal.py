@@ -1,5 +1,5 @@
-"""Text for a terminal: what a server (or any document from outside) says is shown, never obeyed (issue 28,
-D44). A job's detail, a SKU's name or an error message can hold terminal escapes (retitle the window, clear the
+"""Text for a terminal: what a server (or any document from outside) says is shown, never obeyed. A job's
+detail, a SKU's name or an error message can hold terminal escapes (retitle the window, clear the
 screen, move the cursor over earlier lines) and bidi overrides that reorder what is read. Every command prints
 human text through common.emit and errors through the group's one error mapping, both of which pass it here."""
 

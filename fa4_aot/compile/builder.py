@@ -1,4 +1,4 @@
-"""`fa4-aot builder --server URL`: the process that turns clients' misses into published kernels (issue 21).
+"""`fa4-aot builder --server URL`: the process that turns clients' misses into published kernels.
 
 The server keeps the build jobs (service/crud/builds.py: one per SKU and missed key, however many clients miss
 it, persisted in its database); a builder claims the oldest with a lease, renews the lease while it works, and
@@ -112,7 +112,7 @@ class Builder(JobRunner):
 
     def report(self, job: BuildJob, outcome: Outcome, lost: threading.Event) -> None:
         """Send `outcome` while the claim holds, again after a server error (its database busy or out of space
-        answers 503: issue 28, D41), so a job is not left running until its lease lapses. A done the server refuses
+        answers 503), so a job is not left running until its lease lapses. A done the server refuses
         (what the job asked for is not published) is sent as failed, with the server's reason: queued again."""
         for attempt in range(FINISH_TRIES):
             try:

@@ -1,4 +1,4 @@
-"""Committing a built kernel to a store: check, compile unlocked, lock, re-check, commit (issue 20, point 6).
+"""Committing a built kernel to a store: check, compile unlocked, lock, re-check, commit (no lock held while compiling).
 
 A compile takes seconds to minutes; the kernel's lock is taken only around the commit, never around the
 compile, so a slow compile blocks no other builder of the same store. Two builders may then compile the same

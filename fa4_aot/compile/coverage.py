@@ -262,7 +262,7 @@ def check_model(sku: Any, store: Any, model: Any, tps: tuple[int, ...], workload
 
 def _in_store(store: Any, sku: Any) -> tuple[Callable[[str], bool], Standing]:
     """Whether the store serves a base kernel key to `sku` (the kernel, or its variant for the SKU's consumed
-    constants: issue 13, base keys are shared by the SKUs of an arch), and the certification of the kernel it
+    constants: base keys are shared by the SKUs of an arch), and the certification of the kernel it
     serves (its verdicts are kept under that key)."""
     from .orchestrator import stored_key
 

@@ -107,9 +107,9 @@ class LocalExecutor:
         self._stack = ExitStack()
 
     def plan_chunks(self, calls: int) -> int:
-        # several tasks per worker, so that planning reports progress as it goes (issue 22): a task per 4 work
+        # several tasks per worker, so that planning reports progress as it goes: a task per 4 work
         # items, as a signature takes seconds to minutes to plan (the whole matrix's 8 tasks a worker counted
-        # hundreds of items each; issue 30, point 9); a task's results travel back in one message
+        # hundreds of items each, and said nothing for minutes); a task's results travel back in one message
         return max(self.jobs, calls // 4)
 
     def plan(self, sku: Sku, store: Store, chunks: list[Work], record: bool = True) -> Iterator[tuple[int, PlanOut]]:
@@ -320,7 +320,7 @@ def _relink_task(keys: list[str]) -> list[str]:
 def _compile_task(task: CompileTask) -> list[Outcome]:
     """Check, compile unlocked, then commit each kernel under its lock (commit.commit_kernel): a kernel another
     builder of this store holds already is not compiled; one it commits while this worker compiles is discarded.
-    No lock is held while FA4 compiles (issue 20, point 6)."""
+    No lock is held while FA4 compiles: a compile of minutes would stall every builder waiting on the lock."""
     from . import worker
 
     state = _state()

@@ -142,7 +142,7 @@ def explore(worker: Worker, sig: Signature, recorded: dict[str, list[Region]],
 def _one_token_pages(points: dict[str, Any]) -> dict[str, Any]:
     """Every other point of a paged signature at page size 1: torch's contiguity check of the pool (FA4's
     maybe_contiguous) guards `page_size == 1` (a dimension of size 1 may have any stride), so a region recorded at
-    another page size never holds there; exploring both serves every page size (issue 29). FA4 launches the
+    another page size never holds there; exploring both serves every page size. FA4 launches the
     signature's kernels there unless its page size is FA4's tile (paged_kv_tma: 128 on sm_90 at head dim 72):
     page size 1 then takes the non-TMA kernel, which a build for that page size does not compile (the region names
     it; both runtimes raise KernelMissing there, and certification leaves it out). Other points as they are."""

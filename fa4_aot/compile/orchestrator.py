@@ -166,7 +166,7 @@ def _count_stored(tasks: list[CompileTask], store: Store, report: Report, sku: S
     the store, not the outcomes, says which kernels of the unfinished tasks were built. A kernel is looked up as
     the build looks it up (stored_key: under its full key for this SKU's constants): an outcome reports that key,
     and a signpost alone (the kernel of another SKU's constants) is not this SKU's kernel. Comparing base keys
-    with the reported full keys counted every reported kernel with a signpost twice (issue 22, point 3)."""
+    with the reported full keys counted every reported kernel with a signpost twice."""
     reported = {r.kernel_key for r in report.results}
     for task in tasks:
         for family, _ident, kk in task.wanted:

@@ -5,7 +5,7 @@ busy). A build also explores each item's signatures for the lean runtime's recip
 a worker counts the regions it already recorded under a recipe key (one file per GQA ratio) before recording
 more: so items whose signatures share a recipe key go to one task, where the first explores the key's size
 space and the others mostly find it covered. Strided, the default h200 matrix explored 666 recipe keys 4,046
-times, about 3,200 of them from scratch in some worker (issue 29, part 3).
+times, about 3,200 of them from scratch in some worker.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ and its whole signature, whose build records the recipe regions of every size an
 built per SKU like any other work, and every miss the build did not close is a failure in its SKU's report,
 unless the known-bad registry refused its call (the report's refusals).
 
-Why a lean miss builds its whole signature (issue 30, point 2): the recipe file its build records names the
+Why a lean miss builds its whole signature: the recipe file its build records names the
 kernels of every size, and a client holding that file (`pull --model`, a lean runtime at other sizes) can only
 ask for the rest one call at a time. Built with its call alone, a model's set took a round of misses per region;
 built whole, one miss per signature completes it. The cost: a client waiting for that miss waits for all the

@@ -145,7 +145,7 @@ def _close(low: str, folded: dict[str, str]) -> list[str]:
 
 def check_name(name: str, *known: Iterable[str]) -> None:
     """Refuse a SKU name found in none of `known` (the SKU table's names, a store's, a server's) with unknown()'s
-    "did you mean" over all of them: a typo must not select nothing and exit 0 (issue 22, point 7)."""
+    "did you mean" over all of them: a typo must not select nothing and exit 0."""
     names = {n for group in known for n in group}
     if name not in names:
         raise unknown(name, names)

@@ -69,8 +69,8 @@ def signature(layout: str, dtype: str, heads_q: int, head_dim: int, heads_kv: in
 def _mask_and_window(causal: bool, window_size: tuple[Any, Any]) -> tuple[str, tuple[int, int]]:
     """The mask and window FA4 runs for `causal` and `window_size`, read as its interface reads them
     (_resolve_causal_local_window): two negative sides are no window, causal sets the right side to 0, and
-    (None, 0) is causal; any other window is local, so a causal call with a window is a local one (issue 17:
-    reading it as causal dropped the window). Raises ValueError for a half-open local window."""
+    (None, 0) is causal; any other window is local, so a causal call with a window is a local one
+    (reading it as causal would drop the window). Raises ValueError for a half-open local window."""
     left, right = window_size
     if left is not None and right is not None and left < 0 and right < 0:
         left = right = None

@@ -1,6 +1,7 @@
-"""`fa4-aot migrate`: re-file index entries written before issue 13 under today's kernel keys.
+"""`fa4-aot migrate`: re-file index entries written before SKU constants were keyed by need under
+today's kernel keys.
 
-Until issue 13 a kernel key hashed all four SKU figures (arch, SM count, L2, CUDA major), so every SKU had its
+Before that a kernel key hashed all four SKU figures (arch, SM count, L2, CUDA major), so every SKU had its
 own copy of kernels that read none of them. Today's key (kernel_keys.key_of) holds the arch, the CUDA major and
 only the constants the compile consumed, which every entry records in `hardware_queries`: an old entry holds
 everything needed to compute its new keys, and its object is unchanged. Migration writes the entry under its
@@ -8,7 +9,7 @@ new full key (and, for a kernel that consumed constants, its base key), then rem
 are shared, so nothing is copied. Old signed manifests list old keys: re-sign (`fa4-aot sign`) afterwards.
 Idempotent: entries already under today's keys are left alone.
 
-What no migration can do is change an entry's toolchain (issue 20, point 5): since keys name the source of FA4,
+What no migration can do is change an entry's toolchain: since keys name the source of FA4,
 CuTe and fa4-aot's patches (fa4/versions.py), an entry built before, or by other code, names a toolchain whose
 keys this installation never computes. Nothing records which code made its bytes, so re-filing it under
 today's toolchain would be the lie the source digests exist to prevent. Such entries stay valid and loadable
@@ -16,7 +17,7 @@ today's toolchain would be the lie the source digests exist to prevent. Such ent
 installation finds them: `foreign()` counts them per SKU, and `rebuild_advice()` is what list, doctor and
 migrate say: build the SKU again, then drop them with `fa4-aot prune --toolchain old`.
 
-Recipe files (issue 29): a format-2 file is keyed by its signature's page size and window, which its regions hold
+Recipe files: a format-2 file is keyed by its signature's page size and window, which its regions hold
 as constants; a format-3 file is keyed without them and its regions hold them as sizes. `migrate_recipes` copies
 each format-2 region into its signature's format-3 file, pinned to its own page size and window (guards
 `page_size == P`, `window_left == L`, ...): it serves exactly the calls it served before, found under today's key

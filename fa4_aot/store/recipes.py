@@ -2,8 +2,8 @@
 
 The recipe key is sha256 of the signature and the SKU's target facts; it needs no compiler to compute, so a lean
 GPU host finds its recipes without cutlass. It names only what FA4's compile key and host dispatch tell apart:
-head counts only through the GQA ratio (issue 17), and neither a paged call's page size nor a local window's sides
-(issue 29): regions (recipe format 3) hold the KV head count, the page size and the window as sizes, guarded like
+head counts only through the GQA ratio, and neither a paged call's page size nor a local window's sides:
+regions (recipe format 3) hold the KV head count, the page size and the window as sizes, guarded like
 the lengths, so one file serves a signature at every head count of its ratio, every page size and every window.
 Files of format 2 (keyed by the page size and window too) and format 1 (by both head counts) are still read, under
 their own keys (`sources`). Each region names the toolchain it
@@ -300,8 +300,8 @@ _OPS: dict[str, Callable[..., Any]] = {
 
 def _compile(expr: Any) -> Callable[[dict[str, int]], Any]:
     """A closure computing a symexpr expression (checked by recipe_format at load) as symexpr.evaluate does,
-    refusing what it refuses: every size and every partial sum and product is held to symexpr.bounded (issue 28,
-    D37: without it a checked product of 2**62s ran for seconds and held where evaluate refuses). The common ops
+    refusing what it refuses: every size and every partial sum and product is held to symexpr.bounded
+    (without it a checked product of 2**62s ran for seconds and held where evaluate refuses). The common ops
     directly, pow and fractions through symexpr.evaluate itself."""
     if isinstance(expr, bool | int):
         return lambda sizes: expr
