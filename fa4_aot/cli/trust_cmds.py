@@ -40,19 +40,25 @@ def keys_generate(folder: Path, name: str) -> None:
 def sign(store: Store, sku: str, key_path: Path, expires_days: float, variants_file: Path | None,
          as_json: bool) -> None:
     """Sign a manifest of every kernel the store holds for SKU (kernel keys -> object digests, toolchain,
-    created, expiry) and keep it in the store; `fa4-aot push` uploads it."""
-    from ..trust import signing, signing_keys
+    created, expiry) and keep it in the store; `fa4-aot push` uploads it. A manifest over the 8 MiB a server
+    takes (verdicts of many device classes) is signed as several parts, each listing every kernel and the
+    verdicts of some device classes."""
+    from ..trust import manifest_parts, signing, signing_keys
 
     target = load_matrix(variants_file).sku(sku)
     key = signing_keys.load_private(key_path)
-    envelope = signing.sign(signing.manifest_of(store, target, expires_days), key, key_path.stem)
-    path = signing.save(store, envelope)
-    listed = envelope["manifest"]["kernels"]  # index entries: kernels and their signposts
-    doc = {"manifest_id": signing.manifest_id(envelope), "key_id": envelope["key_id"], "path": str(path),
+    envelopes = [signing.sign(part, key, key_path.stem)
+                 for part in manifest_parts.parts(signing.manifest_of(store, target, expires_days))]
+    paths = [signing.save(store, envelope) for envelope in envelopes]
+    listed = envelopes[0]["manifest"]["kernels"]  # index entries: kernels and their signposts
+    ids = [signing.manifest_id(envelope) for envelope in envelopes]
+    doc = {"manifest_id": ids[0], "manifest_ids": ids, "key_id": envelopes[0]["key_id"], "path": str(paths[0]),
            "kernels": len(kernels(e for e in store.entries() if e.kernel_key in listed)),
-           "index_entries": len(listed), "expires": envelope["manifest"]["expires"]}
+           "index_entries": len(listed), "expires": envelopes[0]["manifest"]["expires"]}
+    where = f"manifest {ids[0]}" if len(ids) == 1 else f"{len(ids)} manifests (one per group of device classes)"
     emit(as_json, doc, f"signed {doc['kernels']} {sku} kernel(s) ({doc['index_entries']} index entries) with key "
-                       f"{doc['key_id']}: manifest {doc['manifest_id']} (expires {doc['expires']}) in {path}")
+                       f"{doc['key_id']}: {where} (expires {doc['expires']}) in "
+                       f"{paths[0] if len(paths) == 1 else paths[0].parent}")
 
 
 @click.command()

@@ -29,11 +29,12 @@ from ..models import utcnow
 _IN_CHUNK = 500  # kernel keys per IN (...) query: far below SQLite's and PostgreSQL's parameter limits
 ENVELOPE_FIELDS = frozenset({"format", "manifest", "key_id", "public_key", "signature"})
 MANIFEST_FIELDS = frozenset({"sku", "kernels", "toolchain", "created", "expires", "libraries", "recipes", "verdicts"})
-PER_KEY = 4  # manifests kept per (SKU, signing key): a newer one makes the oldest go
+PER_KEY = 4  # signings kept per (SKU, signing key), all parts of each (manifest_parts.py): a newer makes the oldest go
 KEYS_PER_SKU = 8  # distinct signing keys a publish token may store manifests of, per SKU (admins: any)
 # What a SKU's manifests may add up to: clients read GET /v1/skus/{sku}/manifests whole and refuse an answer over
 # 64 MiB (fa4_aot/remote/transport.py MAX_JSON), so one SKU's manifests must never outgrow that, whoever uploads.
 SKU_BYTES = 40 << 20
+MANIFESTS_PER_SKU = 64  # and so many envelopes, each verified by every client at its start
 TOOLCHAIN_CHARS = 4096
 
 
@@ -46,8 +47,9 @@ def store_manifest(session: Session, *, sku: str, envelope: Any, actor: str, adm
     a kernel the service lacks or holds with another object digest, or an envelope with this manifest id but
     another signature; TooMany (429) when a non-admin brings a ninth signing key to the SKU; TooLarge (413) when
     the SKU's manifests would add up past SKU_BYTES though each key kept only its newest. Only the newest PER_KEY
-    manifests of a SKU and key are kept: storing one more drops the oldest, and older manifests of any key go,
-    oldest first, while the SKU's add up past SKU_BYTES (audited)."""
+    signings of a SKU and key are kept (a signing's parts share its `created`): storing one more drops the oldest,
+    and older signings of any key go, oldest first, while the SKU's add up past SKU_BYTES or MANIFESTS_PER_SKU
+    (audited)."""
     manifest = _checked_shape(envelope, sku)
     manifest_id = signing.manifest_id(envelope)
     text = canonical_json(envelope)
@@ -83,39 +85,44 @@ def _check_room(session: Session, sku: str, key_id: str, admin: bool) -> None:
 
 
 def _prune(session: Session, sku: str, key_id: str, actor: str) -> None:
+    """Keep the manifests of the key's newest PER_KEY signings (the parts of one share its `created`)."""
     rows = session.scalars(select(models.SignedManifest).where(models.SignedManifest.sku == sku,
                                                                models.SignedManifest.key_id == key_id)).all()
-    rows = sorted(rows, key=lambda r: (_parse_time(r.created), r.uploaded_at, r.manifest_id), reverse=True)
-    for row in rows[PER_KEY:]:
-        session.delete(row)
-        record_audit(session, actor=actor, action="manifest.prune", target=row.manifest_id,
-                     detail={"sku": sku, "key_id": key_id, "created": row.created})
+    kept = sorted({_parse_time(r.created) for r in rows}, reverse=True)[:PER_KEY]
+    for row in rows:
+        if _parse_time(row.created) not in kept:
+            _drop(session, row.manifest_id, actor, {"sku": sku, "key_id": key_id, "created": row.created})
     session.flush()
 
 
 def _fit(session: Session, sku: str, actor: str) -> None:
-    """Drop manifests of `sku` that a newer one of their key supersedes, oldest first, while the SKU's add up past
-    SKU_BYTES; TooLarge (rolled back by the caller) when the newest of each key alone do."""
+    """Drop manifests of `sku` that a newer signing by their key supersedes, oldest first, while the SKU's add up
+    past SKU_BYTES or MANIFESTS_PER_SKU; TooLarge (rolled back by the caller) when the newest of each key alone
+    do."""
     size = func.length(models.SignedManifest.envelope).label("size")  # canonical JSON is ASCII: characters are bytes
     rows = session.execute(select(models.SignedManifest.manifest_id, models.SignedManifest.key_id,
                                   models.SignedManifest.created, models.SignedManifest.uploaded_at, size)
                            .where(models.SignedManifest.sku == sku)).all()
-    rows = sorted(rows, key=lambda r: (_parse_time(r.created), r.uploaded_at, r.manifest_id), reverse=True)
-    total, newest = sum(r.size for r in rows), {r.key_id: r.manifest_id for r in reversed(rows)}
-    for row in reversed(rows):  # oldest first
-        if total <= SKU_BYTES:
-            return
-        if newest[row.key_id] != row.manifest_id:
-            session.delete(session.get(models.SignedManifest, row.manifest_id))
-            record_audit(session, actor=actor, action="manifest.prune", target=row.manifest_id,
-                         detail={"sku": sku, "key_id": row.key_id, "created": row.created, "room": True})
-            total -= row.size
-    if total > SKU_BYTES:
-        raise TooLarge(f"SKU {sku!r}'s signed manifests would add up to {total >> 20} MiB, over the {SKU_BYTES >> 20} "
-                       f"MiB a SKU keeps (clients read them whole), though each of its {len(newest)} signing keys "
-                       "keeps only its newest: revoke a key whose manifests are no longer wanted (`fa4-aot revoke "
-                       "--key-id`), or sign with a key that already signs this SKU")
+    rows = sorted(rows, key=lambda r: (_parse_time(r.created), r.uploaded_at, r.manifest_id))  # oldest first
+    total, count, newest = sum(r.size for r in rows), len(rows), {r.key_id: r.created for r in rows}
+    for row in rows:
+        if total <= SKU_BYTES and count <= MANIFESTS_PER_SKU:
+            break
+        if row.created != newest[row.key_id]:
+            _drop(session, row.manifest_id, actor, {"sku": sku, "key_id": row.key_id, "created": row.created})
+            total, count = total - row.size, count - 1
+    if total > SKU_BYTES or count > MANIFESTS_PER_SKU:
+        raise TooLarge(f"SKU {sku!r}'s signed manifests would be {count} adding up to {total >> 20} MiB, over the "
+                       f"{MANIFESTS_PER_SKU} and {SKU_BYTES >> 20} MiB a SKU keeps (clients read them whole), though "
+                       f"each of its {len(newest)} signing keys keeps only its newest signing: revoke a key whose "
+                       "manifests are no longer wanted (`fa4-aot revoke --key-id`), or sign with a key that already "
+                       "signs this SKU")
     session.flush()
+
+
+def _drop(session: Session, manifest_id: str, actor: str, detail: dict[str, Any]) -> None:
+    session.delete(session.get(models.SignedManifest, manifest_id))
+    record_audit(session, actor=actor, action="manifest.prune", target=manifest_id, detail=detail)
 
 
 def list_manifests(session: Session, *, sku: str) -> bytes:

@@ -62,3 +62,25 @@ def test_a_sku_publish_token_cannot_flood_manifests_past_what_clients_read(serve
     assert len(listing.content) <= SKU_BYTES < MAX_JSON
     envelopes = Remote(server.url).signed_manifests(sku)  # what a trusted client reads: whole, not refused
     assert json.loads(honest) in envelopes
+
+
+def test_every_part_of_a_signing_is_kept_and_older_signings_make_room(server: Server, tmp_path: Path) -> None:
+    sku = "r5-parts"
+    data = os.urandom(200)
+    doc = kernel_doc(data, sku=sku)
+    with server.client("publish") as c:
+        assert c.put(f"/v1/objects/{doc['object_digest']}", content=data).status_code == 201
+        assert c.post("/v1/kernels", json=doc).status_code == 201
+    kernels, key = {doc["kernel_key"]: doc["object_digest"]}, signing_keys.generate(tmp_path / "keys", "ci")[0]
+    headers = {"Content-Type": "application/json"}
+
+    def signing_of(created: str, n: int) -> list[bytes]:  # `fa4-aot sign` parts: one `created`, other contents
+        return [_signed(key, sku, kernels, created, recipes=_junk_recipes(134 * (i + 1))) for i in range(n)]
+
+    with server.client("publish") as c:
+        for day in range(1, 6):  # PER_KEY signings and one more: the oldest signing goes, all its parts
+            for body in signing_of(f"2026-12-0{day}T00:00:00Z", 6):
+                assert c.put(f"/v1/skus/{sku}/manifests", content=body, headers=headers).status_code == 201
+        listed = c.get(f"/v1/skus/{sku}/manifests").json()["manifests"]
+    assert sorted({e["manifest"]["created"][:10] for e in listed}) == [f"2026-12-0{d}" for d in range(2, 6)]
+    assert len(listed) == 4 * 6
