@@ -1,4 +1,4 @@
-"""The compile budget of anonymous reports (issue 28, D32): reads may be open, and a miss report decides what a
+"""The compile budget of anonymous reports: reads may be open, and a miss report decides what a
 builder compiles, so reports without a token may queue at most FA4_AOT_ANONYMOUS_BUILDS_PER_HOUR new build jobs
 per SKU in any hour (the queue caps bound jobs in flight, not compiles over time). Past it a new anonymous miss
 is recorded but answered 429 with Retry-After: when the oldest job of the hour leaves the window. A report of a

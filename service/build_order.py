@@ -1,4 +1,4 @@
-"""The order in which builders claim queued build jobs (issue 28, D32): a token's jobs before anonymous ones (a
+"""The order in which builders claim queued build jobs: a token's jobs before anonymous ones (a
 report without a token, requester "address:<ip>"), and round robin across reporters within each, so that twenty
 anonymous misses, or one token's hundred, do not put another token's job at the back of one FIFO queue. A
 reporter's turn is the last time one of its jobs was claimed: never claimed first, then the longest waiting; the

@@ -1,4 +1,4 @@
-"""What a request answers when its database fails under it (issue 28, D41), rather than a bare 500: a SQLite lock
+"""What a request answers when its database fails under it, rather than a bare 500: a SQLite lock
 held past the busy timeout, a full disk or a lost connection is 503 with Retry-After (nothing was written: the
 request's session rolls back when it closes, so the caller retries it as it was); text the database cannot store
 (NUL on PostgreSQL) is 422 naming it. Anything else is a server fault: logged, 500."""

@@ -3,7 +3,7 @@
 A cluster coming up fetches every kernel of a model from every node: GET /v1/kernels/<key>, then GET
 /v1/objects/<digest>, per kernel (what install() does). Through FastAPI each cost about 2 ms of CPU in process
 (dependency solving, route matching, response validation) and object GETs ran at 0.05x nginx's rate on the same
-files (issue 28). `FastReads`, a pure ASGI layer, answers the plain ones itself, with the routes' own status,
+files. `FastReads`, a pure ASGI layer, answers the plain ones itself, with the routes' own status,
 headers and body: an object from the store's file (one open beneath the root, no link followed, no database;
 kernel-sized objects in one read, larger ones streamed), a kernel from the route's own function
 (routes/kernels.served_kernel). Anything else goes on to the app unchanged: Range and conditional reads, HEAD of

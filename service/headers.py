@@ -1,5 +1,4 @@
-"""Request heads (request line and headers) capped at HEAD_LIMIT bytes, whatever HTTP implementation uvicorn runs
-(issue 28, D40).
+"""Request heads (request line and headers) capped at HEAD_LIMIT bytes, whatever HTTP implementation uvicorn runs.
 
 uvicorn[standard] brings httptools, which has no cap of its own: it buffers a header whole before uvicorn sees it,
 so one 64 MiB header was answered 200 and four 96 MiB headers took the server from 89 to 564 MiB. h11 has a cap

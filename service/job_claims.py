@@ -1,6 +1,6 @@
 """The claim that holds a running job of a server's queue (build jobs, certify jobs), whatever the job: a claim
 answers with a claim id that only its hash is kept of, and only the claiming token with that id renews or finishes
-the job (issue 28, D30). A runner that lost its lease, or another token that knows the runner's name (GET lists
+the job. A runner that lost its lease, or another token that knows the runner's name (GET lists
 it), holds nothing. The job rows share the columns `id`, `status`, `token_id` and `claim_hash`."""
 
 from __future__ import annotations

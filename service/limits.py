@@ -76,7 +76,7 @@ class Budget:
     """A count of bytes in flight in one process (bundles being sent), per client address too: `take(n, client)`
     reserves n bytes unless that would pass `limit`, or `client` already holds bytes and would pass its share
     (limit // SHARES: its first answer may be as large as the limit); `give(n, client)` returns them. One
-    address's unread answers cannot hold the whole budget against every other client (issue 28, D39). The event
+    address's unread answers cannot hold the whole budget against every other client. The event
     loop is the only caller, so no lock is needed; only addresses holding bytes are tracked."""
 
     SHARES = 8

@@ -14,7 +14,7 @@ from .installation import Installation, has_cuda, install, installed
 
 # Requests one process keeps in flight to the server while it fetches kernels one by one. Under a cluster's start
 # every node's requests queue at the server, and each waits about as long as the whole queue: 8 a node let 64 nodes'
-# tails pass a 10 s deadline where 4 held them all, no slower in all (issue 28, bench/RESULTS.md session 14).
+# tails pass a 10 s deadline where 4 held them all, no slower in all (bench/RESULTS.md session 14).
 FETCH_THREADS = 4
 
 

@@ -1,4 +1,4 @@
-"""Prefetch by model (issue 21, point 3): fetch exactly one model's kernel set for a SKU from a server, so that a
+"""Prefetch by model: fetch exactly one model's kernel set for a SKU from a server, so that a
 node starts warm. `fa4-aot pull --model NAME --tp 1,2,4,8` and `fa4_aot.prefetch(model=..., tp=...)` run it.
 
 Where the kernel set comes from, with no FA4 on the host: the recipe files. A model's signatures per TP degree
@@ -12,17 +12,17 @@ stands for, so both come in that bundle; a kernel built only for other SKU const
 passes the client's trust policy (trust/policy.py), as the lean runtime's fetches do (runtime.fetch.Fetcher).
 
 What the server lacks becomes misses, reported through POST /v1/misses, which the on-demand builder turns into
-build jobs (issue 21, points 1-2): a signature with no recipe file on the server, or whose regions name kernels
+build jobs: a signature with no recipe file on the server, or whose regions name kernels
 the server lacks, is reported as ONE lean-runtime miss of a call of it (domain/misses.py: Miss.lean), and the
 builder builds that call's whole signature (compile/rebuild.py: every region, kernel and library), so one round
-of misses completes the set (issue 30, point 2). Kernel misses, one per lacking kernel with a call at
+of misses completes the set. Kernel misses, one per lacking kernel with a call at
 MISS_SEQLEN, did not: the builder re-plans a kernel miss's call, and at that size FA4 selects none of the kernels
 of other regions.
 
 What the server HAS but the trust policy refuses (FA4_AOT_TRUSTED_KEYS, and a recipe file or kernel no valid
 signed manifest lists: an unsigned builder's) is no miss: a build would make the same unsigned files again. Such
 recipe files are named apart (`unsigned`, `refusal`: the fix is to sign on the server's side), such kernels among
-the failures, with the fetcher's words (issue 30, point 3).
+the failures, with the fetcher's words.
 """
 
 from __future__ import annotations

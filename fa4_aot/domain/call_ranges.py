@@ -1,4 +1,4 @@
-"""The values FA4 itself accepts in a Call, checked before anything is built for one (issue 28, D32).
+"""The values FA4 itself accepts in a Call, checked before anything is built for one.
 
 A miss report decides what a builder compiles, so the service refuses calls FA4 would refuse anyway, before they
 cost a compile. The ranges are FA4's own, read from flash_attn/cute/interface.py (flash-attn-4 4.0.0b36) and kept

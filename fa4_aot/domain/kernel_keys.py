@@ -128,8 +128,8 @@ def has_valid_key(entry: Entry) -> bool:
 
 
 def legacy_key(entry: Entry) -> str:
-    """The key an entry had before issue 13: sha256 of family, compile key, all four SKU figures, toolchain.
-    Kept to recognise old entries (`fa4-aot migrate` converts them; key_of is the key)."""
+    """The key an entry had before SKU constants were keyed by need: sha256 of family, compile key, all four SKU
+    figures, toolchain. Kept to recognise old entries (`fa4-aot migrate` converts them; key_of is the key)."""
     target = {"arch": entry.arch, "sm_count": entry.sm_count, "l2_bytes": entry.l2_bytes,
               "cuda_major": entry.cuda_major}
     doc = {"family": entry.family, "compile_key": entry.compile_key, "target": target, "toolchain": entry.toolchain}

@@ -1,5 +1,5 @@
 """Misses and the build jobs that answer them: the one shape a miss has from the client that lacked a kernel to the
-builder that makes it (issue 30, "a home for misses").
+builder that makes it.
 
 A `Miss` is what a client reports: the store keeps it as misses/<key>.json, POST /v1/misses carries it, the server
 keeps it as a row and in a build job. A `BuildJob` is the server's job for one (SKU, missed key), as GET
@@ -9,7 +9,7 @@ same field names (`to_dict`), so older clients and servers read what newer ones 
 
 A miss's key is its `kernel_key`: a kernel miss names its kernel's key (kernel_keys.kernel_key); a lean miss
 (family LEAN_FAMILY) names a call, not a kernel, and is keyed by `lean_key`, which the server recomputes from the
-call it carries (issue 28, D31). Pure: no I/O, no clock but `when`'s default."""
+call it carries. Pure: no I/O, no clock but `when`'s default."""
 
 from __future__ import annotations
 

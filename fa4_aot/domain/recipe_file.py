@@ -1,4 +1,4 @@
-"""A recipe file's bytes: the compact encoding builds write (issue 29), and the JSON document of builds before
+"""A recipe file's bytes: the compact encoding builds write, and the JSON document of builds before
 it, which still reads. store/recipes.py owns what a file means (its key, its regions); this module only turns
 {"key": key, "regions": [region documents]} into bytes and back. Pure; no torch.
 
@@ -11,7 +11,7 @@ behind MAGIC. Decoding gives back the document a JSON file holds, identical valu
 so recipe_format checks each distinct value once per file (check_region's memo).
 
 A file comes from another host: decoding bounds what it may expand to (MAX_DECODED bytes of JSON), how deep it
-nests (MAX_DEPTH, issue 28, D38: a file nested 50,000 deep raised RecursionError), and refuses an index outside
+nests (MAX_DEPTH: a file nested 50,000 deep raised RecursionError), and refuses an index outside
 its table, each with ValueError; what the regions hold is recipe_format's to check. `read` is decode for a reader
 of one region (the lean runtime): the file's bounds at once, of each region only what its guards' check reads
 (`Packed.head`), the rest unpacked when the region is first used (`Packed.document`).

@@ -3,7 +3,7 @@
 the server (store.recipes.check_file, at upload: all of every region) both do. Pure; no torch.
 
 A recipe file comes from a build host or a server and is replayed by every lean process, so it is data, never
-code (issue 18, D26): a torch op only from ATEN_OPS (what FA4's host path issues), a dtype or torch name only from
+code: a torch op only from ATEN_OPS (what FA4's host path issues), a dtype or torch name only from
 DTYPES / TORCH_NAMES, size expressions checked by symexpr.check (known ops, bounded
 integers and exponents, bounded nesting), every slot and kernel index within the region, every count bounded.
 Anything else is refused with ValueError naming where it is.
@@ -20,10 +20,10 @@ from . import symexpr
 from .calls import Call
 
 RECIPE_FORMAT = 3
-# Format 1 (builds before issue 17) held head counts as constants and its file's key named them. Format 2 holds
+# Format 1 (the first builds) held head counts as constants and its file's key named them. Format 2 holds
 # the KV head count as a size (HEADS; the query heads are the signature's GQA ratio times it), so FA4's choices
 # on head counts are guards like those on lengths, and its file's key names the GQA ratio only
-# (store.recipes.recipe_key). Format 3 (issue 29) holds the other values FA4 passes to its kernels at run time
+# (store.recipes.recipe_key). Format 3 holds the other values FA4 passes to its kernels at run time
 # as sizes too: a paged call's page size (PAGE_SIZE) and a local window's sides (WINDOW); FA4's compile key names
 # neither (only `page_table is not None`, `window_size_left is not None`, ... and what its host code derives from
 # them, e.g. `paged_kv_tma = page_size == tile_n`, which become guards), so its file's key names neither. The
@@ -32,8 +32,8 @@ FORMATS = (1, 2, 3)
 HEADS = "heads_kv"
 PAGE_SIZE = "page_size"
 WINDOW = ("window_left", "window_right")
-# What FA4's host path issues between its kernel launches, as the recorder's dispatch mode sees it (issue 18, D26:
-# a recipe file is data, never a way to reach any other torch op). The first five are every op in about 5,000
+# What FA4's host path issues between its kernel launches, as the recorder's dispatch mode sees it
+# (a recipe file is data, never a way to reach any other torch op). The first five are every op in about 5,000
 # regions recorded on the h200 and the b200 (dense, varlen, seqused, paged; every pass, mask, sink, split and
 # head dim); the last five are FA4's forward on empty inputs (`out.zero_()`, `lse.fill_(-inf)`,
 # `lse.copy_(learnable_sink[:, None])`). recipe_format.check_region refuses a file naming any other.
@@ -149,7 +149,7 @@ def check_region(region: Any, memo: dict[frozenset[str], Admitted] | None = None
 def check_guards(region: Any, memo: dict[frozenset[str], Admitted] | None = None) -> None:
     """ValueError unless `region`'s guards may be evaluated: its fields, format and layout as check_region admits
     them and every guard a size expression symexpr.check admits over its size names (bounded literals, operand
-    counts and nesting: D26, D37). A part of check_region (which `memo` spares the guards' check again): what the
+    counts and nesting). A part of check_region (which `memo` spares the guards' check again): what the
     lean runtime checks of every region of a file at first read, before any guard selects one; the rest is checked
     when a call first selects the region (store.recipes.load_lazy). A region it refuses, check_region refuses."""
     _layout, values = _header(region)
@@ -349,7 +349,7 @@ GRADS = ("dq", "dk", "dv")  # what the backward returns for q, k, v (and dsink f
 
 def _runnable(region: dict[str, Any], layout: str) -> None:
     """ValueError unless replay.bind and the runtime's forward and backward find every slot they read by name
-    (issue 28, D38: a region without `out` or `lse`, or a backward without `dout` or dq, passed the format and
+    (a region without `out` or `lse`, or a backward without `dout` or dq, passed the format and
     ended in a KeyError inside the runtime)."""
     inputs, outputs = region["inputs"], region["outputs"]
     sink = isinstance(region["signature"], dict) and region["signature"].get("sink") is True

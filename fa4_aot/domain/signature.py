@@ -39,7 +39,7 @@ class Signature:
 
     def call(self, batch: int, seqlen_q: int, seqlen_k: int) -> Call:
         """The concrete Call of this signature at these shapes. Fields are read, not asdict()-copied: planning a
-        signature makes hundreds of its calls, and asdict's deep copy was 3% of planning (issue 30, point 9)."""
+        signature makes hundreds of its calls, and asdict's deep copy was 3% of planning."""
         return Call(**{f.name: getattr(self, f.name) for f in fields(self)}, batch=batch, seqlen_q=seqlen_q,
                     seqlen_k=seqlen_k)
 

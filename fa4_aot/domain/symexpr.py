@@ -5,9 +5,9 @@ The planner records FA4's per-call host arithmetic symbolically (fa4/record.py):
 nested list: ["add", a, b], ["floordiv", a, b], ["gt", a, b], ["sym", "seqlen_q"], or a plain int/bool.
 `evaluate` computes one for concrete sizes; the lean runtime never re-derives FA4's arithmetic itself.
 
-Recipe files come from a server, so arithmetic is bounded (issue 18, D26): `check` admits only the ops below
+Recipe files come from a server, so arithmetic is bounded: `check` admits only the ops below
 with their arities, literals within MAX_MAGNITUDE, a pow exponent that is a literal of at most MAX_EXPONENT,
-nesting within MAX_DEPTH and at most MAX_OPERANDS operands in all (issue 28, D37: a product of 60,000 copies of
+nesting within MAX_DEPTH and at most MAX_OPERANDS operands in all (a product of 60,000 copies of
 2**62 passed every other bound and took 20 s a lookup through store/recipes.py's compiled guards); `evaluate`
 (and `bounded`, which those compiled guards apply) refuses (ValueError) any intermediate value past MAX_MAGNITUDE,
 so no expression can make a client compute for long or fill its memory (FA4's sizes stay far below 2**62).

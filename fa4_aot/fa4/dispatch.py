@@ -89,7 +89,7 @@ def _empty_cuda(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     """torch.empty(shape) on 'cuda'. Under FakeTensorMode (planning) the fake tensor is made from a meta tensor:
     the same tensor as the mode's torch.empty makes (shape, stride, dtype, device), at a twentieth of the cost,
     since the mode's dispatch (cache key, output from the cache entry) is skipped; planning a signature makes
-    thousands of them (issue 30, point 9: bench/plan_speed.py)."""
+    thousands of them (bench/plan_speed.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
     with unset_fake_temporarily() as mode:

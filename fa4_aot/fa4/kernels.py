@@ -44,7 +44,7 @@ def _without_jit_engine() -> Iterator[None]:
     reads the compiled module, not the engine) and never runs it on fake tensors, yet CuTe built an engine per
     kernel: host code generated twice more (the MCJIT engine, then an object for the TVM-FFI JITLink engine that
     replaces it) and its entry symbol looked up: 13-21% of a compile task's CPU on the CPU host; the
-    exported objects are byte for byte the same (bench/RESULTS.md, session 15, issue 29)."""
+    exported objects are byte for byte the same (bench/RESULTS.md, session 15)."""
     from cutlass.base_dsl.compiler import CompileCallable
 
     compile_ = CompileCallable._compile

@@ -117,7 +117,7 @@ def _trace(sig: Signature, sizes: dict[str, int], session: Session, defaults: tu
     # torch's fake-tensor cache, on symbolic sizes, costs more than it saves (keys and outputs rebuilt per op: two
     # thirds of recording's CPU) and its metadata checks add guards of its own (`batch != 1`, ...) that no choice
     # of FA4's makes: without it a region is recorded in a third of the CPU and holds at least as widely
-    # (issue 29, part 3; the differential tests judge the regions)
+    # (the differential tests judge the regions)
     mode.cache_enabled = False
     with mode, launching(interface), \
             caches.swapped(lambda family, _old: LaunchRecorder(family, session, seen)):

@@ -13,8 +13,8 @@ of another.
   place, keeps its version. FA4's own disk cache fingerprints its source the same way;
 - `source:fa4-aot`: a digest of fa4-aot's own code that changes the bytes of a kernel with a given key
   (PATCHES, and the LLVM triple and CPU of each host target, see `patches_digest`). A patch is hashed with the
-  names of fa4-aot's renamed packages spelled, and their imports ordered, as they were (RENAMED: issue 30 renamed
-  spec/ and build/), so a rename, which changes no kernel, changes no key and stores built before it are still
+  names of fa4-aot's renamed packages spelled, and their imports ordered, as they were (RENAMED: spec/ and build/
+  were renamed), so a rename, which changes no kernel, changes no key and stores built before it are still
   found.
 
 A source digest hashes each `.py` file's path relative to its package and its bytes, in path order: no

@@ -34,7 +34,7 @@ PATTERN_DEFAULTS = {"gemma3_text": 6}  # Gemma3TextConfig's default sliding_wind
 def load(path: Path) -> Model:
     """The model `path` (a config.json) describes. Raises ConfigError naming the file and what is missing, also
     for a file past MAX_CONFIG bytes (read no further: /dev/zero ends too), nested past MAX_DEPTH or holding NaN
-    or an infinite number (issue 28, D43)."""
+    or an infinite number."""
     try:
         data = json.loads(_read(Path(path)), parse_constant=_not_finite, parse_float=_finite)
     except RecursionError:

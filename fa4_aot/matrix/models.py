@@ -135,7 +135,7 @@ def _check_name(name: str, path: Path | None) -> None:
 def resolve(name_or_config: str, path: Path | None = None) -> Model:
     """A catalog model by name, or the model a Hugging Face config.json describes (a path to the file, or to a
     folder holding it). Raises ConfigError naming the catalog and the command that lists it, also for a name that
-    cannot be one (empty, a NUL, a part over 255 bytes: issue 28, D43) before any file is looked for."""
+    cannot be one (empty, a NUL, a part over 255 bytes) before any file is looked for."""
     _check_name(name_or_config, path)
     given = Path(name_or_config).expanduser()
     try:

@@ -1,5 +1,5 @@
 """One overall deadline per request, over every socket operation: connect, TLS, sending the request, the status
-line, the headers and the body (issue 28, D33).
+line, the headers and the body.
 
 httpx's timeouts bound each socket operation alone, so a server that drips one header byte every 0.5 s never
 trips a 30 s read timeout and holds a request for hours. Here the network backend under httpx shortens each
@@ -108,7 +108,7 @@ class _Backend(httpcore.NetworkBackend):
 
 def transport() -> httpx.HTTPTransport:
     """An httpx transport whose requests keep their overall deadline (`until`). httpx offers no way to pass a
-    network backend, so its connection pool's is replaced; the D33 tests fail if a new httpx moves it."""
+    network backend, so its connection pool's is replaced; the deadline tests fail if a new httpx moves it."""
     made = httpx.HTTPTransport()
     pool = made._pool
     if not hasattr(pool, "_network_backend"):

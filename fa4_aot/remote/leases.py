@@ -32,7 +32,7 @@ class JobRunner:
     def run(self, stop: threading.Event, max_jobs: int | None = None) -> None:
         """Run jobs until `stop` is set (or `max_jobs` are finished); waits `poll` seconds when none is queued,
         and after the server could not be reached or answered something malformed (a claim that is not a job:
-        logged, issue 28 D42) twice as long each time in a row, at most `max_backoff`."""
+        logged) twice as long each time in a row, at most `max_backoff`."""
         failures = 0
         while not stop.is_set() and (max_jobs is None or self.done < max_jobs):
             try:

@@ -4,7 +4,7 @@ Each library is hashed through an open descriptor (Store.verified_file) and then
 descriptor (/proc/self/fd/N, behind a link named for its digest, since tvm_ffi picks its loader by file suffix and
 dlopen takes an already loaded name for the same object): what runs is what was verified. The links live in one
 private folder per batch of loads (`functions`: a region's kernels), removed when the batch ends: a lean process
-leaves nothing behind (D28), and a new signature pays one folder, not one per kernel (removing a folder took 0.25
+leaves nothing behind, and a new signature pays one folder, not one per kernel (removing a folder took 0.25
 ms median, up to 5 ms, on a busy ext4 disk: bench/lean_load_steps.py). The folders go in memory where the host has
 a memory filesystem (config.link_dir), where making and removing them costs a twentieth of a disk's time. The CuTe
 runtime (libcute_dsl_runtime.so, stored as an object by the build) is loaded first with RTLD_GLOBAL; a kernel's
@@ -90,7 +90,7 @@ class Libraries:
     def prefetch(self, base_keys: list[str]) -> None:
         """Fetch, in one request per round, the kernels of `base_keys` this store cannot load yet (base entries
         first; then the builds with this device's constants that they name; a round whose answer left bytes out
-        is asked again once: D23). Nothing without a fetcher."""
+        is asked again once). Nothing without a fetcher."""
         for _round in range(3):
             wanted = [w for w in map(self._wanted, base_keys) if w] if self.fetcher is not None else []
             if self.fetcher is None or not wanted or (not self.fetcher.kernels(wanted) and not self.fetcher.incomplete):

@@ -1,4 +1,4 @@
-"""The lean runtime's misses (issue 17, point 3): a call that no recorded region serves is recorded locally (the
+"""The lean runtime's misses: a call that no recorded region serves is recorded locally (the
 store's misses/, which `fa4-aot misses` lists and `fa4-aot build --from-misses` builds, and FA4_AOT_RECORD) and on
 the server with its Call, as the FA4 path records a missing kernel; a build of that Call makes its kernels,
 libraries and recipe regions. With FA4_AOT_BUILD_WAIT the runtime waits for the server's build (remote/wait.py).

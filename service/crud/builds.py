@@ -3,8 +3,8 @@ missing row). A reported miss becomes at most one job per (SKU, key), however ma
 is bounded per requester and in all; a builder claims a queued job of the SKUs it builds (and its token may
 publish), a token's before anonymous ones and round robin across reporters (build_order.py), or one whose lease
 ran out (its builder died), and renews the lease while it works. Only the claiming token with the claim id its
-claim was answered with renews or finishes a job (issue 28, D30: job_claims.py, as the certify queue); a failure
-is transient and queued again with a backoff, FA4's refusal (rejected) is final (D35). Each write that checks and
+claim was answered with renews or finishes a job (job_claims.py, as the certify queue); a failure
+is transient and queued again with a backoff, FA4's refusal (rejected) is final. Each write that checks and
 changes the queue holds the table's write lock (db.lock_table), so concurrent reports and claims cannot pass a
 check together."""
 

@@ -78,8 +78,8 @@ def list_misses(session: Session, *, offset: int = 0, limit: int = 1000) -> list
 
 def delete_miss(session: Session, *, kernel_key: str, actor: str) -> None:
     """Forget a miss (built since, or bogus) and every build job of it that no builder holds: queued ones are
-    cancelled, ended ones (done, failed, rejected) removed, so the next report queues a new job (issue 28, D36:
-    a queued job used to outlive its miss, fail, and answer every later report with its failure). Audited.
+    cancelled, ended ones (done, failed, rejected) removed, so the next report queues a new job
+    (a queued job used to outlive its miss, fail, and answer every later report with its failure). Audited.
     Raises Conflict, naming the builder, when only a running job is left (DELETE again once it ends), and
     NotFound when nothing of the key is left."""
     db.lock_table(session, models.BuildJob)

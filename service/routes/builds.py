@@ -1,7 +1,7 @@
 """Build jobs: what clients missed, built once by a builder (`fa4-aot builder`, fa4_aot/compile/builder.py) and
 published as `push` does. Reads are open as other reads; claiming (POST /v1/build-claims: a claim is its own
 resource, so no path of a job's can be read as it), renewing and finishing need a publish token allowed the job's
-SKU, and renewing and finishing also the very token and claim id that claimed the job (issue 28, D30)."""
+SKU, and renewing and finishing also the very token and claim id that claimed the job."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Bundles: many kernels, entries and object bytes, in one response, so that a node coming up makes one
-request for a model's kernels instead of two per kernel (issue 11: a cluster start at scale).
+request for a model's kernels instead of two per kernel (a cluster start at scale).
 
 Body: one line of JSON, `{"entries": [Entry...], "missing": [kernel keys], "objects": [[digest, size]...]}`,
 then the bytes of each listed object, back to back, in that order (an object several entries share is sent
@@ -10,8 +10,8 @@ Like object reads, a bundle is read from the store's files, not the database: an
 its object is complete and its database row committed (publish writes the entry last), so a cluster coming up
 holds no database connection and no thread per request. The body streams from the files a chunk at a time, and
 each worker sends at most FA4_AOT_BUNDLE_BYTES_IN_FLIGHT bundle bytes at once (503 past it), so clients that do
-not read their answers cannot fill the server's memory (issue 18, D21). Nor can they hold that budget against
-everyone else (issue 28, D39): one address holds at most an eighth of it beyond its first answer, and an answer
+not read their answers cannot fill the server's memory. Nor can they hold that budget against
+everyone else: one address holds at most an eighth of it beyond its first answer, and an answer
 whose client takes nothing for FA4_AOT_BUNDLE_SEND_STALL seconds is cut off, its bytes given back.
 Kernel-sized files come from the page cache faster than a hop to the threadpool would cost, so the route reads
 them in the event loop (as GET /v1/objects does).
@@ -80,7 +80,7 @@ def _busy(budget: Budget, total: int, client: str) -> str:
 class _Released(StreamingResponse):
     """A StreamingResponse that calls `release()` once it ends, sent, failed or cut off by the client, and cuts
     the client off when it takes no piece for `stall` seconds (FA4_AOT_BUNDLE_SEND_STALL): a reader that stops
-    reading holds its bytes of the budget that long at most (issue 28, D39)."""
+    reading holds its bytes of the budget that long at most."""
 
     def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], stall: float,
                  **kwargs: object) -> None:

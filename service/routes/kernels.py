@@ -34,7 +34,7 @@ async def get_kernel(kernel_key: KeyPath, store: StoreDep) -> KernelOut:
 
     Read from the store's index file, not the database, as objects and bundles are: a publish writes the entry
     only once its object is complete, so a cluster fetching kernel by kernel holds no database connection and no
-    thread per request (issue 18, D29). An entry whose object file is gone or of another size, or that cannot be
+    thread per request. An entry whose object file is gone or of another size, or that cannot be
     used (unreadable, not proving its key), is not served."""
     return served_kernel(store, kernel_key)
 

@@ -87,7 +87,7 @@ class Health(BaseModel):
 
 def _known_host(name: str) -> str:
     """A host target fa4_aot/domain/hosts.py knows, or "" (entries built before host targets existed): host code
-    for an unknown one was never generated (issue 28, D45)."""
+    for an unknown one was never generated."""
     if name and name not in hosts.TARGETS:
         raise ValueError(f"unknown host target {name!r}: known are {', '.join(hosts.TARGETS)} "
                          "(fa4_aot/domain/hosts.py)")
@@ -227,7 +227,7 @@ class CallIn(BaseModel):
 
     @model_validator(mode="after")
     def _in_fa4s_ranges(self) -> CallIn:
-        """A call FA4 would refuse costs no compile (issue 28, D32): domain/call_ranges.py holds FA4's ranges."""
+        """A call FA4 would refuse costs no compile: domain/call_ranges.py holds FA4's ranges."""
         call_ranges.check(self.call())
         return self
 
@@ -262,8 +262,7 @@ class MissIn(BaseModel):
     def _small_and_keyed_by_its_call(self) -> MissIn:
         """A miss is stored twice (its row and its job's), so it holds no more than a real one needs; a lean miss
         (family "recipe") is keyed by its call, as the client computes it (misses.lean_key), and its compile
-        key is that call: a key of one call carrying another would make the job of the first build the second
-        (issue 28, D31)."""
+        key is that call: a key of one call carrying another would make the job of the first build the second."""
         if len(canonical_json(self.compile_key)) > MAX_MISS_KEY_CHARS:
             raise ValueError(f"compile_key is longer than {MAX_MISS_KEY_CHARS} characters as JSON; a real FA4 compile "
                              "key is under 2 KiB")

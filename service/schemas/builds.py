@@ -12,7 +12,7 @@ from . import SkuName, Text
 
 BuilderName = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 # seconds a claim holds a job without renewal (a builder renews every third of it): shorter than a renewal round
-# trip burns the job's attempts, longer keeps a dead builder's job from the others (issue 28, D30)
+# trip burns the job's attempts, longer keeps a dead builder's job from the others
 MIN_LEASE, MAX_LEASE = 10.0, 600.0
 
 

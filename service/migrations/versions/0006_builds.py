@@ -1,5 +1,5 @@
 """On-demand builds: a reported miss becomes a build job that a builder (fa4_aot/compile/builder.py) claims, runs and
-publishes (issue 21).
+publishes.
 
 Revision ID: 0006
 Revises: 0005

@@ -1,4 +1,4 @@
-"""Certified kernels: what `fa4-aot certify` measured of a kernel on a device class (issue 27).
+"""Certified kernels: what `fa4-aot certify` measured of a kernel on a device class.
 
 Revision ID: 0007
 Revises: 0006

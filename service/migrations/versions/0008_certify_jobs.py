@@ -1,5 +1,5 @@
 """On-demand certification: a published kernel becomes a certify job that a certifier (fa4_aot/certify/certifier.py)
-claims on a GPU of its SKU, runs and finishes with its verdicts (issue 27, point 5).
+claims on a GPU of its SKU, runs and finishes with its verdicts.
 
 Revision ID: 0008
 Revises: 0007

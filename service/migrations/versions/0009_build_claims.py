@@ -1,4 +1,4 @@
-"""Build jobs are held by a claim (issue 28, D30 and D35): the claiming token and the hash of the claim id its
+"""Build jobs are held by a claim: the claiming token and the hash of the claim id its
 claim was answered with (only they renew or finish the job), and the time before which a job queued again after a
 transient failure is not claimed (its retry's backoff).
 
