@@ -73,7 +73,7 @@ def _attention(layout: str, q: Any, k: Any, v: Any, causal: bool, window_size: A
         raise Unsupported("return_lse=True with a backward pass: FA4 then back-propagates through lse, which "
                                "no recipe records; call FA4 after fa4_aot.install() for this")
     # FA4 computes LSE (with another kernel than without) whenever an input requires grad, in no_grad too, and
-    # returns it: without grad such a call is a forward returning LSE, as FA4 runs it (issue 17)
+    # returns it: without grad such a call is a forward returning LSE, as FA4 runs it
     return_lse = bool(return_lse) or bool(needs_grad)
     window = tuple(window_size) if window_size is not None else (None, None)
     page_size = k.shape[1] if layout == "paged" else 0
