@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -26,10 +27,15 @@ def _remote(server: str, token: str | None) -> Remote:
     return remote_for(server, token)
 
 
-def _progress(bar: Progress) -> Callable[[int, int, str], None]:
-    def report(done: int, total: int, status: str) -> None:
+def _progress(bar: Progress) -> Callable[[int, int, str, int], None]:
+    """push's and pull's progress: kernels done of all, and the bytes moved so far with their rate."""
+    started = time.monotonic()
+
+    def report(done: int, total: int, status: str, moved: int) -> None:
         if bar.mode != "lines" or status != "ok" or done == total or done % 25 == 0:  # lines: a few, for logs
-            bar.update(done, total, status)
+            rate = moved / max(time.monotonic() - started, 1e-3) / 1e6
+            line = f"{bar.verb} ok, {moved / 1e6:.1f} MB at {rate:.1f} MB/s" if status == "ok" else ""
+            bar.update(done, total, status, line, bytes=moved, mb_per_s=round(rate, 2))
 
     return report
 

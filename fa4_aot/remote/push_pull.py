@@ -17,7 +17,8 @@ from ..trust.policy import Trust
 from . import lean_files
 from .http import Remote
 
-Progress = Callable[[int, int, str], None]
+# (kernels done, kernels in all, the item's status, bytes moved so far): a kernel, not its signpost, is one item
+Progress = Callable[[int, int, str, int], None]
 
 
 @dataclass
@@ -56,7 +57,7 @@ def push(store: Store, remote: Remote, sku: str | None = None, jobs: int = 8, pr
                 r.objects_sent += 1
                 r.bytes += size
 
-    _run(entries, one, jobs, result, progress, count)
+    _run(entries, one, jobs, result, progress, count, weight=lambda e: int(not e.is_signpost))
     if not result.failures:  # recipes are filed under a SKU the server knows, so they go after the kernels
         result.recipes = lean_files.push_all_recipes(store, remote, entries, result.failures)
     if not result.failures:  # manifests name kernels, so they go after every kernel is on the server
@@ -125,7 +126,11 @@ def pull(store: Store, remote: Remote, sku: str, jobs: int = 8, progress: Progre
             r.fetched += 1
             r.bytes += k["size"]
 
-    _run(wanted, one, jobs, result, progress, count)
+    first: dict[str, str] = {}  # object digest -> the listed key counted as its kernel (its signpost: not)
+    for k in wanted:
+        first.setdefault(k["object_digest"], k["kernel_key"])
+    _run(wanted, one, jobs, result, progress, count,
+         weight=lambda k: int(first[k["object_digest"]] == k["kernel_key"]))
     result.recipes = lean_files.pull_recipes(store, remote, sku, trust, result.failures)
     result.verdicts = pull_verdicts(store, remote, sku, {k["kernel_key"] for k in listing["kernels"]},
                                      result.failures)
@@ -175,10 +180,14 @@ def _sku_of(listing: dict[str, Any], name: str, url: str) -> Sku:
 
 
 def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer, progress: Progress | None,
-         count: Callable[[Transfer, Any], None]) -> None:
+         count: Callable[[Transfer, Any], None], weight: Callable[[Any], int]) -> None:
+    """`fn` over `items` on `jobs` threads, each result counted into `result`; `progress` hears of each item that
+    is a kernel (`weight` 1; a signpost is 0: its kernel is counted) and of every failure."""
+    total, done = sum(map(weight, items)), 0
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         futures = {pool.submit(fn, item): item for item in items}
-        for done, future in enumerate(as_completed(futures), 1):
+        for future in as_completed(futures):
+            done += weight(futures[future])
             try:
                 count(result, future.result())
                 status = "ok"
@@ -190,5 +199,5 @@ def _run(items: list[Any], fn: Callable[[Any], Any], jobs: int, result: Transfer
             except Exception as e:  # one kernel's failure must not stop the others
                 status = f"FAILED {type(e).__name__}: {e}"
                 result.failures.append(status)
-            if progress:
-                progress(done, len(items), status)
+            if progress and (weight(futures[future]) or status != "ok"):
+                progress(done, total, status, result.bytes)

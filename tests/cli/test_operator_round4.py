@@ -282,3 +282,31 @@ def test_verify_and_the_servers_import_count_kernels_as_list_does(tiny_h200_full
     with db.session_for(url) as session:
         report = sync.import_store(session, Store(store))
     assert (report.kernels, report.entries) == (held, len(entries)), report
+
+
+def test_push_and_pull_progress_count_kernels_and_bytes(tiny_h200_full_fwd: Path, tmp_path: Path) -> None:
+    """Push's progress counted index entries ("144", then "pushed 82 kernel(s)") and neither it nor pull's said
+    bytes or MB/s: both count kernels, as their summaries do, with the bytes moved and their rate."""
+    from fa4_aot.store import Store
+    from tests.cli.test_cli_operator import _kernel_with_signpost_and_library
+    from tests.conftest import copy_store
+    from tests.helpers.servers import Server, prepare_database
+
+    store = copy_store(tiny_h200_full_fwd, tmp_path / "store")
+    _kernel_with_signpost_and_library(Store(store), "consumed-the-sm-count", b"runtime" * 100)
+    held = len(json.loads(CliRunner().invoke(main, ["list", "--json", "--cache-dir", str(store)]).output))
+    assert len(list(Store(store).entries())) > held
+    db_url = f"sqlite:///{tmp_path / 'fa4-aot.db'}"
+    server = Server(cache_dir=tmp_path / "served", db_url=db_url, log=tmp_path / "server.log",
+                    tokens=prepare_database(db_url)).start()
+    try:
+        pushed = run_cli("push", "--server", server.url, "--token", server.tokens["publish"], "--json", cache=store)
+        pulled = run_cli("pull", "--server", server.url, "--sku", "h200", "--json", cache=tmp_path / "node",
+                         env={"FA4_AOT_INSECURE": "1", "FA4_AOT_TRUSTED_KEYS": ""})
+    finally:
+        server.kill()
+    for result, summary in ((pushed, "kernels"), (pulled, "fetched")):
+        assert result.returncode == 0, result.stderr[-3000:]
+        events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+        assert events[-1]["done"] == events[-1]["total"] == held == json.loads(result.stdout)[summary], events
+        assert events[-1]["bytes"] == json.loads(result.stdout)["bytes"] > 0 and "mb_per_s" in events[-1], events
