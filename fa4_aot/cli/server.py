@@ -294,9 +294,11 @@ def pull(store: Store, server: str, token: str | None, sku: str, model_arg: str 
     remote = _remote(server, token)
     held = server_skus(remote)
     check_sku(sku, held)
-    if model_arg is not None and sku not in held:  # its misses would be refused too: the server records its SKUs
-        raise Fa4AotError(f"{server} holds no kernel of SKU {sku} yet: build the model for it (`fa4-aot build --sku "
-                          f"{sku} --model {model_arg} --tp {tp_arg}`) and `fa4-aot push` it there")
+    if sku not in held:  # the server's own 404 names its routes; a person wants the commands (and --model's
+        # misses would be refused too: the server records misses only of SKUs it holds)
+        build = f"--model {model_arg} --tp {tp_arg}" if model_arg is not None else "(or --model NAME)"
+        raise Fa4AotError(f"{server} holds no kernel of SKU {sku} yet: build it (`fa4-aot build --sku {sku} {build}`) "
+                          f"and push it there (`fa4-aot push --server {server} --sku {sku}`)")
     if model_arg is not None:  # an empty --model is an error (models.resolve), never "the whole SKU"
         _pull_model(store, remote, sku, model_arg, tp_arg, workload_arg, as_json)
         return

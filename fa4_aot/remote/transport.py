@@ -117,7 +117,9 @@ class Transport:
             error.__cause__ = cause
             return error
         self._failed(why, nobody_listens)
-        error = Unreachable(f"{why}; raise FA4_AOT_FETCH_DEADLINE for a slow link; {self.advice}")
+        # a refused connection is no slow link: more time would not help, the URL or the server is wrong
+        slow = "" if nobody_listens else "raise FA4_AOT_FETCH_DEADLINE for a slow link; "
+        error = Unreachable(f"{why}; {slow}{self.advice}")
         error.__cause__ = cause
         return error
 

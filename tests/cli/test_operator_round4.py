@@ -310,3 +310,24 @@ def test_push_and_pull_progress_count_kernels_and_bytes(tiny_h200_full_fwd: Path
         events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
         assert events[-1]["done"] == events[-1]["total"] == held == json.loads(result.stdout)[summary], events
         assert events[-1]["bytes"] == json.loads(result.stdout)["bytes"] > 0 and "mb_per_s" in events[-1], events
+
+
+def test_pull_of_a_sku_the_server_lacks_names_commands_and_a_refused_connection_no_deadline(tmp_path: Path) -> None:
+    """Pulling a SKU the server lacks named raw routes (PUT /v1/objects, POST /v1/kernels) instead of `fa4-aot
+    push`; a refused connection said to raise the fetch deadline, which cannot help."""
+    from tests.helpers.servers import Server, prepare_database
+
+    db_url = f"sqlite:///{tmp_path / 'fa4-aot.db'}"
+    server = Server(cache_dir=tmp_path / "served", db_url=db_url, log=tmp_path / "server.log",
+                    tokens=prepare_database(db_url)).start()
+    try:
+        lacking = CliRunner().invoke(main, ["pull", "--server", server.url, "--sku", "h200", "--cache-dir",
+                                            str(tmp_path / "node")], env={"FA4_AOT_INSECURE": "1"})
+    finally:
+        server.kill()
+    assert lacking.exit_code == 1 and f"fa4-aot push --server {server.url} --sku h200" in lacking.output
+    assert "/v1/" not in lacking.output, lacking.output
+    refused = CliRunner().invoke(main, ["pull", "--server", f"http://127.0.0.1:{free_port()}", "--sku", "h200",
+                                        "--cache-dir", str(tmp_path / "node")], env={"FA4_AOT_INSECURE": "1"})
+    assert refused.exit_code == 1 and "Connection refused" in refused.output, refused.output
+    assert "FA4_AOT_FETCH_DEADLINE" not in refused.output, refused.output
