@@ -6,7 +6,7 @@ there, or after DOWN_AFTER requests in a row failed for want of it; an answer's 
 names the fix (a 401 or 403 names the token scope the route wants).
 
 A request whose deadline runs out while the server goes on answering this process's other requests is renewed,
-not failed (issue 28): under a cluster's start every answer waits behind every node's requests, so how long one
+not failed: under a cluster's start every answer waits behind every node's requests, so how long one
 takes grows with the cluster, not with the server's health; a server busy but answering is slow, not down. A
 request ends without an answer only when the server answered nothing for a whole deadline (or refuses
 connections), or after PATIENCE deadlines in all, which bounds a server that answers some requests and drips
@@ -37,7 +37,7 @@ RETRIES = 4
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 MIN_ATTEMPT = 0.1  # seconds: with less left before the deadline, another attempt is not started
 # An attempt waits at most this share of the deadline for an answer, so that a slow one (a server busy with a
-# cluster's start) is tried again within the deadline rather than using all of it (issue 28).
+# cluster's start) is tried again within the deadline rather than using all of it.
 ATTEMPT_SHARE = 1 / 3
 # A request is renewed (another deadline) while the server answered this process's other requests within the last
 # deadline, until this many deadlines have passed since it began.
