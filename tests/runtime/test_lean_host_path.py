@@ -134,7 +134,7 @@ def lean_over(regions, tmp_path):
         def function(self, kernel_key: str, family: str = "", sig: Any = None) -> Any:
             return lambda *args: launches.append((keys[kernel_key], args))
 
-        def functions(self, kernels: list[tuple[str, str]], sig: Any = None) -> list[Any]:
+        def functions(self, kernels: list[tuple[str, str]], sig: Any = None, sizes: Any = None) -> list[Any]:
             return [self.function(key, family, sig) for key, family in kernels]
 
     rt = runner.Runtime(store, sku)

@@ -72,7 +72,7 @@ class _Stubs:
     def function(self, kernel_key: str, family: str = "", sig: Any = None) -> Any:
         return lambda *args: self.launches.append([kernel_key, _plain(args)])
 
-    def functions(self, kernels: list[tuple[str, str]], sig: Any = None) -> list[Any]:
+    def functions(self, kernels: list[tuple[str, str]], sig: Any = None, sizes: Any = None) -> list[Any]:
         return [self.function(key, family, sig) for key, family in kernels]
 
 
