@@ -1,1 +1,1 @@
-"""Certification: every kernel run on a GPU of its SKU and checked before clients run it (issue 27)."""
+"""Certification: every kernel run on a GPU of its SKU and checked before clients run it."""

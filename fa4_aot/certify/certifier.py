@@ -1,4 +1,4 @@
-"""`fa4-aot certifier --server URL`: the GPU-host process that certifies what builders publish (issue 27, point 5).
+"""`fa4-aot certifier --server URL`: the GPU-host process that certifies what builders publish.
 
 The server keeps one certify job per published kernel (service/crud/certify.py). A certifier on a GPU of a SKU
 claims the oldest job of that SKU with a lease, renews the lease on a thread while it works, pulls the job's

@@ -2,7 +2,7 @@
 document into the values http.py works with, or a RemoteError that names the server and what was wrong.
 
 A proxy's login page, a document of another version or a hostile server must end in that one error, never in a
-KeyError, TypeError or a size that spins a reader forever (issue 18, D18 and D24)."""
+KeyError, TypeError or a size that spins a reader forever."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def miss_of(item: Any, source: str) -> Miss:
 def build_job_of(doc: Any, source: str, claimed: bool = False) -> BuildJob:
     """A build job (GET /v1/builds/<id>, the answer to a miss report); with `claimed`, the answer to a claim, which
     must hold what its builder renews, finishes and builds (BuildJob.from_dict). RemoteError naming `source` and
-    the field when it is malformed: never a KeyError or ValueError that would kill a builder (issue 28, D42) or a
+    the field when it is malformed: never a KeyError or ValueError that would kill a builder or a
     waiting client."""
     try:
         return BuildJob.from_dict(doc, claimed=claimed)

@@ -1,4 +1,4 @@
-"""The TIRx FA4 kernel family (issue 31): MLC's TIRx port of FlashAttention-4's Blackwell forward kernel
+"""The TIRx FA4 kernel family: MLC's TIRx port of FlashAttention-4's Blackwell forward kernel
 (tirx-kernels `ported/flashattention/flash_attention4.py`), a second family beside FA4's CuTe DSL kernels.
 
 Each kernel is specialized to one static problem (batch, sequence lengths, heads, head dim 128, causal or not,

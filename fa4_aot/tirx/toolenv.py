@@ -27,7 +27,7 @@ TOOLCHAIN = {
 ENV_VAR = "FA4_AOT_PYTHON_TIRX"
 MAKE_ENV = ('python3 -m venv .venv-tirx && .venv-tirx/bin/pip install --no-deps --extra-index-url '
             'https://download.pytorch.org/whl/cpu torch==2.13.0 && .venv-tirx/bin/pip install torch==2.13.0 '
-            '-e ".[tirx]"')  # torch alone from the CPU index (README quick start, issue 30)
+            '-e ".[tirx]"')  # torch alone from the CPU index (as the README quick start does)
 
 
 def python() -> str:

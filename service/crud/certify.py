@@ -3,7 +3,7 @@ missing row). A published kernel becomes one queued job (however often it is pub
 device class whose certifier finds no queued job while the kernel lacks a verdict for its class (a verdict holds
 for one device class: a GPU under another driver or CUDA must be certified too); a certifier claims the
 oldest job of its SKU with a lease, renews it while it works and finishes it with its verdicts. Only the claiming
-token with the claim id its claim was answered with may renew or finish a job (issue 28, D30: a token of another
+token with the claim id its claim was answered with may renew or finish a job (a token of another
 SKU, or the same certifier name, must not). A job whose certifiers keep dying on it ends failed after MAX_ATTEMPTS
 claims, with a `crash` verdict for their device class: the kernel may be what kills them."""
 

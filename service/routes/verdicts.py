@@ -1,4 +1,4 @@
-"""Certification verdicts (issue 27): certifiers publish what `fa4-aot certify` measured of kernels the service
+"""Certification verdicts: certifiers publish what `fa4-aot certify` measured of kernels the service
 holds, readers list them. A published verdict is also written into the service's store (Store.put_verdicts), so
 `fa4-aot sign` over that store lists it in the SKU's signed manifest, which is what trusted clients believe."""
 
