@@ -194,7 +194,6 @@ class _Run:
             if self.progress:
                 self.progress(len(self.found), self.total, outcome)
 
-
     def oracle(self, outcomes: list[Outcome]) -> dict[str, tuple[str, str]]:
         """(origin, what the JIT did) of each outcome that failed (see Finding), by check id: the same checks,
         run by FA4's own JIT in fresh workers."""
