@@ -10,8 +10,8 @@ set -uo pipefail
 run=${CM_RUN:-/root/cm}
 store=${CM_STORE:-/root/cmstore}
 models=${CM_MODELS:-llama-3.2-1b:1,gemma-2-9b:1,phi-3-mini-4k:1,gpt2:1,vit-h-14:1,dit-xl-2:1}
-sig='"layout": "dense", "pass_": "bwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "full",
- "window": [0, 0], "softcap": 0.0, "sink": false, "num_splits": 1, "heads_q": 16, "heads_kv": 16'
+sig='"layout": "dense", "pass_": "bwd", "dtype": "bf16", "head_dim": 128, "head_dim_v": 128, "mask": "full",'
+sig+=' "window": [0, 0], "softcap": 0.0, "sink": false, "num_splits": 1, "heads_q": 16, "heads_kv": 16'
 repro_call="{$sig, \"batch\": 2, \"seqlen_q\": 112, \"seqlen_k\": 1}"
 repro_check="{\"sig\": {$sig, \"page_size\": 0}, \"point\": {\"batch\": 2, \"seqlen_q\": 112, \"seqlen_k\": 1, \"heads_kv\": 16}}"
 case "${1:?start, wait or pipeline}" in
