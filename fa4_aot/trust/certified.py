@@ -20,8 +20,10 @@ do. Decisions are kept per kernel and signature, so a kernel costs one look-up p
 from __future__ import annotations
 
 import json
+import operator
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 from typing import Any
 
 from ..domain import kernel_keys, known_bad, scopes
@@ -71,6 +73,16 @@ def _sizes(call: Call) -> dict[str, int | None]:
     return {"batch": call.batch, "seqlen_q": call.seqlen_q, "seqlen_k": call.seqlen_k}
 
 
+_SIGNATURE = operator.attrgetter(*(f.name for f in fields(Signature)))  # a Call's or a Signature's signature fields
+
+
+def _signature_key(x: Call | Signature) -> tuple[Any, ...]:
+    """The signature of a call as a plain tuple: what check_call looks up before every call, without building a
+    Signature (a dataclass with a __post_init__: 4 us a call on the CPU host, against 1 for this)."""
+    key: tuple[Any, ...] = _SIGNATURE(x)
+    return key
+
+
 class Gate:
     """The decisions of one process for one store, SKU and device (see the module)."""
 
@@ -81,7 +93,7 @@ class Gate:
         self.registry, self.scopes = (registry, scopes.NONE) if registry is not None or self.policy == "off" \
             else measured_for(store, sku)
         self._decided: dict[tuple[str, Signature | None], tuple[KernelRefused | None, scopes.Scope | None]] = {}
-        self._scoped: dict[tuple[Signature, str], list[tuple[scopes.Scope, KernelRefused]]] = {}
+        self._scoped: dict[tuple[tuple[Any, ...], str], list[tuple[scopes.Scope, KernelRefused]]] = {}
 
     def admit(self, kernel_key: str, sig: Signature | None, entry_of: Callable[[str], Entry | None],
               sizes: Mapping[str, int | None] | None = None) -> None:
@@ -97,10 +109,11 @@ class Gate:
             decided = self._decided[ident] = self.decide(entry, sig) if entry is not None else (None, None)
             refused, scope = decided
             if refused is not None and scope is not None and sig is not None and entry is not None:
-                self._scoped.setdefault((sig, known_bad.part_of(entry.family)), []).append((scope, refused))
+                self._scoped.setdefault((_signature_key(sig), known_bad.part_of(entry.family)), []).append(
+                    (scope, refused))
         refused, scope = self._decided[ident]
         if refused is not None and (scope is None or sizes is None or scope.holds(sizes)):
-            raise refused
+            raise refused.with_traceback(None)  # a kept error: no traceback growing with each call
 
     def check_call(self, call: Call, part: str) -> None:
         """Raise KernelRefused when a call of `part` (fwd, bwd) lies in the scope of a finding against a kernel
@@ -109,9 +122,9 @@ class Gate:
         test of an empty dict while nothing scoped is refused."""
         if not self._scoped:
             return
-        for scope, refused in self._scoped.get((Signature.of(call), part), ()):
+        for scope, refused in self._scoped.get((_signature_key(call), part), ()):
             if scope.holds(_sizes(call)):
-                raise refused
+                raise refused.with_traceback(None)  # a kept error: no traceback growing with each call
 
     def refusal(self, entry: Entry, sig: Signature | None) -> KernelRefused | None:
         """Why `entry` must not run for `sig` at some size (the error to raise), or None when it may at every
