@@ -7,7 +7,8 @@
 #
 # .venv: torch 2.13.0's CPU build and fa4-aot with its dev, server and farm extras. .venv-cu12: the CUDA 12
 # compiler's environment (docker/flavour-venv.sh), which the farm tests build the cu12 SKUs in. .venv-tirx: the
-# TIRx FA4 family's compiler (torch's CPU build and fa4-aot[tirx]; nvcc 13.0 must be on PATH). Torch alone comes
+# TIRx FA4 family's compiler (torch's CPU build and fa4-aot[tirx]; nvcc 13.0 must be on PATH). .venv-numsim: NumSim,
+# which simulates a built TIRx kernel on the CPU (Python 3.12, made only where one is found). Torch alone comes
 # from the PyTorch CPU index (its +cpu build on any machine: build hosts need no CUDA), and only torch: an index
 # that cannot be reached then costs one look-up, not one per package. An environment is installed again only when
 # pyproject.toml, docker/flavour-venv.sh or this script changed since it was installed (a stamp in it), so a
@@ -41,5 +42,28 @@ if ! current .venv-tirx; then  # the TIRx family's compiler (fa4_aot/tirx/toolen
   cpu_torch .venv-tirx
   .venv-tirx/bin/pip install -q "$torch" -e ".[tirx]"
   echo "$want" > .venv-tirx/.fa4-aot-installed
+fi
+python312() {  # a Python 3.12 that runs (pyenv's shim answers for a version only when it is selected)
+  local candidate
+  for candidate in "$HOME"/.pyenv/versions/3.12.*/bin/python "$(command -v python3.12 || true)"; do
+    if [ -n "$candidate" ] && "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      echo "$candidate"
+      return
+    fi
+  done
+}
+# NumSim, tirx-harness's CPU simulator of TIRx kernels (fa4_aot/tirx/simulation.py): Python 3.12 and its own
+# apache-tvm-ffi. Its wheel alone, then what the simulation imports with their pins; left out of the wheel's pins:
+# nvidia-cutlass-dsl, pypandoc-binary, nvidia-cuda-nvrtc and -nvdisasm (730 MB that NumSim's path never imports),
+# hence pip's "requires ... which is not installed" lines, which are dropped.
+py312="$(python312)"
+if [ -z "$py312" ]; then
+  echo "no Python 3.12: .venv-numsim not made, the NumSim test will be skipped" >&2
+elif ! current .venv-numsim; then
+  rm -rf .venv-numsim && "$py312" -m venv .venv-numsim
+  .venv-numsim/bin/pip install -q --no-deps tirx-harness==0.1.2.post2
+  .venv-numsim/bin/pip install -q apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post0 tirx-kernels==0.1.2.post1 \
+    "numpy>=2.5.3" "threadpoolctl>=3.6,<4" pytest 2>&1 | { grep -v "^tirx-harness .* requires \|dependency resolver" || true; }
+  echo "$want" > .venv-numsim/.fa4-aot-installed
 fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

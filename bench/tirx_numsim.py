@@ -1,98 +1,103 @@
-"""NumSim (tirx-harness's numerical GPU model, on the CPU) of one TIRx FA4 kernel as fa4-aot builds it for a SKU,
-against an fp32 reference, with the tensor maps fa4-aot's launcher would encode (fa4_aot/tirx/tensor_maps.py).
+"""NumSim (tirx-harness's numerical GPU model, on the CPU) of TIRx FA4 kernels as `fa4-aot build --family tirx`
+stores them for several SKUs: per problem and SKU, the stored kernel (key, object, the constant it consumed), the
+digest the simulated TIR compiles to (must be the stored object's), each stage's seconds, and the output's check
+against the float32 reference (FA4's bound), or where NumSim stopped and why.
 
-tirx-harness needs Python 3.12 (Requires-Python >=3.12,<3.14), the project's environments are 3.11, so this runs
-in its own environment:
-    /root/.pyenv/versions/3.12.1/bin/python -m venv .venv-tirx-harness
-    .venv-tirx-harness/bin/pip install tirx-harness pytest   # tvm.testing imports pytest
-    PYTHONPATH=. .venv-tirx-harness/bin/python bench/tirx_numsim.py b1-q128-k128-h1-kv1-d128-full [SKU]
-Prints one JSON line: problem, SKU, grid, max abs error against fp32, seconds of transpile and run.
+Runs in .venv (the simulation itself in .venv-numsim, which ./test.sh makes; fa4_aot/tirx/simulation.py):
+    .venv/bin/python bench/tirx_numsim.py                      # the default problems, b200 and gb200
+    .venv/bin/python bench/tirx_numsim.py --sku b200,gb200 b1-q128-k128-h150-kv150-d128-full
+The kernels are built into a fresh store (`fa4-aot build --sku S --family tirx`, the SKU rows of variants.toml);
+--store DIR uses and keeps that store. One JSON document per line on stdout, and all of them in --out.
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
-import types
-from collections.abc import Iterator
+import tomllib
+from pathlib import Path
 
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-os.environ["TIRX_PREPARE_CUDA_ARCH"] = "sm_100a"
 from fa4_aot.domain.sku_table import table  # noqa: E402
-from fa4_aot.tirx.compiler import kernel_module  # noqa: E402
-from fa4_aot.tirx.problem import Problem, l2_size_for, schedule  # noqa: E402
-from fa4_aot.tirx.tensor_maps import tensor_map  # noqa: E402
+from fa4_aot.store import Store  # noqa: E402
+from fa4_aot.tirx import simulation  # noqa: E402
+from fa4_aot.tirx.loading import find  # noqa: E402
+from fa4_aot.tirx.problem import Problem, schedule  # noqa: E402
 
-MAPS = {"Q_tensor_map": "q", "Q_tensor_map_1": "q", "K_tensor_map": "k", "K_tensor_map_1": "k",
-        "V_tensor_map": "v", "V_tensor_map_1": "v", "O_tensor_map": "o"}
-
-
-@contextlib.contextmanager
-def torch_for_the_kernel_module() -> Iterator[None]:
-    """The kernel module imports torch for its GPU helpers (prepare_data, run_gpu), which NumSim never calls, and no
-    CPU torch for Python 3.12 was reachable here: without torch, an empty module stands in while the kernel module
-    is imported and traced, and is removed after (tvm_ffi inspects a torch it finds in sys.modules)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        sys.modules["torch"] = types.ModuleType("torch")
-        try:
-            yield
-        finally:
-            del sys.modules["torch"]
-        return
-    yield
+# the smallest problems the port traces (one query tile pair; one and two heads, GQA 2), and one of 150 tasks,
+# the smallest whose kernel differs between b200 and gb200 (persistent grids of 148 and 150 CTAs)
+PROBLEMS = ["b1-q128-k128-h1-kv1-d128-full", "b1-q128-k128-h1-kv1-d128-causal", "b1-q256-k256-h2-kv1-d128-causal",
+            "b1-q128-k128-h150-kv150-d128-full"]
 
 
-def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
-    group = q.shape[2] // k.shape[2]
-    qf = q.astype(np.float32).transpose(0, 2, 1, 3)
-    kf = np.repeat(k, group, axis=2).astype(np.float32).transpose(0, 2, 1, 3)
-    vf = np.repeat(v, group, axis=2).astype(np.float32).transpose(0, 2, 1, 3)
-    s = qf @ kf.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = np.where(np.triu(np.ones((sq, sk), bool), sk - sq + 1), -np.inf, s)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return ((p / p.sum(-1, keepdims=True)) @ vf).transpose(0, 2, 1, 3)
+def variants_file(skus: list[str], problems: list[str], folder: Path) -> Path:
+    """A variants file of the project's rows for `skus` and one [[tirx]] entry of `problems`."""
+    rows = tomllib.loads((ROOT / "variants.toml").read_text())["skus"]
+    lines = []
+    for name in skus:
+        lines.append(f"[skus.{name}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in rows[name].items()]
+    lines += ["[[tirx]]", 'name = "numsim-bench"', f"problems = {json.dumps(problems)}"]
+    path = folder / "variants.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def build(store: Path, skus: list[str], variants: Path) -> float:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "fa4_aot", "build", "--sku", ",".join(skus), "--family", "tirx",
+                           "--variants", str(variants), "--json"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "FA4_AOT_CACHE": str(store)})
+    if done.returncode != 0:
+        sys.exit(f"fa4-aot build failed: {done.stderr[-3000:]}")
+    return time.monotonic() - start
+
+
+def one(store: Store, problem: Problem, sku_name: str, variants: Path) -> dict:
+    sku = table(variants)[sku_name]
+    entry = find(store, problem, sku, sku.constants())
+    sched = schedule(problem, sku.constants())
+    start = time.monotonic()
+    sim = simulation.run(entry, sched, simulation.inputs(problem))
+    doc = {"problem": str(problem), "sku": sku_name, "kernel_key": entry.kernel_key, "object": entry.object_digest,
+           "consumed": entry.hardware_queries, "grid": sched.grid, "l2_swizzle": sched.l2_swizzle,
+           "rebuilt_is_stored": sim.rebuilt_digest == entry.object_digest, "seconds": sim.seconds,
+           "wall_s": round(time.monotonic() - start, 1), "harness": sim.harness}
+    if sim.blocked:
+        lines = [line.strip() for line in sim.blocked["error"].splitlines() if line.strip()]
+        doc["blocked"] = {"stage": sim.blocked["stage"], "error": lines[0][:200],
+                          "cause": [line for line in lines if line.startswith("error:")][:1] + lines[-1:]}
+    if sim.check:
+        doc["check"] = {"ok": sim.check.ok, "max_error": sim.check.max_error, "bound": sim.check.bound}
+    return doc
 
 
 def main() -> None:
-    from tirx_harness.numsim import Engine, TensorMap, transpile
-
-    problem = Problem.parse(sys.argv[1])
-    sku = table(__import__("pathlib").Path("variants.toml"))[sys.argv[2] if len(sys.argv) > 2 else "b200"]
-    sched = schedule(problem, sku.constants())
-    p = problem
-    with torch_for_the_kernel_module():
-        module = kernel_module(sched.grid, l2_size_for(problem, sched.l2_swizzle))
-        func = module.get_flash_attention4_kernel(p.batch, p.seqlen_q, p.seqlen_kv, p.heads_q, p.heads_kv,
-                                                  p.head_dim, is_causal=p.causal)
-    rng = np.random.default_rng(0)
-    bases = {"q": rng.standard_normal((p.batch, p.seqlen_q, p.heads_q, 128)).astype(np.float16),
-             "k": rng.standard_normal((p.batch, p.seqlen_kv, p.heads_kv, 128)).astype(np.float16),
-             "v": rng.standard_normal((p.batch, p.seqlen_kv, p.heads_kv, 128)).astype(np.float16),
-             "o": np.zeros((p.batch, p.seqlen_q, p.heads_q, 128), np.float16)}
-    inputs = {}
-    for name, tensor in MAPS.items():
-        spec = tensor_map(p, tensor)
-        inputs[name] = TensorMap(base=bases[tensor], global_shape=spec.dims, global_strides=spec.strides,
-                                 box_shape=spec.box, element_strides=spec.element_strides, dtype="float16",
-                                 swizzle="128B").numpy()
-    start = time.monotonic()
-    compiled = transpile(func)
-    built = time.monotonic()
-    result = Engine().run(compiled, inputs, outputs=["O_tensor_map"])
-    ran = time.monotonic()
-    out = np.asarray(result.outputs["O_tensor_map"]).reshape(bases["o"].shape).astype(np.float32)
-    ref = reference(bases["q"], bases["k"], bases["v"], p.causal)
-    print(json.dumps({"problem": str(p), "sku": sku.name, "grid": sched.grid, "l2_swizzle": sched.l2_swizzle,
-                      "max_abs_error": float(np.abs(out - ref).max()), "finite": bool(np.isfinite(out).all()),
-                      "transpile_s": round(built - start, 1), "run_s": round(ran - built, 1)}))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("problems", nargs="*", default=PROBLEMS)
+    parser.add_argument("--sku", default="b200,gb200")
+    parser.add_argument("--store", type=Path)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    skus = args.sku.split(",")
+    with tempfile.TemporaryDirectory(prefix="tirx-numsim-") as tmp:
+        variants = variants_file(skus, args.problems, Path(tmp))
+        root = args.store or Path(tmp) / "store"
+        docs = [{"built": args.problems, "skus": skus, "build_s": round(build(root, skus, variants), 1)}]
+        print(json.dumps(docs[0]), flush=True)
+        for text in args.problems:
+            for sku in skus:
+                docs.append(one(Store(root), Problem.parse(text), sku, variants))
+                print(json.dumps(docs[-1]), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(docs, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@ build."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ from fa4_aot.errors import BuildError, KernelMissing
 from fa4_aot.remote import push_pull
 from fa4_aot.remote.http import Remote
 from fa4_aot.store import Store
-from fa4_aot.tirx import toolenv
 from fa4_aot.tirx.kernel_file import KernelFile
 from fa4_aot.tirx.loading import find
 from fa4_aot.tirx.problem import FAMILY, Problem
@@ -36,19 +35,9 @@ SMALL, LARGE = "b1-q256-k256-h4-kv4-d128-full", "b2-q256-k256-h80-kv80-d128-full
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+def built(tirx_build: Callable[[Path, str], tuple[Path, list[dict]]]) -> tuple[Path, list[dict]]:
     """One `fa4-aot build --sku b200,gb200 --family tirx --json` of tirx_variants.toml: (store, its documents)."""
-    try:
-        toolenv.python()
-    except BuildError as e:
-        pytest.skip(f"no TIRx environment: {e}")
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc 13.0 is not on PATH: the TIRx family's cubins are made by it")
-    store = tmp_path_factory.mktemp("tirx") / "store"
-    done = run_cli("build", "--sku", "b200,gb200", "--family", "tirx", "--variants", str(VARIANTS), "--json",
-                   cache=store, timeout=1800)
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
-    return store, json.loads(done.stdout)
+    return tirx_build(VARIANTS, "b200,gb200")
 
 
 def _kernels(store: Store) -> dict[tuple[str, str], object]:
