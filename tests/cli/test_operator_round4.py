@@ -331,3 +331,40 @@ def test_pull_of_a_sku_the_server_lacks_names_commands_and_a_refused_connection_
                                         "--cache-dir", str(tmp_path / "node")], env={"FA4_AOT_INSECURE": "1"})
     assert refused.exit_code == 1 and "Connection refused" in refused.output, refused.output
     assert "FA4_AOT_FETCH_DEADLINE" not in refused.output, refused.output
+
+
+def test_one_store_one_count_across_build_list_verify_serve_push_and_pull(tiny_h200_full_fwd: Path,
+                                                                          tmp_path: Path) -> None:
+    """One store, one number of kernels in every command that reports one: build (built + present), list,
+    verify, the server's import of the store, push and pull (which counted 44, 76, 76, 144/82 and 46 for one
+    store when each used its own unit: index entries, objects, kernels)."""
+    from fa4_aot.store import Store
+    from service import db, sync
+    from tests.conftest import build_json, copy_store
+    from tests.helpers.servers import Server, prepare_database
+
+    store = copy_store(tiny_h200_full_fwd, tmp_path / "store")
+    built = build_json(store, "h200", "full-fwd")
+    listed = json.loads(run_cli("list", "--json", cache=store).stdout)
+    verified = json.loads(run_cli("verify", "--json", cache=store).stdout)
+    served = copy_store(store, tmp_path / "served")
+    db_url = f"sqlite:///{tmp_path / 'fa4-aot.db'}"
+    tokens = prepare_database(db_url)
+    with db.session_for(db_url) as session:
+        imported = sync.import_store(session, Store(served))
+    server = Server(cache_dir=served, db_url=db_url, log=tmp_path / "server.log", tokens=tokens).start()
+    empty_db = f"sqlite:///{tmp_path / 'empty.db'}"
+    empty = Server(cache_dir=tmp_path / "empty", db_url=empty_db, log=tmp_path / "empty.log",
+                   tokens=prepare_database(empty_db)).start()
+    try:
+        pushed = run_cli("push", "--server", empty.url, "--token", empty.tokens["publish"], "--json", cache=store)
+        pulled = run_cli("pull", "--server", server.url, "--sku", "h200", "--json", cache=tmp_path / "node",
+                         env={"FA4_AOT_INSECURE": "1", "FA4_AOT_TRUSTED_KEYS": ""})
+    finally:
+        server.kill()
+        empty.kill()
+    assert pushed.returncode == 0 and pulled.returncode == 0, pushed.stderr[-2000:] + pulled.stderr[-2000:]
+    counts = {"build": built["built"] + built["present"], "list": len(listed), "verify": verified["kernels"],
+              "serve's import": imported.kernels, "push": json.loads(pushed.stdout)["kernels"],
+              "pull": json.loads(pulled.stdout)["fetched"]}
+    assert len(set(counts.values())) == 1 and counts["list"] > 0, counts
