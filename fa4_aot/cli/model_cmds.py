@@ -97,15 +97,17 @@ def coverage(store: Store, sku: str, model_arg: str | None, tp_arg: str, workloa
 
     if bool(model_arg) == bool(calls_file):
         raise click.UsageError("give exactly one of --model NAME_OR_CONFIG_JSON and --calls FILE")
-    existing(store)  # a mistyped --cache-dir is no store, not one that serves nothing
     target = load_matrix(variants_file).sku(sku)
     if calls_file:
-        verdicts = cov.check_calls(target, store, cov.read_calls(calls_file), calls_file, jobs=jobs, runtime=runtime)
+        calls = cov.read_calls(calls_file)  # the arguments' errors first, then the store's
+        existing(store)  # a mistyped --cache-dir is no store, not one that serves nothing
+        verdicts = cov.check_calls(target, store, calls, calls_file, jobs=jobs, runtime=runtime)
     else:
         assert model_arg is not None
         model = models.resolve(model_arg)
         tps, workloads = parse_tps(tp_arg), parse_workloads(workload_arg)
         modelwork.check_tps(model, tps)
+        existing(store)
         verdicts = cov.check_model(target, store, model, tps, workloads, model_arg, jobs=jobs, runtime=runtime)
     doc = {"sku": sku, "runtime": runtime, "store": str(store.root), **cov.summary(verdicts)}
     if not verdicts:  # e.g. --calls of an empty file: nothing was checked
