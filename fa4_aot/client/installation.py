@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config, fa4
-from ..domain import hosts, kernel_keys, narrow_build
+from ..domain import hosts, kernel_keys, narrow_build, scopes
 from ..domain.devices import detect_device, device_class
 from ..domain.kernel_keys import canonical, dumps, kernel_key
 from ..domain.matching import select
@@ -154,8 +154,8 @@ class Installation:
         """KernelRefused when certification refuses `entry` for the call FA4 is running (trust/certified.py)."""
         if self.gate is not None:
             call = fa4.current()
-            sizes = {"batch": call.batch, "seqlen_q": call.seqlen_q, "seqlen_k": call.seqlen_k} if call else None
-            self.gate.admit(entry.kernel_key, Signature.of(call) if call else None, lambda _key: entry, sizes)
+            self.gate.admit(entry.kernel_key, Signature.of(call) if call else None, lambda _key: entry,
+                            scopes.of_call(call) if call else None)
 
     def loaded(self, family: str, key: Any) -> None:
         self.stats.loaded += 1

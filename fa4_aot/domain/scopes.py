@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from .calls import Call
 
 AXES = ("batch", "seqlen_q", "seqlen_k")  # a Call's sizes: what both runtimes know of every call
 _HEX = frozenset("0123456789abcdef")
@@ -85,6 +86,11 @@ def _bound(data: Any, where: str) -> Bound:
         raise ConfigError(f"{where}: scope bound {data!r}: expected {{axis: one of {', '.join(AXES)}, min or max: "
                           "a whole number >= 0}")
     return Bound(data["axis"], least=value if "min" in data else None, most=value if "max" in data else None)
+
+
+def of_call(call: Call) -> dict[str, int | None]:
+    """A Call's sizes (domain/calls.Call: what FA4 over install() knows of the call it runs)."""
+    return {"batch": call.batch, "seqlen_q": call.seqlen_q, "seqlen_k": call.seqlen_k}
 
 
 def call_sizes(sizes: Mapping[str, int]) -> dict[str, int | None]:

@@ -69,10 +69,6 @@ def measured_for(store: Store, sku: str) -> tuple[known_bad.Registry, scopes.Sco
     return registry.plus(list(measured.entries)), found
 
 
-def _sizes(call: Call) -> dict[str, int | None]:
-    return {"batch": call.batch, "seqlen_q": call.seqlen_q, "seqlen_k": call.seqlen_k}
-
-
 _SIGNATURE = operator.attrgetter(*(f.name for f in fields(Signature)))  # a Call's or a Signature's signature fields
 
 
@@ -123,7 +119,7 @@ class Gate:
         if not self._scoped:
             return
         for scope, refused in self._scoped.get((_signature_key(call), part), ()):
-            if scope.holds(_sizes(call)):
+            if scope.holds(scopes.of_call(call)):
                 raise refused.with_traceback(None)  # a kept error: no traceback growing with each call
 
     def refusal(self, entry: Entry, sig: Signature | None) -> KernelRefused | None:
