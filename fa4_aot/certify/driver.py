@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..domain import known_bad, scopes
+from ..domain import devices, known_bad, scopes
 from ..domain.signature import Signature
 from ..domain.skus import Sku
 from ..domain.verdicts import DeviceClass, Verdict
-from ..errors import Fa4AotError
 from ..store import Store
 from ..trust.certified import registry_for
 from . import blame, measured, plan
@@ -122,9 +121,9 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
             stop: Callable[[], bool] = lambda: False) -> Report:
     """Certify, in `store` on this host's GPUs, the kernels of `items` ((label, signature) pairs; default: every
     signature the store recorded for `sku`), only those in `keys` when given (see the module). Raises Fa4AotError
-    when there is no GPU, or it is not of `sku`."""
+    (UnknownSku) when there is no GPU, or it is not of `sku`."""
     start = time.monotonic()
-    device = _device_for(sku)
+    device = devices.certifying({sku.name: sku}, sku.name)[1]  # a GPU of `sku`, or UnknownSku says why
     report = Report(sku.name, device.id)
     planned = plan.plan(store, sku, plan.signatures_in(store, sku, keys) if items is None else items,
                         keys=keys)
@@ -247,10 +246,11 @@ def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes:
     report.out_of_memory = sum(blame.out_of_memory(o.detail) for o in outcomes)
     store.put_verdicts(report.verdicts)
     fa4s = [o for o in outcomes if o.ident not in (ours or set())]
-    report.measured, report.scopes = measured.entries(fa4s, outcomes, report.verdicts, sku, device.id,
-                                                      store.get_entry)
+    report.measured, report.scopes, repros = measured.entries(fa4s, outcomes, report.verdicts, sku, device.id,
+                                                              store.get_entry)
     if report.measured:
-        store.put_known_bad(sku.name, measured.document(store.known_bad(sku.name), report.measured, report.scopes))
+        store.put_known_bad(sku.name, measured.document(store.known_bad(sku.name), report.measured, report.scopes,
+                                                        repros))
 
 
 def _split(checks: list[plan.Check], store: Store, sku: Sku, device: DeviceClass, recheck: bool
@@ -287,23 +287,6 @@ def _certified(store: Store, kernels: set[str], device: str, recheck: bool) -> s
 
 def _ids(checks: list[plan.Check]) -> list[tuple[str, plan.Check]]:
     return [(hashlib.sha256(json.dumps(c.to_dict(), sort_keys=True).encode()).hexdigest()[:20], c) for c in checks]
-
-
-def _device_for(sku: Sku) -> DeviceClass:
-    """This host's GPU class, once it is known to be of `sku` (arch and SM count)."""
-    from ..domain.devices import detect_device, device_class
-
-    found = device_class()
-    if found is None:
-        raise Fa4AotError(f"certification runs kernels, so it needs a GPU of SKU {sku.name} ({sku.arch}, "
-                          f"{sku.sm_count} SMs): run `fa4-aot certify --sku {sku.name}` on such a host")
-    info = detect_device()
-    arch = f"sm_{info.capability[0]}{info.capability[1]}a"
-    if arch != sku.arch or info.sm_count != sku.sm_count:
-        raise Fa4AotError(f"this GPU ({info.name}: {arch}, {info.sm_count} SMs) is not of SKU {sku.name} ({sku.arch}, "
-                          f"{sku.sm_count} SMs): a verdict holds only for the GPU that measured it; certify "
-                          f"{sku.name} on one of its GPUs (`fa4-aot skus --detect` names this one's SKU)")
-    return found
 
 
 def _visible_gpus() -> list[int]:

@@ -20,7 +20,7 @@ from ..domain import known_bad, scopes
 from ..domain.skus import Sku
 from ..domain.verdicts import Verdict
 from ..store import Entry
-from . import blame
+from . import blame, repro_script
 from .pool import Outcome
 
 
@@ -33,9 +33,10 @@ class _Finding:
 
 
 def entries(failing: list[Outcome], outcomes: list[Outcome], verdicts: list[Verdict], sku: Sku, device: str,
-            entry_of: Callable[[str], Entry | None]) -> tuple[list[known_bad.Bad], scopes.Scopes]:
-    """The measured entries of the `failing` outcomes (those that are FA4's) and their scopes, judged against
-    every outcome of the run (`outcomes`: the passing evidence)."""
+            entry_of: Callable[[str], Entry | None]) -> tuple[list[known_bad.Bad], scopes.Scopes, dict[str, str]]:
+    """The measured entries of the `failing` outcomes (those that are FA4's), their scopes, judged against
+    every outcome of the run (`outcomes`: the passing evidence), and each entry's one-file repro (repro_script.py,
+    of its worst failing check) by id."""
     failed = {v.kernel_key: v for v in verdicts if v.status in ("wrong", "crash", "hang")}
     found: dict[str, _Finding] = {}
     for o in failing:
@@ -47,10 +48,14 @@ def entries(failing: list[Outcome], outcomes: list[Outcome], verdicts: list[Verd
                 finding = found.setdefault(f"measured-{sku.name}-{ident}", _Finding(part, when))
                 finding.failing.append(o)
                 finding.kernels.update(keys)
-    made, scoped, owners = [], {}, defaultdict(set)
+    made, scoped, owners, repros = [], {}, defaultdict(set), {}
     for ident, f in found.items():
         key = sorted(f.kernels)[0]
         entry = entry_of(key)
+        versions = {n: entry.toolchain.get(n, "") for n in ("flash-attn-4", "nvidia-cutlass-dsl")} if entry else {}
+        repros[ident] = repro_script.script(max(f.failing, key=_worst).check, symptom=failed[key].describe(),
+                                            source=f"fa4-aot certify on {device} ({failed[key].when})",
+                                            versions=versions)
         made.append(known_bad.Bad(
             id=ident, symptom=failed[key].describe(), source=f"fa4-aot certify on {device} ({failed[key].when})",
             when=f.when, flash_attn=(entry.toolchain.get("flash-attn-4", "*"),) if entry else ("*",),
@@ -63,12 +68,14 @@ def entries(failing: list[Outcome], outcomes: list[Outcome], verdicts: list[Verd
         for k in f.kernels:
             owners[k].add(ident if scope is not None else "")
     kernels = {k: next(iter(ids)) for k, ids in owners.items() if len(ids) == 1 and "" not in ids}
-    return made, scopes.Scopes(scoped, kernels)
+    return made, scopes.Scopes(scoped, kernels), repros
 
 
-def document(before: bytes | None, made: list[known_bad.Bad], found: scopes.Scopes) -> bytes:
-    """The store's measured document (Store.put_known_bad) with `made` and `found` over what it held `before`:
-    an entry measured again replaces its old self and its old scope."""
+def document(before: bytes | None, made: list[known_bad.Bad], found: scopes.Scopes,
+             repros: dict[str, str] | None = None) -> bytes:
+    """The store's measured document (Store.put_known_bad) with `made`, `found` and `repros` over what it held
+    `before`: an entry measured again replaces its old self, its old scope and its old repro. Scopes and repros
+    are top-level maps, which clients that predate them ignore."""
     doc = json.loads(before) if before else {}
     old = list(known_bad.parse(doc, "store").entries) if before else []
     old_scopes = scopes.Scopes.from_document(doc, "store") if before else scopes.NONE
@@ -78,7 +85,16 @@ def document(before: bytes | None, made: list[known_bad.Bad], found: scopes.Scop
     kernels |= dict(found.kernels)
     out = json.loads(known_bad.measured_document(list({b.id: b for b in old + made}.values())))
     out["scopes"] = scopes.Scopes(kept, kernels).to_dict()
+    old_repros = known_bad.repros(doc, "store") if before else {}
+    out["repros"] = {i: text for i, text in old_repros.items() if i not in new} | dict(repros or {})
     return json.dumps(out, sort_keys=True, indent=1).encode()
+
+
+def _worst(o: Outcome) -> float:
+    """The largest error/bound of an outcome's failures of FA4's own tensors (a crash or hang: infinite)."""
+    ratios = [f["error"] / f["bound"] if f.get("bound") else float("inf") for f in o.failures
+              if f.get("tensor") != "lean" and isinstance(f.get("error"), (int, float))]
+    return max(ratios, default=float("inf") if o.status in ("crash", "hang") else 0.0)
 
 
 def _when(o: Outcome) -> dict[str, Any]:

@@ -79,27 +79,15 @@ def certifier(store: Store, server: str, token: str | None, lease: float, poll: 
 
 
 def gpu_sku(variants_file: Path | None) -> tuple[Sku, DeviceClass]:
-    """(the SKU row of this host's GPU, its device class); exits NO_GPU with why when there is no GPU, or the GPU
-    is not exactly a row of the table (a verdict holds only for the GPU that measured it)."""
-    from ..domain import hosts
-    from ..domain.devices import detect_device, device_class
-    from ..domain.matching import select
+    """(the SKU row of this host's GPU, its device class: domain/devices.certifying); exits NO_GPU with why when
+    there is no GPU, or the GPU is not exactly of a row of the table (a verdict holds only for the GPU that
+    measured it)."""
+    from ..domain import devices
 
-    device = device_class()
-    if device is None:
-        _no_gpu("no CUDA device is visible here, and a certifier runs kernels: start `fa4-aot certifier` on a GPU "
-                "host of the SKU to certify (`fa4-aot skus --detect` there names its SKU)")
-    info = detect_device()
     try:
-        sku, _constants, _trace = select(load_matrix(variants_file).skus, info, cpu=hosts.detect())
+        return devices.certifying(load_matrix(variants_file).skus)
     except Fa4AotError as e:
-        _no_gpu(f"this GPU ({info.name}) matches no SKU of the table: {e}")
-    arch = f"sm_{info.capability[0]}{info.capability[1]}a"
-    if (arch, info.sm_count) != (sku.arch, sku.sm_count):
-        _no_gpu(f"this GPU ({info.name}: {arch}, {info.sm_count} SMs) is served by SKU {sku.name} ({sku.arch}, "
-                f"{sku.sm_count} SMs) but is not one: a verdict holds only for the GPU that measured it; add its "
-                "row (`fa4-aot skus --detect` prints it) or certify on a GPU of the SKU")
-    return sku, device
+        _no_gpu(f"a certifier runs kernels on a GPU of the SKU it certifies: {e}")
 
 
 def check_trust(store: Store, sku: Sku, remote: object) -> None:
@@ -166,14 +154,14 @@ def certify(store: Store, sku: str, variants_file: Path | None, model_arg: str |
     """
     from ..certify.driver import Options, default_journal, signatures_of
     from ..certify.driver import certify as run
-    from ..domain.devices import device_class
+    from ..domain import devices
 
     store = existing(store)
     target = load_matrix(variants_file).sku(sku)
     work = explicit_work(model_arg, tp_arg, workload_arg, calls_file)
     items = signatures_of(work) if work is not None else None  # None: every signature the store recorded
     keys = {k.strip() for k in keys_arg.split(",") if k.strip()} if keys_arg else None
-    device = device_class()
+    device = devices.probe().device_class
     if device is None:  # nothing here can run a kernel: "no GPU" (2), as `certifier` says it, not "a kernel failed"
         _no_gpu(f"no CUDA device is visible here, and certify runs kernels: run it on a GPU host of SKU {sku} "
                 "(`fa4-aot skus --detect` there names its SKU)")
@@ -217,6 +205,8 @@ def _summary(report: Report) -> str:
         if v.status != "pass":
             lines.append(f"{v.status.upper():8} {v.kernel_key[:16]} {v.describe()}")
     lines += [f"measured known-bad: {b.id}: {b.symptom}" for b in report.measured]
+    if report.measured:
+        lines.append(f"each with a one-file repro for FA4: fa4-aot known-bad --sku {report.sku} --repro ID > repro.py")
     by_origin = report.to_dict()["findings_by_origin"]
     lines.append(f"findings: {len(report.findings)} failing check(s): {by_origin['fa4']} reproduced by FA4's own JIT "
                  f"(FA4's bugs), {by_origin['ours']} not (fa4-aot's: no known-bad entry), {by_origin['unknown']} "

@@ -204,6 +204,15 @@ def measured_document(entries: list[Bad]) -> bytes:
     return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
+def repros(doc: Any, where: str) -> dict[str, str]:
+    """The `repros` map of a measured document ({entry id: a one-file repro's Python source}; none: {}).
+    ConfigError when it is not a map of strings."""
+    data = doc.get("repros", {}) if isinstance(doc, dict) else {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise ConfigError(f"{where}: `repros` must map known-bad ids to Python source")
+    return dict(data)
+
+
 def _any_of(allowed: tuple[str, ...], value: str) -> bool:
     return "*" in allowed or value in allowed
 

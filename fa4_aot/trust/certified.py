@@ -140,8 +140,8 @@ class Gate:
             found = [self.scopes.entries.get(b.id) for b in bad]
             scope = None if None in found else scopes.Scope(tuple(x for s in found if s for x in s.bounds))
             where = f" at {scope.describe()}" if scope is not None else ""
-            return KernelRefused(f"{what} is refused{where}: {bad[0].describe()}. Use another head dim or layout, "
-                                 f"or a FA4 release that fixes it; {ENV}=off runs it anyway",
+            return KernelRefused(f"{what} is refused{where}: {bad[0].describe()}{self._repro(bad)}. Use another head "
+                                 f"dim or layout, or a FA4 release that fixes it; {ENV}=off runs it anyway",
                                  kernel_key=entry.kernel_key, reason=bad[0].id), scope
         if self.device is None:
             return None, None
@@ -160,6 +160,17 @@ class Gate:
                                  "push), or use the default policy known-bad", kernel_key=entry.kernel_key,
                                  reason="unchecked"), None
         return None, None
+
+    def _repro(self, bad: list[known_bad.Bad]) -> str:
+        """Where to get the one-file repro of the first of `bad` that the store's certification wrote one for
+        (read when a refusal is made, not per call); "" when none has one."""
+        data = self.store.known_bad(self.sku)
+        try:
+            written = known_bad.repros(json.loads(data), "store") if data else {}
+        except (ValueError, ConfigError):
+            return ""  # measured_for already refused a malformed file at start; a rewrite since is not ours to judge
+        ident = next((b.id for b in bad if b.id in written), None)
+        return f" (a one-file repro for FA4: `fa4-aot known-bad --sku {self.sku} --repro {ident}`)" if ident else ""
 
     def verdict(self, kernel_key: str) -> Verdict | None:
         """This device class's verdict of `kernel_key`: from valid signed manifests under a trust policy, else

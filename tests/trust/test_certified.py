@@ -162,8 +162,8 @@ def _certified_at_degenerate_sizes(store: Store) -> tuple[Entry, Gate]:
     verdict = Verdict(e.kernel_key, H200.id, "wrong", detail="dk", tensor="dk", error=0.3, bound=0.01)
     store.put_verdicts([verdict])
     sku = Sku("h200", "sm_90a", 132, 62914560, 13)
-    made, found = measured.entries([failing], [failing, passing], [verdict], sku, H200.id, store.get_entry)
-    store.put_known_bad("h200", measured.document(None, made, found))
+    made, found, repros = measured.entries([failing], [failing, passing], [verdict], sku, H200.id, store.get_entry)
+    store.put_known_bad("h200", measured.document(None, made, found, repros))
     return e, Gate(store, "h200", H200, policy="known-bad")
 
 
@@ -200,3 +200,46 @@ def test_a_client_without_scopes_refuses_the_whole_signature(store: Store) -> No
                                                         "old").entries))
     gate = Gate(store, "h200", H200, policy="known-bad", registry=plain)
     assert refusal(gate, e, SIG_64) is not None
+
+
+def test_a_refusal_for_fa4s_bug_names_its_one_file_repro(store: Store, tmp_path: Path) -> None:
+    """A measured entry carries the repro of its worst failing check (a top-level `repros` map): a refusal says
+    how to print it, `known-bad --repro` prints it, and it is Python at the check's very sizes."""
+    import ast
+
+    from click.testing import CliRunner
+
+    from fa4_aot.certify import measured
+    from fa4_aot.cli import main
+
+    e, gate = _certified_at_degenerate_sizes(store)
+    with pytest.raises(KernelRefused) as refused:
+        gate.admit(e.kernel_key, SIG_64, lambda _key: e, {"batch": 4, "seqlen_q": 1, "seqlen_k": 2})
+    ident = refused.value.reason
+    assert f"`fa4-aot known-bad --sku h200 --repro {ident}`" in str(refused.value)
+    printed = CliRunner().invoke(main, ["--cache-dir", str(store.root), "known-bad", "--sku", "h200", "--repro", ident])
+    assert printed.exit_code == 0, printed.output
+    ast.parse(printed.output)
+    assert "'q_rows': [2, 1]" in printed.output and "'k_rows': [2, 2]" in printed.output
+    listed = CliRunner().invoke(main, ["--cache-dir", str(store.root), "known-bad", "--sku", "h200"]).output
+    assert f"repro: fa4-aot known-bad --sku h200 --repro {ident} > repro.py" in listed
+    missing = CliRunner().invoke(main, ["--cache-dir", str(store.root), "known-bad", "--sku", "h200", "--repro", "x"])
+    assert missing.exit_code == 1 and f"entries with one: {ident}" in missing.output
+    data = store.known_bad("h200")
+    assert data is not None
+    again = json.loads(measured.document(data, [], measured.scopes.NONE, {}))  # a later run that measured nothing
+    assert set(again["repros"]) == {ident} and again["repros"][ident] == json.loads(data)["repros"][ident]
+
+
+def test_a_measured_file_without_repros_refuses_without_naming_one(store: Store) -> None:
+    """Entries written before repros existed (no `repros` map) still refuse, and the message names no repro."""
+    e, _gate = _certified_at_degenerate_sizes(store)
+    data = store.known_bad("h200")
+    assert data is not None
+    doc = json.loads(data)
+    del doc["repros"]
+    store.put_known_bad("h200", json.dumps(doc).encode())
+    gate = Gate(store, "h200", H200, policy="known-bad")
+    with pytest.raises(KernelRefused) as refused:
+        gate.admit(e.kernel_key, SIG_64, lambda _key: e, {"batch": 4, "seqlen_q": 1, "seqlen_k": 2})
+    assert "--repro" not in str(refused.value)
