@@ -25,24 +25,19 @@ def _check(name: str, status: str, detail: str, next_step: str = "") -> Check:
 
 
 def _device() -> tuple[list[Check], str | None]:
-    from ..client.installation import has_cuda
-    from ..domain import hosts
-    from ..domain.devices import detect_device
-    from ..domain.matching import select
+    from ..domain import devices
 
-    forced = os.environ.get("FA4_AOT_SKU")
-    skus = load_matrix(None).skus
+    probe = devices.probe()
     try:
-        if not has_cuda():
-            sku, _, _ = select(skus, None, forced=forced)
-            return [_check("device", "ok", f"no CUDA device; FA4_AOT_SKU={sku.name} ({sku.arch})",
-                           "this host can build and check kernels for it; load them on a GPU host")], sku.name
-        device = detect_device()
-        sku, _, trace = select(skus, device, forced=forced, cpu=hosts.detect())
-        return [_check("device", "ok", f"{device.name} matches SKU {sku.name} ({'; '.join(trace)})")], sku.name
+        here = devices.resolve(load_matrix(None).skus, probe, os.environ.get("FA4_AOT_SKU"))
     except Fa4AotError as e:
-        step = "a build host needs no GPU: `fa4-aot build --sku NAME`" if not has_cuda() else ""
-        return [_check("device", "warn" if not has_cuda() else "fail", str(e), step)], None
+        step = "a build host needs no GPU: `fa4-aot build --sku NAME`" if probe.device is None else ""
+        return [_check("device", "warn" if probe.device is None else "fail", str(e), step)], None
+    if probe.device is None:
+        return [_check("device", "ok", f"no CUDA device; FA4_AOT_SKU={here.sku.name} ({here.sku.arch})",
+                       "this host can build and check kernels for it; load them on a GPU host")], here.sku.name
+    return [_check("device", "ok", f"{probe.device.name} matches SKU {here.sku.name} ({'; '.join(here.trace)})")
+            ], here.sku.name
 
 
 def _toolchain() -> Check:

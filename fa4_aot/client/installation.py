@@ -12,17 +12,14 @@ FA4 arguments that needed it, and goes on.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config, fa4
-from ..domain import hosts, kernel_keys, narrow_build, scopes
-from ..domain.devices import detect_device, device_class
+from ..domain import devices, kernel_keys, narrow_build, scopes
 from ..domain.kernel_keys import canonical, dumps, kernel_key
-from ..domain.matching import select
 from ..domain.misses import Miss
 from ..domain.signature import Signature
 from ..domain.skus import Constants, Sku
@@ -263,16 +260,14 @@ def install(mode: str = "strict", *, cache_dir: Path | None = None, variants_fil
     if _installed and _installed.mode == mode and _installed.store.root == store.root:
         return _installed
     matrix = variants.load(variants_file or config.default_variants_file())
-    forced = os.environ.get("FA4_AOT_SKU")
-    device = None if forced and not has_cuda() else detect_device()
-    # a host that loads kernels must run their host code (domain/hosts.py); a CPU host checking a store loads none
-    sku, constants, trace = select(matrix.skus, device, forced=forced, cpu=hosts.detect() if has_cuda() else None)
-    if not has_cuda():  # a CPU host checking a SKU's store: FA4 plans for the SKU, as a build worker does
+    here = devices.this_device(matrix.skus)
+    sku, constants = here.sku, here.constants
+    if here.device_class is None:  # a CPU host checking a SKU's store: FA4 plans for the SKU, as a build worker does
         fa4.configure(sku)
     remote = _remote_from_env()
     trust = Trust.from_env(sku, store, remote)
-    gate = Gate(store, sku.name, device_class() if has_cuda() else None, trust)
-    installation = Installation(sku=sku, store=store, mode=mode, trace=trace, remote=remote, trust=trust,
+    gate = Gate(store, sku.name, here.device_class, trust)
+    installation = Installation(sku=sku, store=store, mode=mode, trace=list(here.trace), remote=remote, trust=trust,
                                 tools=fa4.toolchain(), constants=constants, gate=gate)
     fa4.capture()
     fa4.check_calls(gate.check_call if gate.policy != "off" else None)  # scoped refusals, judged per call

@@ -95,9 +95,7 @@ def prefetch(model: str, tp: int | Sequence[int] = modelwork.DEFAULT_TPS, worklo
     import os
 
     from .. import config
-    from ..domain import hosts
-    from ..domain.devices import detect_device
-    from ..domain.matching import select
+    from ..domain import devices
     from ..matrix import variants
     from ..remote.http import Remote, server_from_env
 
@@ -106,9 +104,8 @@ def prefetch(model: str, tp: int | Sequence[int] = modelwork.DEFAULT_TPS, worklo
         target = matrix.sku(sku)
         constants = target.constants()
     else:  # as the runtimes choose it
-        forced = os.environ.get("FA4_AOT_SKU")  # select() takes a forced row's figures, no device needed
-        target, constants, _trace = select(matrix.skus, None if forced else detect_device(), forced=forced,
-                                           cpu=hosts.detect())
+        here = devices.this_device(matrix.skus)
+        target, constants = here.sku, here.constants
     remote = Remote(server, token=token or os.environ.get("FA4_AOT_TOKEN")) if server else server_from_env()
     if remote is None:
         raise Fa4AotError("prefetch needs a server: pass server=URL or set FA4_AOT_SERVER (FA4_AOT_OFFLINE=1 "

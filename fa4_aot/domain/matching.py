@@ -1,13 +1,25 @@
-"""Which row of the SKU table serves a device: `select()`, pure and table-tested (the device comes from
-devices.detect_device() or a test's DeviceInfo), and whether this host's CPU can run a row's kernels."""
+"""Which row of the SKU table serves a device: `select()`, pure and table-tested (the device, a DeviceInfo, comes
+from devices.probe() or a test), and whether this host's CPU can run a row's kernels."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import HostMismatch, UnknownSku
 from . import hosts
-from .devices import DeviceInfo
 from .sku_table import unknown
 from .skus import Constants, Sku
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a CUDA device reports about itself, plus the CUDA major of the runtime (torch.version.cuda)."""
+
+    name: str
+    capability: tuple[int, int]
+    sm_count: int
+    l2_bytes: int
+    cuda_major: int
 
 
 def select(skus: dict[str, Sku], device: DeviceInfo | None, forced: str | None = None,
@@ -122,3 +134,10 @@ def _mismatch(sku: Sku, device: DeviceInfo, figures: bool = True) -> str:
     if figures and sku.l2_bytes != device.l2_bytes:
         return f"L2 {sku.l2_bytes} B != {device.l2_bytes} B"
     return ""
+
+
+def not_of(sku: Sku, device: DeviceInfo) -> str:
+    """How `device` differs from a GPU of `sku` as certification counts it ("" when it is one): arch, CUDA major
+    and SM count, not the L2 size (a verdict holds for the GPU that measured it; select() serves more)."""
+    differs = _mismatch(sku, device)
+    return "" if differs.startswith("L2 ") else differs

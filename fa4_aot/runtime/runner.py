@@ -12,14 +12,11 @@ before use, and with FA4_AOT_SERVER set fetches what the store lacks (fetch.py);
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..domain import hosts, narrow_build, recipe_format, scopes, sku_table
-from ..domain.devices import detect_device, device_class
-from ..domain.matching import select
+from ..domain import devices, narrow_build, recipe_format, scopes, sku_table
 from ..domain.region import Region, Step
 from ..domain.signature import Signature
 from ..domain.skus import Constants, Sku
@@ -72,7 +69,8 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
     store = Store(cache_dir or config.default_cache_dir())
     found = _runtimes.get(store.root)
     if found is None:
-        sku, constants = _sku()
+        here = devices.this_device(sku_table.table(config.default_variants_file()))
+        sku, constants = here.sku, here.constants
         remote = None
         if config.server_url() is not None:
             from ..remote.http import server_from_env
@@ -80,21 +78,9 @@ def runtime(cache_dir: Path | None = None) -> Runtime:
             remote = server_from_env()
         trust = Trust.from_env(sku, store, remote)
         fetcher = Fetcher(remote, trust, store) if remote is not None else None
-        gate = Gate(store, sku.name, device_class(), trust)
+        gate = Gate(store, sku.name, here.device_class, trust)
         found = _runtimes[store.root] = Runtime(store, sku, constants, trust, fetcher, gate)
     return found
-
-
-def _sku() -> tuple[Sku, Constants]:
-    """This GPU's SKU and constants; on a host without CUDA, FA4_AOT_SKU's row with its own figures (read at call
-    time), so load() plans for that SKU and checks the store there, as install() does."""
-    import torch
-
-    forced, gpu = os.environ.get("FA4_AOT_SKU"), torch.cuda.is_available()
-    device = detect_device() if gpu or not forced else None  # no CUDA and no FA4_AOT_SKU: UnknownSku says to set it
-    table = sku_table.table(config.default_variants_file())
-    sku, constants, _trace = select(table, device, forced=forced, cpu=hosts.detect() if gpu else None)
-    return sku, constants
 
 
 class Attention:

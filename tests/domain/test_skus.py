@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from fa4_aot.domain import hosts
-from fa4_aot.domain.devices import DeviceInfo
-from fa4_aot.domain.matching import select
+from fa4_aot.domain.matching import DeviceInfo, select
 from fa4_aot.domain.skus import MIB, Constants, Sku, l2_budgets
 from fa4_aot.errors import ConfigError, HostMismatch, UnknownSku
 from fa4_aot.matrix import variants

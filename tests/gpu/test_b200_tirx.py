@@ -6,16 +6,13 @@ Skips elsewhere, saying so: no sm_100 GPU was available where this was written (
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
 
 import fa4_aot
 from fa4_aot import config
-from fa4_aot.domain import hosts, sku_table
-from fa4_aot.domain.devices import detect_device
-from fa4_aot.domain.matching import select
+from fa4_aot.domain import devices, sku_table
 from fa4_aot.store import Store
 from fa4_aot.tirx.problem import Problem
 from fa4_aot.tirx.producer import build
@@ -51,7 +48,7 @@ def test_tirx_kernel_matches_fp32_reference(text: str, tmp_path: Path) -> None:
     import torch
 
     table = sku_table.table(config.default_variants_file())
-    sku, _constants, _trace = select(table, detect_device(), forced=os.environ.get("FA4_AOT_SKU"), cpu=hosts.detect())
+    sku = devices.this_device(table).sku
     p = Problem.parse(text)
     report = build(Store(tmp_path), sku, [(p, "gpu-test")])
     assert report.failed == []

@@ -16,7 +16,7 @@ import sys
 import httpx
 import pytest
 
-from fa4_aot.domain.devices import device_class
+from fa4_aot.domain.devices import probe
 from fa4_aot.store import Store
 from tests.conftest import ROOT
 from tests.gpu.skus import present_sku
@@ -80,7 +80,7 @@ def test_a_client_that_requires_certification_gets_the_built_kernel_once_it_pass
     logs = "".join((tmp / name).read_text()[-3000:] for name in ("builder.log", "certifier.log"))
     assert lean.returncode == 0, lean.stderr[-3000:] + logs
     assert json.loads(lean.stdout.strip().splitlines()[-1])["rel_err"] < 0.02
-    device = device_class()
+    device = probe().device_class
     assert device is not None
     kept = {key: Store(store).verdicts(key) for key in Store(store).verdict_keys()}
     assert kept and all(v.device == device.id and v.passed for found in kept.values() for v in found), kept

@@ -93,14 +93,14 @@ def test_a_failed_verdict_alone_refuses_and_require_refuses_the_unchecked(certif
                                                                           runtime: str, tmp_path: Path) -> None:
     """The verdict path on its own: a kernel the registry does not name, whose verdict says wrong, is refused; and
     under FA4_AOT_CERTIFIED=require a kernel without a verdict is refused where a certified one runs."""
-    from fa4_aot.domain.devices import device_class
+    from fa4_aot.domain.devices import probe
     from fa4_aot.domain.verdicts import Verdict
     from fa4_aot.store import Store
 
     store = copy_store(certified[0], tmp_path / "store")
     s = Store(store)
     paged128 = [e for e in s.entries() if not e.is_signpost and "paged" in e.call and " d=128 " in e.call]
-    device = device_class()
+    device = probe().device_class
     assert paged128 and device is not None
     s.put_verdicts([Verdict(e.kernel_key, device.id, "wrong", detail="planted by the test", tensor="out",
                             error=1.0, bound=0.01) for e in paged128])

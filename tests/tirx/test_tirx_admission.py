@@ -36,9 +36,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FA4_AOT_SKU", "b200")
     monkeypatch.setattr(runner, "_runtimes", {})
-    monkeypatch.setattr(runner, "device_class", lambda index=None: B200_CLASS)
-    monkeypatch.setattr(devices, "detect_device", lambda index=None: devices.DeviceInfo(
-        "NVIDIA B200", (10, 0), B200.sm_count, B200.l2_bytes, 13))
+    monkeypatch.setattr(devices, "probe", lambda index=None: devices.Probe(devices.DeviceInfo(
+        "NVIDIA B200", (10, 0), B200.sm_count, B200.l2_bytes, 13), 13000, "13.0"))  # B200_CLASS's device
     monkeypatch.setattr(loading.KernelFile, "parse", staticmethod(lambda data, digest: data))
     monkeypatch.setattr(loading, "TirxAttention", lambda problem, kernel: ("loaded", kernel))
     found = Store(tmp_path / "store")
