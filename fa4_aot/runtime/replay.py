@@ -16,6 +16,7 @@ from typing import Any
 from ..domain import symexpr
 from ..domain.recipe_format import ATEN_OPS, DTYPES, TORCH_NAMES
 from ..domain.region import Launch, Op, Region, Step
+from .heap import young_only
 
 
 @dataclass
@@ -45,7 +46,8 @@ class Bound:
         at the first backward, and again at the next one until binding succeeds."""
         late = self.late
         if late is not None:
-            self.bwd = late()
+            with young_only():  # the backward kernels' loads and bind: no full collection inside (heap.py)
+                self.bwd = late()
             self.late = None
         return self.bwd
 

@@ -26,6 +26,7 @@ from ..trust.certified import Gate
 from ..trust.policy import Trust
 from . import on_miss, replay
 from .fetch import Fetcher
+from .heap import young_only
 from .libraries import Libraries
 
 
@@ -57,7 +58,8 @@ class Runtime:
                 raise Unsupported(f"num_splits={sig.num_splits} on SKU {self.sku.name}: FA4 has no split-KV kernels "
                                   "for sm_90 (it asserts 'SplitKV not supported on SM 9.0'); call with num_splits=1 "
                                   "(or 0, FA4's heuristic) on this GPU")
-            found = self._attention[sig] = Attention(self, sig)
+            with young_only():  # the recipe file's read and check: no full collection inside (heap.py)
+                found = self._attention[sig] = Attention(self, sig)
         return found
 
 
@@ -180,15 +182,18 @@ class Attention:
         key = (*sizes.values(), device, scale)
         found = self._bound.get(key)
         if found is None:
-            sizes = self.sizes(sizes)
-            region = self.region(sizes)
-            used = region.launched(region.fwd + region.bwd)
-            self.rt.libraries.prefetch([region.kernels[i].kernel_key for i in used])
-            functions = self._functions(region, region.fwd, sizes)
-            chosen = region.softmax_scale if scale is None else scale
-            found = self._bound[key] = replay.bind(region, sizes, functions, device, chosen,
-                                                   lambda: self._functions(region, region.bwd, sizes))
+            with young_only():  # the region's check, the kernels' loads and the bind: no full collection inside
+                found = self._bound[key] = self._bind(self.sizes(sizes), device, scale)
         return found
+
+    def _bind(self, sizes: dict[str, int], device: Any, scale: float | None) -> replay.Bound:
+        region = self.region(sizes)
+        used = region.launched(region.fwd + region.bwd)
+        self.rt.libraries.prefetch([region.kernels[i].kernel_key for i in used])
+        functions = self._functions(region, region.fwd, sizes)
+        chosen = region.softmax_scale if scale is None else scale
+        return replay.bind(region, sizes, functions, device, chosen,
+                           lambda: self._functions(region, region.bwd, sizes))
 
     def _functions(self, region: Region, steps: tuple[Step, ...], sizes: dict[str, int]) -> list[Any]:
         """By kernel index, the functions of the kernels `steps` launch (None for the region's others), each

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import StoreError
@@ -28,6 +28,7 @@ def open_dir_beneath(root: Path, parts: Sequence[str], *, create_mode: int | Non
     top = os.fstat(fd)
     try:
         for i, part in enumerate(parts):
+            level = _Level(root, parts, i + 1)
             created = False
             if create_mode is not None:
                 try:
@@ -35,26 +36,41 @@ def open_dir_beneath(root: Path, parts: Sequence[str], *, create_mode: int | Non
                     created = True
                 except FileExistsError:
                     pass
-            child = open_at(fd, part, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, 0, root.joinpath(*parts[: i + 1]))
+            child = open_at(fd, part, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, 0, level)
             os.close(fd)
             fd = child
             if created:
                 os.fchmod(fd, create_mode)  # type: ignore[arg-type]  # exactly the mode, whatever the umask
-            _check_level(root.joinpath(*parts[: i + 1]), os.fstat(fd), top)
+            _check_level(level, os.fstat(fd), top)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def _check_level(path: Path, st: os.stat_result, top: os.stat_result) -> None:
+class _Level:
+    """The path of `root/parts[:depth]`, made only when a message names it: a store's every read walks its levels,
+    and building each level's Path beforehand was half of a walk's time (pathlib's joinpath, twice a level)."""
+
+    __slots__ = ("root", "parts", "depth")
+
+    def __init__(self, root: Path, parts: Sequence[str], depth: int) -> None:
+        self.root, self.parts, self.depth = root, parts, depth
+
+    def __call__(self) -> Path:
+        return self.root.joinpath(*self.parts[: self.depth])
+
+
+def _check_level(level: Callable[[], Path], st: os.stat_result, top: os.stat_result) -> None:
     """A folder below a store root may be changed by no one the root itself does not let change it: owned by
     the root's owner (or root), never world-writable, group-writable only where the root is (a shared cache).
-    Otherwise another user could redirect what the store reads through it (e.g. an index fan-out folder)."""
+    Otherwise another user could redirect what the store reads through it (e.g. an index fan-out folder).
+    `level()` names the folder in the message."""
     mode, top_mode = stat.S_IMODE(st.st_mode), stat.S_IMODE(top.st_mode)
     foreign = st.st_uid not in (top.st_uid, 0)
     loose = mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not (top_mode & stat.S_IWGRP and st.st_gid == top.st_gid))
     if foreign or loose:
+        path = level()
         raise StoreError(f"store folder {path} (owner uid {st.st_uid}, mode {mode:04o}) can be changed by users "
                          f"the store root (owner uid {top.st_uid}, mode {top_mode:04o}) does not trust, who could "
                          f"redirect what is read through it; fix: `chown {top.st_uid} {path} && chmod go-w {path}`, "
@@ -66,7 +82,7 @@ def open_beneath(root: Path, parts: Sequence[str], flags: int = os.O_RDONLY, mod
     included). Raises FileNotFoundError when absent, StoreError for a symlink or a non-regular file."""
     folder = open_dir_beneath(root, parts[:-1])
     try:
-        fd = open_at(folder, parts[-1], flags | NOFOLLOW | os.O_NONBLOCK, mode, root.joinpath(*parts))
+        fd = open_at(folder, parts[-1], flags | NOFOLLOW | os.O_NONBLOCK, mode, _Level(root, parts, len(parts)))
     finally:
         os.close(folder)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -104,14 +120,16 @@ def move_beneath(root: Path, src: Sequence[str], dst: Sequence[str], *, dir_mode
         os.close(src_dir)
 
 
-def open_at(folder: int, name: str, flags: int, mode: int, path: Path) -> int:
-    """os.open of `name` in the folder fd `folder`, `path` naming it in messages. Where O_NOFOLLOW or
-    O_DIRECTORY in `flags` refuses what is there, StoreError says why: a symlink, or not a folder."""
+def open_at(folder: int, name: str, flags: int, mode: int, path: Path | Callable[[], Path]) -> int:
+    """os.open of `name` in the folder fd `folder`, `path` (or what it returns, made only for a message) naming it
+    in messages. Where O_NOFOLLOW or O_DIRECTORY in `flags` refuses what is there, StoreError says why: a symlink,
+    or not a folder."""
     try:
         return os.open(name, flags, mode, dir_fd=folder)
     except OSError as e:
         if e.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
+        path = path if isinstance(path, Path) else path()
         if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
             raise refuse_symlink(path) from None
         raise StoreError(f"{path} is not a folder; move it out of the store (`fa4-aot verify` "
