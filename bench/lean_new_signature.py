@@ -133,7 +133,9 @@ def _cli(tree: Path, args: list[str], store: Path, log: Path) -> int:
     with log.open("a") as f:
         f.write(f"$ python -m fa4_aot {' '.join(args)}  # FA4_AOT_CACHE={store}\n")
         f.flush()
-        return subprocess.run([sys.executable, "-m", "fa4_aot", *args], env=env, stdout=f, stderr=f).returncode
+        # run in `tree`: `python -m` puts the working folder first on sys.path, ahead of PYTHONPATH
+        return subprocess.run([sys.executable, "-m", "fa4_aot", *args], env=env, stdout=f, stderr=f,
+                              cwd=tree).returncode
 
 
 def write_calls(path: Path) -> None:
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         return child(args.child, args.out)
     sku = detect_sku()
-    work = args.work or Path(tempfile.mkdtemp(prefix="fa4aot-new-signature-"))
+    work = (args.work or Path(tempfile.mkdtemp(prefix="fa4aot-new-signature-"))).resolve()
     try:
         run(args, sku, work)
     finally:
