@@ -8,9 +8,11 @@ walk took 85-99 ms on the H200 host, inside the call it happened to fall into (b
 `young_only()` moves every object that exists when the load starts to the collector's permanent generation
 (`gc.freeze()`) and moves them back into the oldest generation when it ends (`gc.unfreeze()`). Both are list splices,
 constant time whatever the heap's size. In between, a collection, full or not, walks only the load's own objects.
-Nothing is kept from the collector: every object is collectable again when the load ends (a cycle that became
-garbage during the load is found by the next full collection, as it would have been). freeze() also zeroes the
-generations' counters, so the next full collection falls later, outside the call.
+Nothing is kept from the collector: every object is collectable again when the load ends. The price is a delay:
+objects that were young when the load began come back in the oldest generation, so a cycle among them that is
+garbage waits for the next full collection rather than a young one. freeze() also zeroes the generations' counters,
+so the next collection of each falls later, outside the call (bench/lean_first_load_gc.py: a full collection made
+due before a first forward lands in the caller's next allocations instead).
 
 It does nothing where something else holds the permanent generation: a process that froze objects itself (a
 server freezing before fork) keeps them frozen, since unfreeze() would release them too; and while another thread's
