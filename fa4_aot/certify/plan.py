@@ -421,13 +421,12 @@ class _Resolver:
         return self._built[kernel_key]
 
     def key(self, base_key: str) -> str:
+        """kernel_keys.device_key of `base_key` for the constants planned for; `base_key` itself where this version
+        cannot compute one of them (the base entry's own build is then the one checked, as before this rule)."""
         if base_key not in self._keys:
-            entry = self.store.get_entry(base_key)
-            full = base_key
-            if entry is not None and entry.hardware_queries:
-                try:
-                    full = kernel_keys.variant_key(entry, self.constants)
-                except ValueError:
-                    full = base_key
+            try:
+                full = kernel_keys.device_key(base_key, self.store.get_entry(base_key), self.constants)
+            except ValueError:
+                full = base_key
             self._keys[base_key] = full
         return self._keys[base_key]

@@ -72,18 +72,20 @@ class Installation:
         return entry
 
     def find(self, base_key: str) -> tuple[Entry | None, str]:
-        """(the entry of the kernel with `base_key` for this device, or None; why not). The base entry is the
-        kernel when it consumed no constant; else it names the constants, and the variant for the device's
-        values is looked up (locally, then on the server)."""
+        """(the entry of the kernel with `base_key` for this device, or None; why not): that of
+        kernel_keys.device_key, looked up locally, then on the server. The base entry is the kernel when it
+        consumed no constant, and stands for it (a signpost of the same object) where the device's values are
+        those it consumed."""
         base = self._entry(base_key)
-        if base is None or not base.hardware_queries:
-            return base, ""
         constants = self.device_constants()
         try:
-            differing = kernel_keys.differing(base, constants)
-            variant = self._entry(kernel_keys.variant_key(base, constants)) if differing else base
+            key = kernel_keys.device_key(base_key, base, constants)
+            differing = kernel_keys.differing(base, constants) if base is not None else {}
         except ValueError as e:  # a constant this version cannot compute
             return None, str(e)
+        if base is None or key == base_key or not differing:
+            return base, ""
+        variant = self._entry(key)
         if variant is not None:
             return variant, ""
         diff = ", ".join(f"{name} = {mine} (built: {theirs})" for name, (theirs, mine) in differing.items())
@@ -233,7 +235,7 @@ class Installation:
         gate = self.gate
         if gate is None or gate.policy != "require" or gate.device is None or self.remote is None:
             return ""
-        kernel = kernel_keys.entry_keys(entry)[1] if entry.is_signpost else entry.kernel_key
+        kernel = kernel_keys.build_key(entry)  # the key its verdicts are kept under
         return build_wait.certified(self.remote, self.store, [kernel], gate.device.id, end)
 
 

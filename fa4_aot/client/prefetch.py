@@ -229,13 +229,11 @@ def _fetch(store: Store, remote: Remote, fetcher: Fetcher, sku: Sku, base_keys: 
 def _full_key(store: Store, base_key: str, constants: Constants) -> str:
     """The key of the build of `base_key`'s kernel for `constants` ('' when its kernel consumed none, or its base
     entry is not held)."""
-    base = store.get_entry(base_key)
-    if base is None or not base.hardware_queries:
-        return ""
     try:
-        return kernel_keys.variant_key(base, constants)
-    except ValueError:
+        full = kernel_keys.device_key(base_key, store.get_entry(base_key), constants)
+    except ValueError:  # a constant this version cannot compute: no build serves this host
         return ""
+    return "" if full == base_key else full
 
 
 def _held_bytes(store: Store, keys: list[str]) -> int:

@@ -27,10 +27,10 @@ def stored_key(store: Store, base_key: str, sku: Sku) -> str | None:
     """The key under which `store` holds the kernel with base key `base_key` for `sku`, or None: the base key
     when its kernel consumed no constant, else the variant for the SKU's constant values if it is stored."""
     entry = store.get_entry(base_key)
-    if entry is None or not entry.hardware_queries:
-        return None if entry is None else base_key
-    full = kernel_keys.variant_key(entry, sku.constants())
-    return full if store.has_entry(full) else None
+    if entry is None:
+        return None
+    key = kernel_keys.device_key(base_key, entry, sku.constants())
+    return key if key == base_key or store.has_entry(key) else None
 
 
 def commit_kernel(store: Store, entries: Sequence[Entry], data: bytes,

@@ -271,7 +271,7 @@ def unlinked(store: Store, base_keys: list[str], sku: Sku) -> list[str]:
     for base in base_keys:
         entry = store.get_entry(base)
         if entry is not None:
-            keys += [base] + ([kernel_keys.variant_key(entry, sku.constants())] if entry.hardware_queries else [])
+            keys += [base, kernel_keys.device_key(base, entry, sku.constants())]  # one key where it consumed none
     entries = [store.get_entry(kk) for kk in dict.fromkeys(keys)]
     return [e.kernel_key for e in entries if e is not None and not store.has_library(e, sku.host_target.arch)]
 

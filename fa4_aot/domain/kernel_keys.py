@@ -170,6 +170,28 @@ def variant_key(base: Entry, constants: Constants) -> str:
                   toolchain=base.toolchain, consumed=constants.values(names), host=base.host)
 
 
+def device_key(base_key: str, base: Entry | None, constants: Constants | None) -> str:
+    """THE rule from a kernel's base key to the key of the build a device loads (the runtimes, install(),
+    prefetch and certification's plan all ask it), in this order: `base_key` itself when there is no base entry
+    (nothing says more: it is the key to fetch), when the kernel consumed no SKU constant, or when no device
+    constants are given; else the full key of the build with the device's `constants` (variant_key; `base`'s own
+    build when they equal the values it consumed). Raises ValueError for a constant this version cannot compute:
+    then no build serves the device. Costs one hash at most, none for a kernel that consumed nothing."""
+    if base is None or not base.hardware_queries or constants is None:
+        return base_key
+    return variant_key(base, constants)
+
+
+def build_key(entry: Entry) -> str:
+    """The key the build an index entry points at is kept under, its verdicts too: its full key, also for the
+    base-key signpost of a kernel that consumed constants (the gate and install()'s wait for certification ask
+    it); the entry's own key when this version cannot compute its constants."""
+    try:
+        return entry_keys(entry)[1]
+    except ValueError:
+        return entry.kernel_key
+
+
 def differing(entry: Entry, constants: Constants) -> dict[str, tuple[int, int]]:
     """{constant: (value the entry's kernel consumed, value in `constants`)} for every constant that differs."""
     return {name: (value, constants.value(name)) for name, value in consumed_of(entry.hardware_queries).items()

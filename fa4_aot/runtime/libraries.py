@@ -102,10 +102,10 @@ class Libraries:
         if entry is not None and self.store.has_library(entry, self.arch):
             return ""
         base = self.store.get_entry(base_key)
-        if base is None or self.arch not in base.shared_libs or not base.hardware_queries or self.constants is None:
+        if base is None or self.arch not in base.shared_libs:  # the base entry first: it names the constants
             return base_key
         try:
-            return kernel_keys.variant_key(base, self.constants)
+            return kernel_keys.device_key(base_key, base, self.constants)
         except ValueError:
             return ""
 
@@ -144,16 +144,17 @@ class Libraries:
         return self._entry(base_key)[0]
 
     def _entry(self, base_key: str) -> tuple[Entry | None, str]:
-        """(the entry of the kernel with base key `base_key` for this device, or None; why not): the base entry
-        when its kernel consumed no SKU constant (or no constants were given), else the build with the device's
-        values (Installation.find's rule, on the local store only)."""
+        """(the entry of the kernel with base key `base_key` for this device, or None; why not): the entry of
+        kernel_keys.device_key (the base entry when its kernel consumed no SKU constant or no constants were
+        given, else the build with the device's values), on the local store only."""
         base = self.store.get_entry(base_key)
-        if base is None or not base.hardware_queries or self.constants is None:
-            return base, ""
         try:
-            full = self.store.get_entry(kernel_keys.variant_key(base, self.constants))
+            key = kernel_keys.device_key(base_key, base, self.constants)
         except ValueError as e:  # a constant this version cannot compute
             return None, f"cannot be chosen ({e}); it is not in"
+        if key == base_key or base is None or self.constants is None:  # the base entry is the kernel
+            return base, ""
+        full = self.store.get_entry(key)
         if full is None:
             diff = ", ".join(f"{n} = {mine} (built: {theirs})"
                              for n, (theirs, mine) in kernel_keys.differing(base, self.constants).items())

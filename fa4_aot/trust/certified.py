@@ -145,10 +145,10 @@ class Gate:
                                  kernel_key=entry.kernel_key, reason=bad[0].id), scope
         if self.device is None:
             return None, None
-        verdict = self.verdict(_full_key(entry))
+        verdict = self.verdict(kernel_keys.build_key(entry))
         if verdict is not None and not verdict.passed:
             scoped = None if self.trust is not None and self.trust.enforced else \
-                self.scopes.of_kernel(_full_key(entry))
+                self.scopes.of_kernel(kernel_keys.build_key(entry))
             where = f" at {scoped[1].describe()}" if scoped is not None else ""
             return KernelRefused(f"{what} failed certification on {self.device}{where}: {verdict.describe()} "
                                  f"(source: fa4-aot certify, {verdict.when}; {self._origin()}). {ENV}=off runs it "
@@ -186,13 +186,3 @@ class Gate:
     def _origin(self) -> str:
         signed = self.trust is not None and self.trust.enforced
         return "listed by a signed manifest" if signed else f"verdict kept in {self.store.root}"
-
-
-def _full_key(entry: Entry) -> str:
-    """The key a kernel's verdicts are kept under: its full key (certification resolves every kernel to the
-    entry of the device's constants), also when `entry` is the base-key signpost that install() loads where the
-    device's constants equal the build's."""
-    try:
-        return kernel_keys.entry_keys(entry)[1]
-    except ValueError:  # an entry whose constants this version cannot compute: its own key
-        return entry.kernel_key
