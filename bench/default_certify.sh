@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Certification of the default build on one Hopper GPU of any SKU (h100-sxm, h200...), as one background pipeline:
-#   0. (DC_NEW_SIGNATURE=1) a new signature's first call, lean against FA4, before against after
-#      (bench/lean_new_signature.py, on a quiet host first: it times milliseconds; DC_BEFORE names the older tree);
+# Certification of the default build on one Hopper GPU of any SKU (h100-sxm, h200...), with the first-call figures
+# on the same host, as one background pipeline:
 #   1. the default build of the present GPU's SKU with the registry off (FA4_AOT_CERTIFIED=off), so that
-#      certification meets FA4's known-bad kernels itself;
-#   2. `fa4-aot certify --recheck-known-bad -j 16` over that store: repeats, FA4's JIT as the oracle, scopes, repros;
-#   3. a summary: time, verdicts, findings by origin, marginal misses, measured entries with their scopes, and one
-#      measured entry's repro run on the GPU (it needs only torch and FA4: its exit status says whether FA4 fails).
+#      certification meets FA4's known-bad kernels itself; beside it (little CPU) the small stores the first-call
+#      benches time: bench/lean_new_signature.py --rounds 0 (each version's store, built and certified) and
+#      tests/data/tiny_variants.toml's (bench/lean_load_steps.py). DC_NEW_SIGNATURE=0 skips both;
+#   2. on the quiet host: a new signature's first call, lean against FA4, before (DC_BEFORE, an older tree) against
+#      after, DC_ROUNDS fresh processes each (default 2); then the first call's host steps (lean_load_steps.py);
+#   3. `fa4-aot certify --recheck-known-bad -j 16` over the default store: repeats, FA4's JIT as the oracle, scopes,
+#      repros;
+#   4. a summary (bench/default_certify_summary.py): time, verdicts, findings by origin, marginal misses, measured
+#      entries with their scopes, and one measured entry's repro run on the GPU.
 # On the device, from the repo root, after .device/p2/install.sh && source /root/fa4env.sh:
 #   bash bench/default_certify.sh start            # snapshot the code, start the pipeline in its own session
 #   bash bench/default_certify.sh wait SECONDS     # progress until done or SECONDS; the log at the end
@@ -23,7 +27,8 @@ stamp() { echo "$(date -u +%T) $*"; }
 case "${1:?start, wait or pipeline}" in
 start)
   rm -rf "$code" "$run" "$store" && mkdir -p "$code" "$run"
-  cp -r fa4_aot bench variants.toml pyproject.toml "$code/"
+  cp -r fa4_aot bench variants.toml pyproject.toml "$code/" && mkdir -p "$code/tests/data"
+  cp tests/data/tiny_variants.toml "$code/tests/data/"
   cd "$code" && setsid nohup bash bench/default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 1; echo "started: $run/pipeline.log"
   ;;
@@ -36,16 +41,30 @@ pipeline)
   cd "$code"
   sku=$(py -m fa4_aot skus --detect --json | py -c 'import json, sys; print(json.load(sys.stdin)["served_by"])')
   stamp "SKU $sku ($(nvidia-smi --query-gpu=name --format=csv,noheader)), $(nproc) CPUs"
-  if [ "${DC_NEW_SIGNATURE:-0}" = 1 ]; then
-    t=$(date +%s)
-    py bench/lean_new_signature.py --out "$run/new_signature.json" ${DC_BEFORE:+--before "$DC_BEFORE"} \
-      > "$run/new_signature.log" 2>&1
-    stamp "new signature rc=$? in $(( $(date +%s) - t )) s:"; tail -40 "$run/new_signature.log"
-  fi
+  before=${DC_BEFORE:+--before $DC_BEFORE}
   t=$(date +%s)
-  FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir "$store" build --sku "$sku" -j "$jobs" --json \
-    > "$run/build.json" 2> "$run/build.err"
-  stamp "build rc=$? in $(( $(date +%s) - t )) s: $(tail -c 400 "$run/build.json")"
+  ( FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir "$store" build --sku "$sku" -j "$jobs" --json \
+      > "$run/build.json" 2> "$run/build.err"; echo $? > "$run/build.rc" ) &
+  builder=$!
+  if [ "${DC_NEW_SIGNATURE:-1}" = 1 ]; then
+    py bench/lean_new_signature.py --out "$run/new_signature_prepare.json" --rounds 0 --work "$run/nsw" $before \
+      > "$run/new_signature_prepare.log" 2>&1
+    stamp "first-call stores prepared: rc=$?"; grep -h '"build_s"' "$run"/nsw/*/stores.json
+    FA4_AOT_CERTIFIED=off py -m fa4_aot --cache-dir "$run/tinystore" build --sku h200 \
+      --variants tests/data/tiny_variants.toml -j 2 > "$run/tiny_build.log" 2>&1
+    stamp "tiny store rc=$?"
+  fi
+  wait $builder
+  stamp "build rc=$(cat "$run/build.rc") in $(( $(date +%s) - t )) s: $(tail -c 400 "$run/build.json")"
+  if [ "${DC_NEW_SIGNATURE:-1}" = 1 ]; then
+    t=$(date +%s)
+    py bench/lean_new_signature.py --out "$run/new_signature.json" --rounds "${DC_ROUNDS:-2}" --work "$run/nsw" \
+      $before > "$run/new_signature.log" 2>&1
+    stamp "new signature rc=$? in $(( $(date +%s) - t )) s:"; tail -12 "$run/new_signature.log"
+    FA4_AOT_SKU=h200 py bench/lean_load_steps.py "$run/tinystore" "$run/load_steps.json" 15 \
+      > "$run/load_steps.log" 2>&1
+    stamp "first-call host steps rc=$?"; head -c 1500 "$run/load_steps.log"
+  fi
   t=$(date +%s)
   py -m fa4_aot --cache-dir "$store" certify --sku "$sku" --recheck-known-bad -j "$jobs" --json -q \
     > "$run/certify.json" 2> "$run/certify.err"
