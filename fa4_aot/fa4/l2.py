@@ -1,4 +1,5 @@
-"""FA4's L2 budgets as SKU constants a compile consumes (issue 13).
+"""FA4's L2 budgets as SKU constants a compile consumes, so that a kernel scheduled for one L2 size is never
+served, under a shared key, to a GPU with another.
 
 FA4 hard-codes two L2 budgets, tuned on the H100 (50 MiB L2):
 - `size_l2 = 50 * 1024 * 1024` in flash_attn/cute/tile_scheduler.py, three times (the LPT forward and backward

@@ -15,7 +15,8 @@ of another.
   (PATCHES, and the LLVM triple and CPU of each host target, see `patches_digest`). A patch is hashed with the
   names of fa4-aot's renamed packages spelled, and their imports ordered, as they were (RENAMED: spec/ and build/
   were renamed), so a rename, which changes no kernel, changes no key and stores built before it are still
-  found.
+  found; and as code only (`code_of`: no comment, docstring, blank line or trailing blank), so that editing a
+  patch's prose changes no key either.
 
 A source digest hashes each `.py` file's path relative to its package and its bytes, in path order: no
 absolute path, mtime, `.pyc` or `__pycache__`, so identical installs anywhere give identical digests (a
@@ -27,12 +28,15 @@ distribution's version. Digests are computed once per process (bench/RESULTS.md:
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import re
 import sys
+import tokenize
 from collections.abc import Iterable
 from functools import cache, lru_cache
 from importlib import metadata
@@ -130,7 +134,7 @@ def patches_digest(folder: Path | None = None) -> str:
     folder = folder or Path(__file__).parent
     digest = hashlib.sha256()
     for name in PATCHES:
-        source = as_spelled_before((folder / name).read_bytes())
+        source = code_of(as_spelled_before((folder / name).read_bytes()))
         digest.update(f"{name}\0{hashlib.sha256(source).hexdigest()}\n".encode())
     hosts = {name: [t.triple, t.cpu] for name, t in sorted(TARGETS.items())}
     digest.update(json.dumps(hosts, sort_keys=True, separators=(",", ":")).encode())
@@ -143,6 +147,46 @@ def as_spelled_before(source: bytes) -> bytes:
     (ruff's isort, by module name) gives the old names (`..errors` before `..spec`, where `..domain` came first)."""
     renamed = _RENAMED_NAME.sub(lambda m: m.group(1) + RENAMED[m.group(2)], source)
     return _PARENT_IMPORTS.sub(lambda m: b"".join(sorted(m.group(0).splitlines(keepends=True))), renamed)
+
+
+def code_of(source: bytes) -> bytes:
+    """`source` (a Python file) as code only: its comments and docstrings blanked out, then each line's trailing
+    blanks and every blank line dropped; everything else byte for byte. Comments are tokenize's and docstrings
+    ast's (a module's, class's or function's first statement, a string literal), both found by position, so the
+    result is the same under every Python version that parses the file."""
+    text = source.decode()
+    lines = [list(line) for line in text.splitlines()]
+    spans = [(*t.start, *t.end) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+             if t.type == tokenize.COMMENT]
+    spans += [_span(first, text) for first in _docstrings(ast.parse(text))]
+    for row, col, end_row, end_col in spans:
+        for r in range(row, end_row + 1):
+            line = lines[r - 1]
+            start, end = col if r == row else 0, end_col if r == end_row else len(line)
+            line[start:end] = " " * (end - start)
+    kept = ("".join(line).rstrip() for line in lines)
+    return "".join(f"{line}\n" for line in kept if line).encode()
+
+
+def _docstrings(tree: ast.Module) -> Iterable[ast.Expr]:
+    """The docstring statements of a module and of every class and function in it."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                yield first
+
+
+def _span(node: ast.expr | ast.stmt, text: str) -> tuple[int, int, int, int]:
+    """(row, column, end row, end column) of `node` in characters (ast counts columns in UTF-8 bytes)."""
+    lines = text.splitlines()
+    end_row, end_col = node.end_lineno or node.lineno, node.end_col_offset or 0
+
+    def chars(row: int, col: int) -> int:
+        return len(lines[row - 1].encode()[:col].decode())
+
+    return node.lineno, chars(node.lineno, node.col_offset), end_row, chars(end_row, end_col)
 
 
 def _version(dist: str) -> str:

@@ -84,7 +84,7 @@ def test_the_toolchain_names_versions_distributions_and_sources(real: dict) -> N
 def test_editing_a_patch_file_changes_every_key(tmp_path: Path, real: dict, patch: str) -> None:
     overlay = _copy_fa4_aot(tmp_path)
     with open(overlay / "fa4_aot" / "fa4" / patch, "a") as f:
-        f.write("\n# an edit\n")
+        f.write("\n_EDITED = True\n")  # code: comments and docstrings change no key (test_prose_edits_...)
     edited = probe(overlay)
     assert _all_differ(edited, real)
     assert kernel_keys.toolchain_drift(edited["tools"], real["tools"]) == ["source:fa4-aot"]
@@ -164,6 +164,48 @@ def test_patches_digest_reads_the_patch_files(tmp_path: Path) -> None:
     objects = tmp_path / "object_files.py"
     objects.write_text(objects.read_text().replace("OPT_LEVEL = 3", "OPT_LEVEL = 2"))
     assert versions.patches_digest(tmp_path) != versions.patches_digest()
+
+
+def _patched(tmp_path: Path, name: str, old: str, new: str) -> str:
+    """patches_digest of a copy of the patches with `old` replaced by `new` (once) in patch `name`."""
+    for patch in versions.PATCHES:
+        shutil.copy(Path(versions.__file__).parent / patch, tmp_path / patch)
+    text = (tmp_path / name).read_text()
+    assert text.count(old) == 1, old
+    (tmp_path / name).write_text(text.replace(old, new))
+    return versions.patches_digest(tmp_path)
+
+
+@pytest.mark.parametrize(("name", "old", "new"), [
+    ("l2.py", "FA4 hard-codes two L2 budgets", "FA4 hard-codes its two L2 budgets"),  # the module docstring
+    ("l2.py", '"""FA4\'s L2 budgets', '"""A docstring line added.\n\nFA4\'s L2 budgets'),
+    ("object_files.py", "OPT_LEVEL = 3", "OPT_LEVEL = 3  # a comment added"),
+    ("object_files.py", "OPT_LEVEL = 3", "# a comment line added\n\n\nOPT_LEVEL = 3"),
+], ids=["docstring-words", "docstring-lines", "comment", "comment-line-and-blank-lines"])
+def test_prose_edits_of_a_patch_change_no_key(tmp_path: Path, name: str, old: str, new: str) -> None:
+    """A patch's comments, docstrings and blank lines make no kernel byte, so editing them changes no key."""
+    assert _patched(tmp_path, name, old, new) == versions.patches_digest()
+
+
+@pytest.mark.parametrize(("name", "old", "new"), [
+    ("object_files.py", "OPT_LEVEL = 3", "OPT_LEVEL = 2"),
+    ("object_files.py", "OPT_LEVEL = 3", "OPT_LEVEL = 3; X = '# not a comment'"),
+    ("l2.py", "from __future__ import annotations", "from __future__ import annotations\n'''a string statement'''"),
+], ids=["code", "string-with-hash", "string-after-the-docstring"])
+def test_code_edits_of_a_patch_change_every_key(tmp_path: Path, name: str, old: str, new: str) -> None:
+    assert _patched(tmp_path, name, old, new) != versions.patches_digest()
+
+
+@pytest.mark.parametrize(("source", "code"), [
+    ('"""Doc."""\nimport x  # why\n', "import x\n"),
+    ("def f(a):\n    '''Doc\n    more.'''\n    return a\n", "def f(a):\n    return a\n"),
+    ("class C:\n    'doc'\n    s = '# kept'\n", "class C:\n    s = '# kept'\n"),
+    ("x = 1\n'not a docstring'\n", "x = 1\n'not a docstring'\n"),
+    ("x = f'{1} # kept'  # gone\n", "x = f'{1} # kept'\n"),
+    ("def f():\n    'é'; return 'é'  # é\n", "def f():\n       ; return 'é'\n"),  # columns in characters
+])
+def test_code_of(source: str, code: str) -> None:
+    assert versions.code_of(source.encode()) == code.encode()
 
 
 def test_a_package_rename_changes_no_key(tmp_path: Path) -> None:
