@@ -3,7 +3,7 @@ missing row). A reported miss becomes at most one job per (SKU, key), however ma
 is bounded per requester and in all; a builder claims a queued job of the SKUs it builds (and its token may
 publish), a token's before anonymous ones and round robin across reporters (build_order.py), or one whose lease
 ran out (its builder died), and renews the lease while it works. Only the claiming token with the claim id its
-claim was answered with renews or finishes a job (job_claims.py, as the certify queue); a failure
+claim was answered with renews or finishes a job (lease_queue.py, the certify queue's too); a failure
 is transient and queued again with a backoff, FA4's refusal (rejected) is final. Each write that checks and
 changes the queue holds the table's write lock (db.lock_table), so concurrent reports and claims cannot pass a
 check together."""
@@ -11,7 +11,7 @@ check together."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -19,19 +19,18 @@ from sqlalchemy.orm import Session
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.domain.misses import LEAN_FAMILY, Miss
 
-from .. import build_order, crud, db, job_claims, models
-from ..errors import NotFound
+from .. import build_order, crud, db, models
 from ..schemas.builds import BuildOut, BuildResult
+from . import lease_queue
 from . import recipes as crud_recipes
 
 ACTIVE = ("queued", "running")
 MAX_ATTEMPTS = 3  # claims of one job: past them its builders kept dying on it, or kept failing
 FINAL = ("done", "failed", "rejected")
 RETRY_BASE, RETRY_MAX = 30.0, 900.0  # seconds a failed job waits before its next claim: doubling, capped
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
+QUEUE = lease_queue.Queue(models.BuildJob, noun="build job", runner="builder", listing="/v1/builds",
+                          claims="/v1/build-claims", statuses=ACTIVE + FINAL)
+now = lease_queue.now
 
 
 def enqueue(session: Session, *, miss: Miss, requester: str, max_total: int,
@@ -80,10 +79,7 @@ def find(session: Session, *, sku: str, kernel_key: str) -> models.BuildJob | No
 
 def get(session: Session, *, job_id: int) -> models.BuildJob:
     """The job `job_id`; NotFound when there is none."""
-    job = session.get(models.BuildJob, job_id)
-    if job is None:
-        raise NotFound(f"no build job {job_id}; GET /v1/builds lists them")
-    return job
+    return lease_queue.get(session, QUEUE, job_id=job_id)
 
 
 def claim(session: Session, *, builder: str, token_id: int, skus: list[str] | None,
@@ -104,39 +100,28 @@ def claim(session: Session, *, builder: str, token_id: int, skus: list[str] | No
     if job is None:
         session.commit()
         return None, ""
-    claim_id, claim_hash = job_claims.new()
-    job.status, job.builder, job.attempts, job.token_id = "running", builder, job.attempts + 1, token_id
-    job.claim_hash, job.not_before = claim_hash, None
-    job.lease_until, job.started = t + timedelta(seconds=lease_seconds), job.started or t
+    claim_id = lease_queue.take(QUEUE, job, runner=builder, token_id=token_id, lease_seconds=lease_seconds, t=t)
+    job.not_before = None
     session.commit()
     return job, claim_id
 
 
 def _claimable(skus: list[str] | None, t: datetime) -> Select[models.BuildJob]:
     waited = or_(models.BuildJob.not_before.is_(None), models.BuildJob.not_before <= t)
-    query = select(models.BuildJob).where(
-        or_(and_(models.BuildJob.status == "queued", waited),
-            and_(models.BuildJob.status == "running", models.BuildJob.lease_until < t)))
+    query = select(models.BuildJob).where(or_(and_(models.BuildJob.status == "queued", waited),
+                                              lease_queue.lapsed(QUEUE, t)))
     return query if skus is None else query.where(models.BuildJob.sku.in_(skus))
 
 
 def held(session: Session, *, job_id: int, token_id: int, claim_id: str) -> models.BuildJob:
-    """Job `job_id` if it is running under this token's claim `claim_id`: Forbidden (403) when another token
-    claimed it, Conflict (409) when the claim is not the job's current one (a lapsed builder's, even of the same
-    name) or the job is not running."""
-    job = get(session, job_id=job_id)
-    job_claims.check_held(job, what=f"build job {job.id}", runner=f"builder {job.builder or 'none'}",
-                          token_id=token_id, claim_id=claim_id, claims="/v1/build-claims")
-    return job
+    """Job `job_id` if it is running under this token's claim `claim_id` (lease_queue.held: 403 or 409 if not)."""
+    return lease_queue.held(session, QUEUE, job_id=job_id, token_id=token_id, claim_id=claim_id)
 
 
 def renew(session: Session, *, job_id: int, token_id: int, claim_id: str, lease_seconds: float) -> models.BuildJob:
     """Extend the lease of the job held under `claim_id` (see held()): the builder must drop it on 403/409."""
-    db.lock_table(session, models.BuildJob)
-    job = held(session, job_id=job_id, token_id=token_id, claim_id=claim_id)
-    job.lease_until = now() + timedelta(seconds=lease_seconds)
-    session.commit()
-    return job
+    return lease_queue.renew(session, QUEUE, job_id=job_id, token_id=token_id, claim_id=claim_id,
+                             lease_seconds=lease_seconds)
 
 
 def finish(session: Session, *, job_id: int, token_id: int, result: BuildResult) -> models.BuildJob:
@@ -154,10 +139,9 @@ def finish(session: Session, *, job_id: int, token_id: int, result: BuildResult)
                             f"{result.detail}. DELETE /v1/misses/<key> forgets it: the next report queues it again", t)
     else:
         delay = retry_delay(job.attempts)
-        job.status, job.lease_until, job.claim_hash, job.token_id = "queued", None, "", None
+        lease_queue.requeue(job, f"attempt {job.attempts} by {job.builder} failed: {result.detail}; queued again, "
+                                 f"claimable after {int(delay.total_seconds())} s")
         job.not_before = t + delay
-        job.detail = (f"attempt {job.attempts} by {job.builder} failed: {result.detail}; queued again, claimable "
-                      f"after {int(delay.total_seconds())} s")
     session.commit()
     return job
 
@@ -183,24 +167,19 @@ def published(session: Session, job: models.BuildJob) -> str:
 
 
 def _end(job: models.BuildJob, status: str, detail: str, t: datetime) -> None:
-    job.status, job.detail, job.finished, job.lease_until = status, detail, t, None
-    job.claim_hash, job.not_before = "", None
+    lease_queue.end(job, status, detail, t)
+    job.not_before = None
 
 
 def list_jobs(session: Session, *, status: str | None = None, offset: int = 0,
               limit: int = 100) -> list[models.BuildJob]:
     """Jobs newest first (by id), of one status when given, `limit` from `offset`."""
-    query = select(models.BuildJob).order_by(models.BuildJob.id.desc()).offset(offset).limit(limit)
-    if status is not None:
-        query = query.where(models.BuildJob.status == status)
-    return list(session.scalars(query).all())
+    return lease_queue.list_jobs(session, QUEUE, offset=offset, limit=limit, status=status)
 
 
 def depth(session: Session) -> dict[str, int]:
     """Jobs by status, every status named (0 when none)."""
-    rows = session.execute(select(models.BuildJob.status, func.count()).group_by(models.BuildJob.status)).all()
-    found = {status: int(n) for status, n in rows}
-    return {status: found.get(status, 0) for status in ACTIVE + FINAL}
+    return lease_queue.depth(session, QUEUE)
 
 
 def out(job: models.BuildJob, *, task: bool = False, claim_id: str | None = None) -> BuildOut:

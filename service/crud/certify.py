@@ -10,27 +10,27 @@ claims, with a `crash` verdict for their device class: the kernel may be what ki
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import exists, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
 from fa4_aot.domain.kernel_keys import dumps as canonical_json
 from fa4_aot.domain.verdicts import Verdict, worst
 
-from .. import db, job_claims, models
-from ..errors import InvalidBody, NotFound
+from .. import db, models
+from ..errors import InvalidBody
 from ..schemas.certify import CertifyJobOut, CertifyResult
+from . import lease_queue
 
 ACTIVE = ("queued", "running")
 FINAL = ("done", "failed")
 MAX_ATTEMPTS = 3  # claims of one job that may end without a result
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
+QUEUE = lease_queue.Queue(models.CertifyJob, noun="certify job", runner="certifier", listing="/v1/certify-jobs",
+                          claims="/v1/certify-claims", statuses=ACTIVE + FINAL)
+now = lease_queue.now
 
 
 def enqueue(session: Session, *, kernel_key: str, sku: str, family: str) -> None:
@@ -60,10 +60,7 @@ _ROWS_PER_INSERT = 500  # 16 columns a row: under SQLite's 32,766 bound paramete
 
 def get(session: Session, *, job_id: int) -> models.CertifyJob:
     """The job `job_id`; NotFound when there is none."""
-    job = session.get(models.CertifyJob, job_id)
-    if job is None:
-        raise NotFound(f"no certify job {job_id}; GET /v1/certify-jobs lists them")
-    return job
+    return lease_queue.get(session, QUEUE, job_id=job_id)
 
 
 def expire(session: Session, *, sku: str) -> list[Verdict]:
@@ -72,8 +69,7 @@ def expire(session: Session, *, sku: str) -> list[Verdict]:
     db.lock_table(session, models.CertifyJob)
     t = now()
     dead = session.scalars(select(models.CertifyJob).where(
-        models.CertifyJob.sku == sku, models.CertifyJob.status == "running", models.CertifyJob.lease_until < t,
-        models.CertifyJob.attempts >= MAX_ATTEMPTS)).all()
+        models.CertifyJob.sku == sku, lease_queue.lapsed(QUEUE, t), models.CertifyJob.attempts >= MAX_ATTEMPTS)).all()
     found = []
     for job in dead:
         job.lapses += 1
@@ -97,17 +93,14 @@ def claim(session: Session, *, sku: str, certifier: str, device: str, token_id: 
         select(models.CertifyJob)
         .where(models.CertifyJob.sku == sku, models.CertifyJob.attempts < MAX_ATTEMPTS,
                models.CertifyJob.wanted.in_(("", device)),
-               or_(models.CertifyJob.status == "queued",
-                   and_(models.CertifyJob.status == "running", models.CertifyJob.lease_until < t)))
+               or_(models.CertifyJob.status == "queued", lease_queue.lapsed(QUEUE, t)))
         .order_by(models.CertifyJob.id).limit(1)) or _for_device(session, sku=sku, device=device, t=t)
     if job is None:
         session.commit()
         return None, ""
-    claim_id, claim_hash = job_claims.new()
     job.lapses += int(job.status == "running")  # taken over: its certifier's lease ran out
-    job.status, job.certifier, job.device, job.token_id = "running", certifier, device, token_id
-    job.claim_hash, job.attempts = claim_hash, job.attempts + 1
-    job.lease_until, job.started = t + timedelta(seconds=lease_seconds), job.started or t
+    claim_id = lease_queue.take(QUEUE, job, runner=certifier, token_id=token_id, lease_seconds=lease_seconds, t=t)
+    job.device = device
     session.commit()
     return job, claim_id
 
@@ -133,21 +126,14 @@ def _for_device(session: Session, *, sku: str, device: str, t: datetime) -> mode
 
 
 def held(session: Session, *, job_id: int, token_id: int, claim_id: str) -> models.CertifyJob:
-    """Job `job_id` if it is running under this token's claim `claim_id`: Forbidden (403) when another token
-    claimed it, Conflict (409) when the claim is not the job's current one or the job is not running."""
-    job = get(session, job_id=job_id)
-    job_claims.check_held(job, what=f"certify job {job.id}", runner=f"certifier {job.certifier or 'none'}",
-                          token_id=token_id, claim_id=claim_id, claims="/v1/certify-claims")
-    return job
+    """Job `job_id` if it is running under this token's claim `claim_id` (lease_queue.held: 403 or 409 if not)."""
+    return lease_queue.held(session, QUEUE, job_id=job_id, token_id=token_id, claim_id=claim_id)
 
 
 def renew(session: Session, *, job_id: int, token_id: int, claim_id: str, lease_seconds: float) -> models.CertifyJob:
     """Extend the lease of the job held under `claim_id` (see held())."""
-    db.lock_table(session, models.CertifyJob)
-    job = held(session, job_id=job_id, token_id=token_id, claim_id=claim_id)
-    job.lease_until = now() + timedelta(seconds=lease_seconds)
-    session.commit()
-    return job
+    return lease_queue.renew(session, QUEUE, job_id=job_id, token_id=token_id, claim_id=claim_id,
+                             lease_seconds=lease_seconds)
 
 
 def verdicts_of(job: models.CertifyJob, result: CertifyResult) -> list[Verdict]:
@@ -177,43 +163,33 @@ def finish(session: Session, *, job_id: int, token_id: int, result: CertifyResul
         top = worst(verdicts)
         _end(job, "done", result.detail or top.describe(), verdicts, t)
     elif result.status == "released":
-        _requeue(job, f"released by {job.certifier} (it stopped); queued again")
+        lease_queue.requeue(job, f"released by {job.certifier} (it stopped); queued again")
         job.attempts -= 1
     elif job.attempts >= MAX_ATTEMPTS:
         _end(job, "failed", f"its certifiers could not certify it {job.attempts} times; the last, {job.certifier}, "
                             f"said: {result.detail}", [], t)
     else:
-        _requeue(job, f"attempt {job.attempts} by {job.certifier} failed: {result.detail}; queued again")
+        lease_queue.requeue(job, f"attempt {job.attempts} by {job.certifier} failed: {result.detail}; queued again")
     session.commit()
     return job
 
 
 def _end(job: models.CertifyJob, status: str, detail: str, verdicts: list[Verdict], t: datetime) -> None:
-    job.status, job.detail, job.finished, job.lease_until, job.claim_hash = status, detail, t, None, ""
+    lease_queue.end(job, status, detail, t)
     job.verdicts = canonical_json([v.to_dict() for v in verdicts])
     job.verdict = worst(verdicts).status if verdicts else ""
-
-
-def _requeue(job: models.CertifyJob, detail: str) -> None:
-    job.status, job.detail, job.lease_until, job.claim_hash, job.token_id = "queued", detail, None, "", None
 
 
 def list_jobs(session: Session, *, status: str | None = None, sku: str | None = None, kernel_key: str | None = None,
               offset: int = 0, limit: int = 100) -> list[models.CertifyJob]:
     """Jobs newest first (by id), filtered by what is given, `limit` from `offset`."""
-    query = select(models.CertifyJob).order_by(models.CertifyJob.id.desc()).offset(offset).limit(limit)
-    for column, value in ((models.CertifyJob.status, status), (models.CertifyJob.sku, sku),
-                          (models.CertifyJob.kernel_key, kernel_key)):
-        if value is not None:
-            query = query.where(column == value)
-    return list(session.scalars(query).all())
+    return lease_queue.list_jobs(session, QUEUE, offset=offset, limit=limit, status=status, sku=sku,
+                                 kernel_key=kernel_key)
 
 
 def depth(session: Session) -> dict[str, int]:
     """Jobs by status, every status named (0 when none)."""
-    rows = session.execute(select(models.CertifyJob.status, func.count()).group_by(models.CertifyJob.status)).all()
-    found = {status: int(n) for status, n in rows}
-    return {status: found.get(status, 0) for status in ACTIVE + FINAL}
+    return lease_queue.depth(session, QUEUE)
 
 
 def out(job: models.CertifyJob, *, claim_id: str | None = None) -> CertifyJobOut:
