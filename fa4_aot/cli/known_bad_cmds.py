@@ -68,7 +68,8 @@ def repro_of(store: Store, sku: str | None, ident: str) -> str:
     if ident not in written:
         have = ", ".join(sorted(written)) or "none"
         raise Fa4AotError(f"no repro for {ident!r} in {store.root} for SKU {sku} (entries with one: {have}); "
-                          f"`fa4-aot known-bad --sku {sku}` lists the entries, `fa4-aot certify --sku {sku}` writes them")
+                          f"`fa4-aot known-bad --sku {sku}` lists the entries, `fa4-aot certify --sku {sku}` "
+                          "writes them")
     return written[ident]
 
 
