@@ -32,10 +32,16 @@ start)
   cd "$code" && setsid nohup bash bench/default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 1; echo "started: $run/pipeline.log"
   ;;
-wait)
+wait)  # then the results so far into $OUT (when set): what a lease that ends mid-run still brings back
   end=$(( $(date +%s) + ${2:-500} ))
   while [ ! -e "$run/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
   cat "$run/pipeline.log"
+  if [ -n "${OUT:-}" ]; then
+    (cd "$run" && find . -maxdepth 1 -type f \( -name '*.json' -o -name '*.log' -o -name '*.err' -o -name '*.py' \) \
+      -size -20M -exec cp {} "$OUT/" \;)
+    journals=${XDG_STATE_HOME:-$HOME/.local/state}/fa4-aot/certify  # each certify run's outcomes as they come
+    [ -d "$journals" ] && tar -czf "$OUT/certify-journals.tar.gz" -C "$journals" . 2>/dev/null
+  fi
   ;;
 pipeline)
   cd "$code"
