@@ -5,7 +5,8 @@
 # On the device, from the repo root, after .device/p2/install.sh && source /root/fa4env.sh:
 #   bash bench/certify_models.sh start            # in its own session: logs and results under $CM_RUN
 #   bash bench/certify_models.sh wait SECONDS     # progress until done or SECONDS
-# CM_MODELS (default below) picks the models, "name:tp,...".
+# CM_MODELS (default below) picks the models, "name:tp,..."; CM_SUITE=0 skips the GPU model suite (the summary, a
+# repro run and the ViT-H/14 refusal still run).
 set -uo pipefail
 run=${CM_RUN:-/root/cm}
 store=${CM_STORE:-/root/cmstore}
@@ -26,6 +27,7 @@ wait)
   cat "$run/pipeline.log"
   ;;
 pipeline)
+  mkdir -p "$run"
   export FA4_AOT_MODEL_SUITE=$models
   t0=$(date +%s)
   sku=$(python3 -c 'from fa4_aot.cli.certify_cmds import gpu_sku; print(gpu_sku(None)[0].name)')
@@ -54,8 +56,17 @@ for m in d["marginal"][:30]:
 for b in d["measured_known_bad"]:
     print("KNOWN-BAD", b["id"], b["when"], b["symptom"][:150])
 PY
-  python3 bench/store_vs_jit.py "$store" "$sku" "$repro_check" --seeds 2 > "$run/store_vs_jit.jsonl" 2>&1
-  echo "$(date -u +%T) store vs JIT at dense bf16 d=128 full bwd, 112 queries, 1 key:"; cat "$run/store_vs_jit.jsonl"
+  if [ "${CM_STORE_VS_JIT:-1}" = 1 ]; then
+    python3 bench/store_vs_jit.py "$store" "$sku" "$repro_check" --seeds 2 > "$run/store_vs_jit.jsonl" 2>&1
+    echo "$(date -u +%T) store vs JIT at dense bf16 d=128 full bwd, 112 queries, 1 key:"; cat "$run/store_vs_jit.jsonl"
+  fi
+  # each measured entry's repro: one run on this GPU (needs only torch and FA4), and what a user of ViT-H/14 training
+  # (head dim 80, FA4's dq bug) sees from both runtimes
+  python3 bench/default_certify_summary.py "$run/certify.json" "$store" "$sku" "$run" > "$run/summary.log" 2>&1
+  echo "$(date -u +%T) summary rc=$?: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d.get("repro_run",{}); print(r.get("id"), "exit", r.get("exit")); print(r.get("output","")[-800:])' "$run/summary.json")"
+  FA4_AOT_CACHE=$store FA4_AOT_SKU=$sku python3 bench/refusal_probe.py 16 80 257 > "$run/refusal.log" 2>&1
+  echo "$(date -u +%T) ViT-H/14 training over the certified store:"; tail -3 "$run/refusal.log"
+  if [ "${CM_SUITE:-1}" != 1 ]; then touch "$run/done"; exit 0; fi
   t2=$(date +%s)
   FA4_AOT_CACHE=$store FA4_AOT_SKU=$sku python3 -m pytest -q -p no:cacheprovider -rxXf \
     tests/gpu/test_h200_models_lean.py > "$run/models.log" 2>&1

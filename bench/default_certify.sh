@@ -11,6 +11,8 @@
 #      repros;
 #   4. a summary (bench/default_certify_summary.py): time, verdicts, findings by origin, marginal misses, measured
 #      entries with their scopes, and one measured entry's repro run on the GPU.
+# DC_DEFAULT=0 skips 1's default build and 3-4; DC_MODELS=1 then certifies a few models' store (certify_models.sh,
+# without its model suite): repros run on the GPU and ViT-H/14 training's refusal through both runtimes.
 # On the device, from the repo root, after .device/p2/install.sh && source /root/fa4env.sh:
 #   bash bench/default_certify.sh start            # snapshot the code, start the pipeline in its own session
 #   bash bench/default_certify.sh wait SECONDS     # progress until done or SECONDS; the log at the end
@@ -27,8 +29,7 @@ stamp() { echo "$(date -u +%T) $*"; }
 case "${1:?start, wait or pipeline}" in
 start)
   rm -rf "$code" "$run" "$store" && mkdir -p "$code" "$run"
-  cp -r fa4_aot bench variants.toml pyproject.toml "$code/" && mkdir -p "$code/tests/data"
-  cp tests/data/tiny_variants.toml "$code/tests/data/"
+  cp -r fa4_aot bench service tests variants.toml pyproject.toml "$code/"
   cd "$code" && setsid nohup bash bench/default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 1; echo "started: $run/pipeline.log"
   ;;
@@ -37,8 +38,8 @@ wait)  # then the results so far into $OUT (when set): what a lease that ends mi
   while [ ! -e "$run/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
   cat "$run/pipeline.log"
   if [ -n "${OUT:-}" ]; then
-    (cd "$run" && find . -maxdepth 1 -type f \( -name '*.json' -o -name '*.log' -o -name '*.err' -o -name '*.py' \) \
-      -size -20M -exec cp {} "$OUT/" \;)
+    (cd "$run" && find . -maxdepth 2 -type f \( -name '*.json' -o -name '*.log' -o -name '*.err' -o -name '*.py' \) \
+      -size -20M -exec cp --parents {} "$OUT/" \;)
     journals=${XDG_STATE_HOME:-$HOME/.local/state}/fa4-aot/certify  # each certify run's outcomes as they come
     [ -d "$journals" ] && tar -czf "$OUT/certify-journals.tar.gz" -C "$journals" . 2>/dev/null
   fi
@@ -49,11 +50,14 @@ pipeline)
   stamp "SKU $sku ($(nvidia-smi --query-gpu=name --format=csv,noheader)), $(nproc) CPUs"
   before=${DC_BEFORE:+--before $DC_BEFORE}
   t=$(date +%s)
+  builder=
+  if [ "${DC_DEFAULT:-1}" = 1 ]; then
   # DC_BUILD_POLICY: the build's FA4_AOT_CERTIFIED (default off: the registry's kernels built too, for certification
   # to meet FA4's known bugs; known-bad: the default build as users run it, 5% fewer kernels and findings)
   ( FA4_AOT_CERTIFIED=${DC_BUILD_POLICY:-off} py -m fa4_aot --cache-dir "$store" build --sku "$sku" -j "$jobs" --json \
       > "$run/build.json" 2> "$run/build.err"; echo $? > "$run/build.rc" ) &
   builder=$!
+  fi
   if [ "${DC_NEW_SIGNATURE:-1}" = 1 ]; then
     py bench/lean_new_signature.py --out "$run/new_signature_prepare.json" --rounds 0 --work "$run/nsw" $before \
       > "$run/new_signature_prepare.log" 2>&1
@@ -62,8 +66,10 @@ pipeline)
       --variants tests/data/tiny_variants.toml -j 2 > "$run/tiny_build.log" 2>&1
     stamp "tiny store rc=$?"
   fi
-  wait $builder
-  stamp "build rc=$(cat "$run/build.rc") in $(( $(date +%s) - t )) s: $(tail -c 400 "$run/build.json")"
+  if [ -n "$builder" ]; then
+    wait $builder
+    stamp "build rc=$(cat "$run/build.rc") in $(( $(date +%s) - t )) s: $(tail -c 400 "$run/build.json")"
+  fi
   if [ "${DC_NEW_SIGNATURE:-1}" = 1 ]; then
     t=$(date +%s)
     py bench/lean_new_signature.py --out "$run/new_signature.json" --rounds "${DC_ROUNDS:-2}" --work "$run/nsw" \
@@ -73,12 +79,19 @@ pipeline)
       > "$run/load_steps.log" 2>&1
     stamp "first-call host steps rc=$?"; head -c 1500 "$run/load_steps.log"
   fi
-  t=$(date +%s)
-  py -m fa4_aot --cache-dir "$store" certify --sku "$sku" --recheck-known-bad -j "$jobs" --json -q \
-    > "$run/certify.json" 2> "$run/certify.err"
-  stamp "certify rc=$? in $(( $(date +%s) - t )) s"; tail -5 "$run/certify.err"
-  py bench/default_certify_summary.py "$run/certify.json" "$store" "$sku" "$run"
-  stamp "summary rc=$?"
+  if [ -n "$builder" ]; then
+    t=$(date +%s)
+    py -m fa4_aot --cache-dir "$store" certify --sku "$sku" --recheck-known-bad -j "$jobs" --json -q \
+      > "$run/certify.json" 2> "$run/certify.err"
+    stamp "certify rc=$? in $(( $(date +%s) - t )) s"; tail -5 "$run/certify.err"
+    py bench/default_certify_summary.py "$run/certify.json" "$store" "$sku" "$run"
+    stamp "summary rc=$?"
+  fi
+  if [ "${DC_MODELS:-0}" = 1 ]; then  # the models' store certified: repros run, ViT-H/14's refusal (certify_models.sh)
+    CM_RUN=$run/models CM_STORE=$run/models-store CM_SUITE=0 CM_STORE_VS_JIT=0 PYTHONPATH="$code${PYTHONPATH:+:$PYTHONPATH}" \
+      bash bench/certify_models.sh pipeline > "$run/models.log" 2>&1
+    stamp "models rc=$?:"; cat "$run/models.log"
+  fi
   touch "$run/done"
   ;;
 esac
