@@ -53,9 +53,9 @@ def entries(failing: list[Outcome], outcomes: list[Outcome], verdicts: list[Verd
         key = sorted(f.kernels)[0]
         entry = entry_of(key)
         versions = {n: entry.toolchain.get(n, "") for n in ("flash-attn-4", "nvidia-cutlass-dsl")} if entry else {}
-        repros[ident] = repro_script.script(max(f.failing, key=_worst).check, symptom=failed[key].describe(),
-                                            source=f"fa4-aot certify on {device} ({failed[key].when})",
-                                            versions=versions)
+        worst = max(f.failing, key=_worst)
+        repros[ident] = repro_script.script(worst.check, symptom=_said(worst), versions=versions,
+                                            source=f"fa4-aot certify on {device} ({failed[key].when})")
         made.append(known_bad.Bad(
             id=ident, symptom=failed[key].describe(), source=f"fa4-aot certify on {device} ({failed[key].when})",
             when=f.when, flash_attn=(entry.toolchain.get("flash-attn-4", "*"),) if entry else ("*",),
@@ -88,6 +88,17 @@ def document(before: bytes | None, made: list[known_bad.Bad], found: scopes.Scop
     old_repros = known_bad.repros(doc, "store") if before else {}
     out["repros"] = {i: text for i, text in old_repros.items() if i not in new} | dict(repros or {})
     return json.dumps(out, sort_keys=True, indent=1).encode()
+
+
+def _said(o: Outcome) -> str:
+    """What the check of a repro saw: each of FA4's failing tensors, its error and bound, and its ratio at every
+    run (reproduce.py's repeats with other inputs); a crash or hang by its detail."""
+    said = [f"{f['tensor']} off by {f['error']:.3g} against a bound of {f['bound']:.3g}"
+            + (f" (error/bound over {len(f['ratios'])} runs: {', '.join(f'{r:.3g}' for r in f['ratios'])})"
+               if f.get("ratios") else "")
+            for f in o.failures if f.get("tensor") != "lean" and isinstance(f.get("error"), (int, float))
+            and isinstance(f.get("bound"), (int, float))]
+    return f"{o.status} ({o.part}): " + ("; ".join(said) or o.detail or "no detail")
 
 
 def _worst(o: Outcome) -> float:

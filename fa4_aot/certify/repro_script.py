@@ -14,6 +14,7 @@ rtol x max |pt - ref| + atol, rtol 2 (3 with a softcap), atol twice the rounding
 from __future__ import annotations
 
 import pprint
+import textwrap
 
 import torch
 
@@ -44,16 +45,22 @@ def script(check: Check, *, symptom: str, source: str, versions: dict[str, str])
               f"{' '.join(f'{k}={v}' for k, v in check.point.items())}")
     made = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v)
     return _TEMPLATE.format(
-        header=header, symptom=symptom.replace('"""', "'''"), source=source, made=made or "unknown versions",
+        header=textwrap.shorten(header, 104), saw=_lines(f"What certification saw: {symptom}"),
+        where=_lines(f"Source: {source}; kernels built with {made or 'unknown versions'}."),
         setup=pprint.pformat(setup, sort_dicts=False, width=110), kwargs=pprint.pformat(kwargs, sort_dicts=False),
-        per_seq=repr(literal),
+        per_seq=pprint.pformat(literal, width=116, compact=True),
     )
+
+
+def _lines(text: str) -> str:
+    """`text` wrapped to the house's line length, with no triple quote to end the script's docstring."""
+    return textwrap.fill(text, 116).replace('"""', "'''")
 
 
 _TEMPLATE = '''"""FA4 repro: {header}
 
-What certification saw: {symptom}
-Source: {source}; kernels built with {made}.
+{saw}
+{where}
 
 Run on a GPU of the same arch with torch and flash-attn-4 installed (no fa4-aot):  python THIS_FILE
 It computes FA4's references with flash_attn.cute.testing.attention_ref, one sequence at a time, and applies FA4's
@@ -67,7 +74,8 @@ from flash_attn.cute.testing import attention_ref
 
 SETUP = {setup}
 KWARGS = {kwargs}  # FA4's keyword arguments besides the per-sequence tensors
-PER_SEQ = {per_seq}  # cu_seqlens_q/k, seqused_k, page_table (int32), written out
+# cu_seqlens_q/k, seqused_k, page_table (int32), written out
+PER_SEQ = {per_seq}
 DEVICE = "cuda"
 DTYPE = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[SETUP["dtype"]]
 
@@ -136,9 +144,9 @@ def reference(q, k, v, sink, dout, per_seq, upcast):
     out = torch.cat(outs, dim=1)[0] if SETUP["layout"] == "varlen" else torch.cat(outs)
     found = {{"out": out.detach()}}
     if SETUP["training"]:
-        wrt = [(n, t) for n, t in zip(("dq", "dk", "dv", "dsink"), leaves) if t is not None]
+        wrt = [(n, t) for n, t in zip(("dq", "dk", "dv", "dsink"), leaves, strict=True) if t is not None]
         grads = torch.autograd.grad(out, [t for _, t in wrt], dout, allow_unused=True)
-        found.update({{n: torch.zeros_like(t) if g is None else g for (n, t), g in zip(wrt, grads)}})
+        found.update({{n: torch.zeros_like(t) if g is None else g for (n, t), g in zip(wrt, grads, strict=True)}})
     return found
 
 
@@ -153,8 +161,9 @@ def fa4(q, k, v, sink, dout, per_seq):
     out = result[0] if isinstance(result, tuple) else result
     found = {{"out": out.detach()}}
     if SETUP["training"]:
-        wrt = [(n, t) for n, t in zip(("dq", "dk", "dv", "dsink"), leaves) if t is not None]
-        found.update(zip([n for n, _ in wrt], torch.autograd.grad(out, [t for _, t in wrt], dout)))
+        wrt = [(n, t) for n, t in zip(("dq", "dk", "dv", "dsink"), leaves, strict=True) if t is not None]
+        grads = torch.autograd.grad(out, [t for _, t in wrt], dout)
+        found.update(zip([n for n, _ in wrt], grads, strict=True))
     if q.is_cuda:
         torch.cuda.synchronize()
     return found

@@ -221,6 +221,7 @@ def test_a_refusal_for_fa4s_bug_names_its_one_file_repro(store: Store, tmp_path:
     assert printed.exit_code == 0, printed.output
     ast.parse(printed.output)
     assert "'q_rows': [2, 1]" in printed.output and "'k_rows': [2, 2]" in printed.output
+    assert "wrong (bwd): dk off by 0.3 against a bound of 0.01" in printed.output
     listed = CliRunner().invoke(main, ["--cache-dir", str(store.root), "known-bad", "--sku", "h200"]).output
     assert f"repro: fa4-aot known-bad --sku h200 --repro {ident} > repro.py" in listed
     missing = CliRunner().invoke(main, ["--cache-dir", str(store.root), "known-bad", "--sku", "h200", "--repro", "x"])
