@@ -96,16 +96,19 @@ def _said(o: Outcome) -> str:
     said = [f"{f['tensor']} off by {f['error']:.3g} against a bound of {f['bound']:.3g}"
             + (f" (error/bound over {len(f['ratios'])} runs: {', '.join(f'{r:.3g}' for r in f['ratios'])})"
                if f.get("ratios") else "")
-            for f in o.failures if f.get("tensor") != "lean" and isinstance(f.get("error"), (int, float))
-            and isinstance(f.get("bound"), (int, float))]
+            for f in _measured_misses(o) if isinstance(f.get("bound"), (int, float))]
     return f"{o.status} ({o.part}): " + ("; ".join(said) or o.detail or "no detail")
 
 
 def _worst(o: Outcome) -> float:
     """The largest error/bound of an outcome's failures of FA4's own tensors (a crash or hang: infinite)."""
-    ratios = [f["error"] / f["bound"] if f.get("bound") else float("inf") for f in o.failures
-              if f.get("tensor") != "lean" and isinstance(f.get("error"), (int, float))]
+    ratios = [f["error"] / f["bound"] if f.get("bound") else float("inf") for f in _measured_misses(o)]
     return max(ratios, default=float("inf") if o.status in ("crash", "hang") else 0.0)
+
+
+def _measured_misses(o: Outcome) -> list[dict[str, Any]]:
+    """The failures of `o` that are FA4's own tensors (not the lean runtime's) with a measured error."""
+    return [f for f in o.failures if f.get("tensor") != "lean" and isinstance(f.get("error"), (int, float))]
 
 
 def _when(o: Outcome) -> dict[str, Any]:

@@ -46,8 +46,7 @@ def registry_doc(store: Store, sku: str | None) -> dict[str, Any]:
     project = known_bad.load()
     registry = certified.registry_for(store, sku) if sku is not None else project
     tools, ours = toolchain(), {b.id for b in project.entries}
-    data = store.known_bad(sku) if sku is not None else None
-    written = known_bad.repros(json.loads(data), "store") if data else {}
+    written = certified.repros_for(store, sku) if sku is not None else {}
     entries = [{**b.to_dict(), "origin": "project" if b.id in ours else "store", "repro": b.id in written,
                 "applies": _applies(b.flash_attn, tools.get("flash-attn-4", ""))
                 and _applies(b.cutlass_dsl, tools.get("nvidia-cutlass-dsl", ""))} for b in registry.entries]
@@ -59,12 +58,11 @@ def registry_doc(store: Store, sku: str | None) -> dict[str, Any]:
 def repro_of(store: Store, sku: str | None, ident: str) -> str:
     """The repro certification wrote for measured entry `ident` of `sku` in `store`; Fa4AotError naming the ids
     that have one when it has none."""
-    from ..domain import known_bad
+    from ..trust import certified
 
     if sku is None:
         raise Fa4AotError("--repro needs --sku: repros are kept per SKU with the entries certification measured")
-    data = store.known_bad(sku)
-    written = known_bad.repros(json.loads(data), f"{store.root}/known-bad/{sku}.json") if data else {}
+    written = certified.repros_for(store, sku)
     if ident not in written:
         have = ", ".join(sorted(written)) or "none"
         raise Fa4AotError(f"no repro for {ident!r} in {store.root} for SKU {sku} (entries with one: {have}); "

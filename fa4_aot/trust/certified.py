@@ -56,17 +56,32 @@ def registry_for(store: Store, sku: str) -> known_bad.Registry:
 def measured_for(store: Store, sku: str) -> tuple[known_bad.Registry, scopes.Scopes]:
     """(registry_for's registry, the scopes of the entries `store` measured for `sku`); StoreError as there."""
     registry = known_bad.load()
+    found = _measured(store, sku, lambda doc, where: (known_bad.parse(doc, where),
+                                                      scopes.Scopes.from_document(doc, where)))
+    if found is None:
+        return registry, scopes.NONE
+    measured, scoped = found
+    return registry.plus(list(measured.entries)), scoped
+
+
+def repros_for(store: Store, sku: str) -> dict[str, str]:
+    """{measured entry id: its one-file repro} that `store`'s certification wrote for `sku`; StoreError as
+    registry_for's."""
+    return _measured(store, sku, known_bad.repros) or {}
+
+
+def _measured(store: Store, sku: str, read: Callable[[Any, str], Any]) -> Any:
+    """read(the document of the entries `store` measured for `sku`, where it is), or None when there is none;
+    StoreError, naming the fix, when it is malformed."""
     data = store.known_bad(sku)
     if data is None:
-        return registry, scopes.NONE
+        return None
     where = f"{store.root}/known-bad/{sku}.json"
     try:
-        doc = json.loads(data)
-        measured, found = known_bad.parse(doc, where), scopes.Scopes.from_document(doc, where)
+        return read(json.loads(data), where)
     except (ValueError, RecursionError, ConfigError) as e:
         raise StoreError(f"the known-bad entries measured for {sku} in {store.root} are malformed ({e}); run "
                          f"`fa4-aot certify --sku {sku}` again to rewrite them") from None
-    return registry.plus(list(measured.entries)), found
 
 
 _SIGNATURE = operator.attrgetter(*(f.name for f in fields(Signature)))  # a Call's or a Signature's signature fields
@@ -164,10 +179,9 @@ class Gate:
     def _repro(self, bad: list[known_bad.Bad]) -> str:
         """Where to get the one-file repro of the first of `bad` that the store's certification wrote one for
         (read when a refusal is made, not per call); "" when none has one."""
-        data = self.store.known_bad(self.sku)
         try:
-            written = known_bad.repros(json.loads(data), "store") if data else {}
-        except (ValueError, ConfigError):
+            written = repros_for(self.store, self.sku)
+        except StoreError:
             return ""  # measured_for already refused a malformed file at start; a rewrite since is not ours to judge
         ident = next((b.id for b in bad if b.id in written), None)
         return f" (a one-file repro for FA4: `fa4-aot known-bad --sku {self.sku} --repro {ident}`)" if ident else ""
