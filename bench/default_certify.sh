@@ -13,6 +13,8 @@
 #      entries with their scopes, and one measured entry's repro run on the GPU.
 # DC_DEFAULT=0 skips 1's default build and 3-4; DC_MODELS=1 then certifies a few models' store (certify_models.sh,
 # without its model suite): repros run on the GPU and ViT-H/14 training's refusal through both runtimes.
+# DC_DEFAULT=prebuilt skips 1's build and certifies the store already at DC_STORE: the default build made on a CPU
+# build host, as fa4-aot is meant to be used (its build.json beside it, when there is one, is copied into the run).
 # On the device, from the repo root, after .device/p2/install.sh && source /root/fa4env.sh:
 #   bash bench/default_certify.sh start            # snapshot the code, start the pipeline in its own session
 #   bash bench/default_certify.sh wait SECONDS     # progress until done or SECONDS; the log at the end
@@ -51,6 +53,11 @@ pipeline)
   before=${DC_BEFORE:+--before $DC_BEFORE}
   t=$(date +%s)
   builder=
+  if [ "${DC_DEFAULT:-1}" = prebuilt ]; then
+    test -d "$store/objects" || { stamp "DC_DEFAULT=prebuilt: no store at $store"; touch "$run/done"; exit 3; }
+    [ -f "$store.build.json" ] && cp "$store.build.json" "$run/build.json"
+    stamp "prebuilt store at $store: $(find "$store/objects" -type f | wc -l) objects"
+  fi
   if [ "${DC_DEFAULT:-1}" = 1 ]; then
   # DC_BUILD_POLICY: the build's FA4_AOT_CERTIFIED (default off: the registry's kernels built too, for certification
   # to meet FA4's known bugs; known-bad: the default build as users run it, 5% fewer kernels and findings)
@@ -79,7 +86,7 @@ pipeline)
       > "$run/load_steps.log" 2>&1
     stamp "first-call host steps rc=$?"; head -c 1500 "$run/load_steps.log"
   fi
-  if [ -n "$builder" ]; then
+  if [ -n "$builder" ] || [ "${DC_DEFAULT:-1}" = prebuilt ]; then
     t=$(date +%s)
     py -m fa4_aot --cache-dir "$store" certify --sku "$sku" --recheck-known-bad -j "$jobs" --json -q \
       > "$run/certify.json" 2> "$run/certify.err"

@@ -59,6 +59,8 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     marginal: list[dict[str, Any]] = field(default_factory=list)  # misses that did not reproduce
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds of each step of the module's list: where a
+    # run's time went (plan, checks, oracle, keep)
     interrupted: bool = False
 
     def counts(self) -> dict[str, int]:
@@ -70,7 +72,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"sku": self.sku, "device": self.device, "counts": self.counts(), "checks": self.checks,
                 "skipped": self.skipped, "after_crash": self.after_crash, "seconds": round(self.seconds, 1),
-                "interrupted": self.interrupted,
+                "phases": {name: round(s, 1) for name, s in self.phases.items()}, "interrupted": self.interrupted,
                 "verdicts": [v.to_dict() for v in self.verdicts], "errors": self.errors,
                 "out_of_memory": self.out_of_memory,
                 "unreached": self.unreached, "measured_known_bad": [b.to_dict() for b in self.measured],
@@ -137,16 +139,21 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     named = _ids(todo)
     pending = [(i, c) for i, c in named if i not in done]
     report.checks = len(todo)
+    lap = _laps(report.phases, start)
+    lap("plan")
     run = _Run(store, sku, options, {i: done[i] for i, _c in named if i in done}, len(todo), progress, stop)
     run.all(pending)
+    lap("checks")
     outcomes = list(run.found.values())
     origins = run.oracle(outcomes) if options.oracle else {}
+    lap("oracle")
     report.interrupted = stop()
     report.after_crash = len(todo) - len(outcomes)
     report.findings = [_finding(o, origins.get(o.ident, ("unknown", "no oracle ran"))) for o in outcomes
                        if blame.failing_parts(o)]
     report.marginal = [{"check": o.check.describe(), **m} for o in outcomes for m in o.marginal]
     _keep(store, sku, device, report, outcomes, refused, {i for i, (origin, _) in origins.items() if origin == "ours"})
+    lap("keep")
     if options.journal and not report.interrupted:
         options.journal.unlink(missing_ok=True)  # kept in the store now: a later run starts afresh
     report.seconds = time.monotonic() - start
@@ -203,6 +210,19 @@ class _Run:
         pool = Pool(self.store.root, self.sku.name, gpus, self.options.jobs, self.options.deadline,
                     variants=self.options.variants, oracle=True)
         return {o.ident: _origin(o) for o in pool.run(failed, self.stop)}
+
+
+def _laps(phases: dict[str, float], start: float) -> Callable[[str], None]:
+    """A stopwatch over `phases`: each call records, under its name, the seconds since the one before (the first:
+    since `start`)."""
+    last = [start]
+
+    def lap(name: str) -> None:
+        now = time.monotonic()
+        phases[name] = now - last[0]
+        last[0] = now
+
+    return lap
 
 
 def _origin(jit: Outcome) -> tuple[str, str]:

@@ -199,8 +199,9 @@ def _progress(bar: Progress):  # type: ignore[no-untyped-def]
 
 def _summary(report: Report) -> str:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(report.counts().items())) or "no verdicts"
+    spent = ", ".join(f"{name} {s:.0f}s" for name, s in report.phases.items())
     lines = [f"{report.sku} on {report.device}: {counts} ({report.checks} checks, {report.skipped} already "
-             f"certified, {report.seconds:.0f}s)"]
+             f"certified, {report.seconds:.0f}s{': ' + spent if spent else ''})"]
     for v in report.verdicts:
         if v.status != "pass":
             lines.append(f"{v.status.upper():8} {v.kernel_key[:16]} {v.describe()}")

@@ -55,3 +55,19 @@ def test_h200_default_certify_summary_counts_out_of_memory_errors() -> None:
     text = _summary(report)
     assert "26 check(s) ended in an error" in text and "25 ran out of GPU memory" in text
     assert Report("h200", "x", out_of_memory=2).to_dict()["out_of_memory"] == 2
+
+
+def test_a_certify_report_says_where_its_time_went() -> None:
+    # the default build's certification has a time goal: its report names each step's share (plan, checks, FA4's
+    # JIT as the oracle, keeping the verdicts), so a slow run says which step to look at
+    from fa4_aot.certify.driver import Report, _laps
+    from fa4_aot.cli.certify_cmds import _summary
+
+    report = Report("h100-sxm", "nvidia-h100", checks=2, seconds=9.0)
+    lap = _laps(report.phases, 0.0)
+    lap("plan")
+    lap("checks")
+    assert list(report.phases) == ["plan", "checks"] and report.phases["plan"] > 0 <= report.phases["checks"]
+    report.phases = {"plan": 1.04, "checks": 6.0, "oracle": 1.5, "keep": 0.5}
+    assert report.to_dict()["phases"] == {"plan": 1.0, "checks": 6.0, "oracle": 1.5, "keep": 0.5}
+    assert "9s: plan 1s, checks 6s, oracle 2s, keep 0s)" in _summary(report)
