@@ -30,7 +30,8 @@ stamp() { echo "$(date -u +%T) $*"; }
 
 case "${1:?start, wait or pipeline}" in
 start)
-  rm -rf "$code" "$run" "$store" && mkdir -p "$code" "$run"
+  rm -rf "$code" "$run" && mkdir -p "$code" "$run"
+  [ "${DC_DEFAULT:-1}" = prebuilt ] || rm -rf "$store"  # a prebuilt store is the run's input: kept
   cp -r fa4_aot bench service tests variants.toml pyproject.toml "$code/"
   cd "$code" && setsid nohup bash bench/default_certify.sh pipeline > "$run/pipeline.log" 2>&1 < /dev/null &
   sleep 1; echo "started: $run/pipeline.log"
