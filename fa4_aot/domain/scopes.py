@@ -10,8 +10,19 @@ when every failing point lies below every passing one, the scope holds below the
 above the largest, the other way round). The scope is the union of those half-lines: a call is refused when any
 holds, which refuses every size that no passing check vouches for on that side. The batch is used only where no
 sequence length separates (the checks' batch sizes vary by draw, and a chance separation would refuse most
-calls). Where nothing separates failures from passes (they interleave, or nothing passed), there is no scope and
-the whole signature is refused, as before.
+calls).
+
+Where no sequence length separates them, because some passes lie among the failures at degenerate sizes (the
+default h100-sxm build on the H100: a bf16 d=256 local softcap backward failed at seqlen_k 2, and passed at
+seqlen_k 1 and 2 elsewhere), derive() takes a half-line `seqlen <= most` that holds every failure and reaches to
+the nearest pass above them: the passes inside it are refused too (safe), and it is kept only when at least
+MIN_BEYOND passes lie above it and they outnumber those inside, so that sizes are served only where most of the
+evidence is and more than one pass vouches for them. Only the small sizes are refused so: misses at degenerate
+sizes are what rounding explains least well, while a finding that fails across the sizes (FA4's dq bug at head
+dims 72 and 80, with chance passes among its failures) keeps no scope. Of such half-lines, the one refusing the
+fewest sizes is taken: seqlen_k <= 2 rather than seqlen_q <= 4096.
+Where none qualifies (failures interleave with passes throughout, or nothing passed) there is no scope and the
+whole signature is refused.
 
 Scopes travel in the known-bad document a store keeps (Store.known_bad) as a top-level map beside its entries,
 {"scopes": {"entries": {id: scope}, "kernels": {kernel key: id}}}: a client that predates them reads the entries
@@ -109,11 +120,33 @@ def derive(failing: Iterable[Mapping[str, int | None]], passing: Iterable[Mappin
     """The scope of failures at `failing` sizes given passes at `passing` sizes (Call terms), or None: the whole
     signature (see the module)."""
     failing, passing = list(failing), list(passing)
-    for axes in (("seqlen_q", "seqlen_k"), ("batch",)):
-        bounds = [b for axis in axes if (b := _separating(axis, failing, passing)) is not None]
-        if bounds:
-            return Scope(tuple(bounds))
-    return None
+    bounds = [b for axis in ("seqlen_q", "seqlen_k") if (b := _separating(axis, failing, passing)) is not None]
+    if not bounds and (b := _holding(("seqlen_q", "seqlen_k"), failing, passing)) is not None:
+        bounds = [b]
+    if not bounds and (b := _separating("batch", failing, passing)) is not None:
+        bounds = [b]
+    return Scope(tuple(bounds)) if bounds else None
+
+
+MIN_BEYOND = 3  # passes above a half-line that also holds passes, for it to be a scope (see the module)
+
+
+def _holding(axes: tuple[str, ...], failing: list[Mapping[str, int | None]],
+             passing: list[Mapping[str, int | None]]) -> Bound | None:
+    """The half-line `axis <= most` of one of `axes` that holds every failing size, reaching to the nearest passing
+    size above the failures, with MIN_BEYOND passes above it and more than inside it; of those, the one refusing
+    the fewest sizes (see the module). None when there is none."""
+    best: Bound | None = None
+    for axis in axes:
+        bad = [v for p in failing if (v := p.get(axis)) is not None]
+        good = [v for p in passing if (v := p.get(axis)) is not None]
+        above = [v for v in good if v > max(bad, default=0)]
+        if not bad or len(bad) < len(failing) or len(above) < MIN_BEYOND or len(above) <= len(good) - len(above):
+            continue
+        bound = Bound(axis, most=min(above) - 1)
+        if best is None or (bound.most or 0) < (best.most or 0):
+            best = bound
+    return best
 
 
 def _separating(axis: str, failing: list[Mapping[str, int | None]], passing: list[Mapping[str, int | None]]
