@@ -41,7 +41,8 @@ wait)  # then the results so far into $OUT (when set): what a lease that ends mi
   while [ ! -e "$run/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
   cat "$run/pipeline.log"
   if [ -n "${OUT:-}" ]; then
-    (cd "$run" && find . -maxdepth 2 -type f \( -name '*.json' -o -name '*.log' -o -name '*.err' -o -name '*.py' \) \
+    (cd "$run" && find . -maxdepth 2 -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.err' \
+      -o -name '*.py' \) \
       -size -20M -exec cp --parents {} "$OUT/" \;)
     journals=${XDG_STATE_HOME:-$HOME/.local/state}/fa4-aot/certify  # each certify run's outcomes as they come
     [ -d "$journals" ] && tar -czf "$OUT/certify-journals.tar.gz" -C "$journals" . 2>/dev/null
@@ -89,9 +90,14 @@ pipeline)
   fi
   if [ -n "$builder" ] || [ "${DC_DEFAULT:-1}" = prebuilt ]; then
     t=$(date +%s)
+    # the run's journal (each check's outcome and its steps), copied as it grows: certify removes it at the end
+    journals=${XDG_STATE_HOME:-$HOME/.local/state}/fa4-aot/certify
+    ( mkdir -p "$run/journal"; while sleep 5; do cp "$journals"/*.jsonl "$run/journal/" 2>/dev/null; done ) &
+    copier=$!
     py -m fa4_aot --cache-dir "$store" certify --sku "$sku" --recheck-known-bad -j "$jobs" --json -q \
       > "$run/certify.json" 2> "$run/certify.err"
     stamp "certify rc=$? in $(( $(date +%s) - t )) s"; tail -5 "$run/certify.err"
+    kill $copier 2>/dev/null
     py bench/default_certify_summary.py "$run/certify.json" "$store" "$sku" "$run"
     stamp "summary rc=$?"
   fi

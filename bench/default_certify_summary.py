@@ -21,7 +21,8 @@ def summary(doc: dict, store: Path, sku: str) -> dict:
     known = json.loads((store / "known-bad" / f"{sku}.json").read_text()) \
         if (store / "known-bad" / f"{sku}.json").exists() else {}
     return {
-        "seconds": doc["seconds"], "phases": doc.get("phases"), "checks": doc["checks"], "counts": doc["counts"],
+        "seconds": doc["seconds"], "phases": doc.get("phases"), "check_steps": doc.get("check_steps"),
+        "checks": doc["checks"], "counts": doc["counts"],
         "findings_by_origin": doc["findings_by_origin"],
         "findings_by_tensor": dict(Counter(f.get("tensor") or f.get("output") or "?" for x in findings
                                            for f in x["failures"][:1])),

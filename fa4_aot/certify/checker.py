@@ -9,8 +9,10 @@ is never a crash, even when it cost the CUDA context: its answer is an error who
 (blame.MEMORY_NOTE), with "restart": true when the context is lost (the worker exits after saying so, as for a
 crash, and the parent starts another).
 
-The worker keeps to its share of the GPU (pool.memory_fraction of FA4_AOT_CERTIFY_JOBS workers per GPU) and
-frees its cached memory after each check, so that one large check does not starve the others.
+The worker keeps to the GPU memory each check was granted (the request's "memory", in bytes: schedule.py; before
+the first, an even share of the GPU among FA4_AOT_CERTIFY_JOBS workers) and frees its cached memory after each
+check, so that one large check does not starve the others. Each answer says where the check's time went
+("steps": seconds by step, and "cpu": this process's CPU seconds over the check).
 
 Each check runs FA4 itself over install() (strict: kernels from the store only) on random inputs and compares
 out, lse and the gradients with an fp32 reference in FA4's test style (reference.compare); a deterministic
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +73,8 @@ def main() -> None:
     sys.stdout = sys.stderr  # whatever FA4 or CuTe print must not end up in the answers
     for line in sys.stdin:
         request = json.loads(line)
+        if request.get("memory"):
+            _limit_memory(int(request["memory"]))
         lean = (lambda sig: api.flash_attn_func if sig.layout == "dense" else api.flash_attn_varlen_func) \
             if request.get("lean", True) and not oracle else None
         runtimes = Runtimes(lambda sig: partial(fa4.attend, sig.call(1, 1, 1)), lean)
@@ -80,11 +85,33 @@ def main() -> None:
         torch.cuda.empty_cache()  # this check's blocks go back to the GPU, for the other workers' checks
 
 
-def _limit_memory() -> None:
-    """Keep this worker's PyTorch allocator (FA4's buffers included) to its share of the GPU: a check past it
-    raises OutOfMemoryError in this worker instead of starving the other workers' checks."""
-    jobs = int(os.environ.get("FA4_AOT_CERTIFY_JOBS", "1"))
-    torch.cuda.set_per_process_memory_fraction(memory_fraction(jobs), 0)  # 0: the one GPU the worker sees
+def _limit_memory(granted: int | None = None) -> None:
+    """Keep this worker's PyTorch allocator (FA4's buffers included) to `granted` bytes (default: an even share of
+    the GPU): a check past it raises OutOfMemoryError in this worker instead of starving the other workers'."""
+    if granted is None:
+        fraction = memory_fraction(int(os.environ.get("FA4_AOT_CERTIFY_JOBS", "1")))
+    else:
+        fraction = min(1.0, granted / torch.cuda.get_device_properties(0).total_memory)
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)  # 0: the one GPU the worker sees
+
+
+class Clock:
+    """Seconds by step of one check, summed over its runs (a failing check runs reproduce.REPEATS times more):
+    `clock.lap(name)` adds the time since the last lap to `name`. `steps()` adds "cpu", the process's CPU
+    seconds since the clock started: far below the wall's sum, the check waited for the GPU."""
+
+    def __init__(self) -> None:
+        self._last, self._cpu = time.perf_counter(), time.process_time()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def steps(self) -> dict[str, float]:
+        return {**{n: round(s, 4) for n, s in self.seconds.items()},
+                "cpu": round(time.process_time() - self._cpu, 4)}
 
 
 def run(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -92,47 +119,57 @@ def run(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, A
     before it runs. A check that fails is run reproduce.REPEATS times more, with new inputs and a float64
     reference: only the failures that reproduce (reproduce.confirm) make it `wrong`; the others are listed under
     `marginal` of a passing answer."""
+    clock = Clock()
     try:
-        failures = judge(ident, check, runtimes, say)
+        failures = judge(ident, check, runtimes, say, clock=clock)
         if not failures:
-            return {"id": ident, "status": "pass", "failures": []}
-        runs = [failures] + [_again(ident, check, runtimes, say, n) for n in range(1, reproduce.REPEATS + 1)]
+            return {"id": ident, "status": "pass", "failures": [], "steps": clock.steps()}
+        runs = [failures] + [_again(ident, check, runtimes, say, n, clock) for n in range(1, reproduce.REPEATS + 1)]
     except Exception as e:  # a CUDA error, FA4 refusing the call, or a kernel missing from the store
         return _failed(ident, e, runtimes.device)
     confirmed, marginal = reproduce.confirm(runs)
-    answer = {"id": ident, "status": "wrong" if confirmed else "pass", "failures": confirmed}
+    answer = {"id": ident, "status": "wrong" if confirmed else "pass", "failures": confirmed, "steps": clock.steps()}
     return {**answer, "marginal": marginal} if marginal else answer
 
 
-def _again(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None], n: int
-           ) -> list[dict[str, Any]]:
+def _again(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None], n: int,
+           clock: Clock) -> list[dict[str, Any]]:
     """The failures of run `n` of a failing check: new inputs, a float64 reference, or a float32 one where the
     float64 reference does not fit this worker's share of the GPU (it doubles the reference's memory)."""
     seed = check.seed + n * reproduce.SEED_STRIDE
     try:
-        return judge(ident, check, runtimes, say, seed=seed, exact=torch.float64)
+        return judge(ident, check, runtimes, say, seed=seed, exact=torch.float64, clock=clock)
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
-        return judge(ident, check, runtimes, say, seed=seed)
+        return judge(ident, check, runtimes, say, seed=seed, clock=clock)
 
 
 def judge(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None], *,
-          seed: int | None = None, exact: torch.dtype = torch.float32) -> list[dict[str, Any]]:
+          seed: int | None = None, exact: torch.dtype = torch.float32, clock: Clock | None = None
+          ) -> list[dict[str, Any]]:
     """The failures of `check` (empty: it passed) on the inputs of `seed` (default: the check's), against a
     reference in `exact` precision: FA4 against the references, a deterministic backward twice, the lean runtime
-    against FA4."""
-    sig = check.sig
+    against FA4. `clock` is told each step as it ends."""
+    sig, lap = check.sig, (clock or Clock()).lap
     inputs = make_inputs(sig, check.point, check.seed if seed is None else seed, runtimes.device)
+    lap("inputs")
     got = _run(runtimes.fa4(sig), inputs, sig, ident, say)
+    lap("fa4")
     ref32 = reference.reference(inputs, sig, dtype=exact)
     low = reference.reference(inputs, sig, dtype=inputs.dtype)
+    lap("reference")
     failures = [f.to_dict() for f in reference.compare(got, ref32, low)]
+    lap("compare")
     if sig.pass_ == "bwd_det":
         failures += _repeat(got, _run(runtimes.fa4(sig), inputs, sig, ident, say))
+        lap("fa4")
     if runtimes.lean is not None:
         lean = _run(runtimes.lean(sig), inputs, sig, ident, say)
+        lap("lean")
         failures += _lean(sig, got, lean, ref32, low)
+        lap("compare")
     _synchronize(inputs)
+    lap("compare")
     return failures
 
 

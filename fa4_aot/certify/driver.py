@@ -61,6 +61,8 @@ class Report:
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds of each step of the module's list: where a
     # run's time went (plan, checks, oracle, keep)
+    check_steps: dict[str, float] = field(default_factory=dict)  # the workers' seconds by step of a check
+    # (checker.Clock), summed over the checks: where the checks' time went
     interrupted: bool = False
 
     def counts(self) -> dict[str, int]:
@@ -73,6 +75,7 @@ class Report:
         return {"sku": self.sku, "device": self.device, "counts": self.counts(), "checks": self.checks,
                 "skipped": self.skipped, "after_crash": self.after_crash, "seconds": round(self.seconds, 1),
                 "phases": {name: round(s, 1) for name, s in self.phases.items()}, "interrupted": self.interrupted,
+                "check_steps": {name: round(s, 1) for name, s in self.check_steps.items()},
                 "verdicts": [v.to_dict() for v in self.verdicts], "errors": self.errors,
                 "out_of_memory": self.out_of_memory,
                 "unreached": self.unreached, "measured_known_bad": [b.to_dict() for b in self.measured],
@@ -145,6 +148,7 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     run.all(pending)
     lap("checks")
     outcomes = list(run.found.values())
+    report.check_steps = _steps(outcomes)
     origins = run.oracle(outcomes) if options.oracle else {}
     lap("oracle")
     report.interrupted = stop()
@@ -223,6 +227,15 @@ def _laps(phases: dict[str, float], start: float) -> Callable[[str], None]:
         last[0] = now
 
     return lap
+
+
+def _steps(outcomes: list[Outcome]) -> dict[str, float]:
+    """The workers' seconds by step summed over `outcomes`, and "answered": the seconds from hand-out to answer."""
+    found: dict[str, float] = {"answered": sum(o.seconds for o in outcomes)}
+    for outcome in outcomes:
+        for name, seconds in outcome.steps.items():
+            found[name] = found.get(name, 0.0) + seconds
+    return found
 
 
 def _origin(jit: Outcome) -> tuple[str, str]:

@@ -359,6 +359,13 @@ def _within_bounds(sig: Signature, points: dict[str, Any]) -> Any:
             & (_memory(sig, points) <= MAX_BYTES))
 
 
+def peak_bytes(check: Check) -> int:
+    """The estimated peak GPU bytes of one check (_memory at its point): what the pool grants it memory after."""
+    point = {name: np.array([value], dtype=np.int64) for name, value in check.point.items()}
+    point.setdefault(HEADS, np.array([check.sig.heads_kv], dtype=np.int64))
+    return int(_memory(check.sig, point)[0])
+
+
 def _memory(sig: Signature, points: dict[str, Any]) -> Any:
     """Estimated peak GPU bytes of a check at each point (a sum, so an upper bound): the inputs; FA4's and the lean
     runtime's results (FA4's twice for a deterministic backward); FA4's backward accumulators in fp32, padded to

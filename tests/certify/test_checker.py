@@ -70,6 +70,14 @@ def test_a_right_kernel_passes(sig: Signature) -> None:
     assert answer["parts"][:2] == (["fwd", "bwd"] if sig.pass_ != "fwd" else ["fwd", "fwd"])
 
 
+def test_an_answer_says_where_the_check_spent_its_time() -> None:
+    answer = judged(BWD, kernel(), lean=kernel())
+    steps = answer["steps"]
+    assert {"inputs", "fa4", "reference", "compare", "lean", "cpu"} <= set(steps), steps
+    assert all(seconds >= 0 for seconds in steps.values())
+    assert steps["reference"] > 0  # the fp32 and low-precision references of a training call: real work
+
+
 def test_a_wrong_output_fails_out() -> None:
     answer = judged(FWD, kernel(out_scale=1.05))
     assert answer["status"] == "wrong" and {f["tensor"] for f in answer["failures"]} == {"out"}

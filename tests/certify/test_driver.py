@@ -76,7 +76,8 @@ def test_wide_checks_run_last_with_the_gpu_to_themselves(monkeypatch: pytest.Mon
 def _scripted_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver's Pool with the real process handling, its workers scripted_worker.py (no GPU)."""
     script = [sys.executable, str(Path(__file__).with_name("scripted_worker.py"))]
-    monkeypatch.setattr(driver, "Pool", functools.partial(pool.Pool, command=script, startup=60.0))
+    monkeypatch.setattr(driver, "Pool", functools.partial(pool.Pool, command=script, startup=60.0,
+                                                          capacity=lambda _gpu: 64 << 30))
 
 
 def test_certify_variants_reach_the_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
