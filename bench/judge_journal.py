@@ -5,7 +5,7 @@ DEVICE OUT_JSON`.
 stops before its end still leaves its GPU's evidence. This script reads that journal (each check's last outcome, as
 a resumed run would) and applies certify's own judging to it, with the store the checks ran over, read only:
 verdicts per kernel (blame.verdicts), the measured known-bad entries and the sizes they are scoped to
-(measured.entries). No oracle has run, so every finding counts as `unknown` origin, which certify treats as FA4's.
+(driver.judge). No oracle has run, so every finding counts as `unknown` origin, which certify treats as FA4's.
 It prints a summary and writes it, with every verdict that is not pass and every marginal miss, to OUT_JSON.
 """
 
@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from fa4_aot import config
-from fa4_aot.certify import blame, driver, measured
+from fa4_aot.certify import blame, driver
 from fa4_aot.matrix import variants
 from fa4_aot.store import Store
 
@@ -26,10 +26,10 @@ def main() -> None:
     journal, root, sku_name, device, out = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], \
         Path(sys.argv[5])
     store, sku = Store(root), variants.load(config.default_variants_file()).sku(sku_name)
-    outcomes = list(driver._journal_read(journal).values())
-    verdicts = blame.verdicts(outcomes, device, driver._toolchain(store, outcomes))
+    outcomes = list(driver.read_journal(journal).values())
+    judged = driver.judge(store, sku, device, outcomes)
+    verdicts, made, found, repros = judged.verdicts, judged.measured, judged.scopes, judged.repros
     failing = [o for o in outcomes if blame.failing_parts(o)]
-    made, found, repros = measured.entries(failing, outcomes, verdicts, sku, device, store.get_entry)
     classes = Counter()
     for o in failing:
         s = o.check.sig

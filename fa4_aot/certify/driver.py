@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,7 @@ def certify(store: Store, sku: Sku, items: Iterable[tuple[str, Signature]] | Non
     fresh = [c for c in planned.checks if not {u.kernel_key for u in c.kernels} <= certified]
     report.skipped = len(planned.checks) - len(fresh)
     todo, refused = _split(fresh, store, sku, device, options.recheck_known_bad)
-    done = _journal_read(options.journal) if options.journal else {}
+    done = read_journal(options.journal) if options.journal else {}
     named = _ids(todo)
     pending = [(i, c) for i, c in named if i not in done]
     report.checks = len(todo)
@@ -269,21 +269,40 @@ def signatures_of(work: Iterable[tuple[str, Any]]) -> list[tuple[str, Signature]
     return [(label, sig) for sig, label in found.items()]
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """What a run's outcomes say (judge): a verdict per kernel, the measured known-bad entries, the sizes they hold
+    at, and each entry's one-file repro by id."""
+
+    verdicts: list[Verdict]
+    measured: list[known_bad.Bad]
+    scopes: scopes.Scopes
+    repros: dict[str, str]
+
+
+def judge(store: Store, sku: Sku, device: str, outcomes: list[Outcome], ours: Set[str] = frozenset()
+          ) -> Judgement:
+    """Certify's judging of `outcomes` on `device` (a device class id), reading `store` only: blame.verdicts, and a
+    measured known-bad entry for each failure but those that are `ours` (check ids): a defect of fa4-aot is a bug
+    to fix, not a fact about FA4 for the registry."""
+    verdicts = blame.verdicts(outcomes, device, _toolchain(store, outcomes))
+    fa4s = [o for o in outcomes if o.ident not in ours]
+    made, found, repros = measured.entries(fa4s, outcomes, verdicts, sku, device, store.get_entry)
+    return Judgement(verdicts, made, found, repros)
+
+
 def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes: list[Outcome],
           refused: list[Verdict], ours: set[str] | None = None) -> None:
-    """Verdicts into the store; a measured known-bad entry for each failure but those that are `ours` (check
-    ids): a defect of fa4-aot is a bug to fix, not a fact about FA4 for the registry."""
-    toolchain = _toolchain(store, outcomes)
-    report.verdicts = blame.verdicts(outcomes, device.id, toolchain) + refused
+    """The run's judgement (judge) into `report` and the store: verdicts, and the measured known-bad entries."""
+    judged = judge(store, sku, device.id, outcomes, ours or set())
+    report.verdicts = judged.verdicts + refused
     report.errors = [f"{o.check.describe()}: {o.detail}" for o in outcomes if o.status == "error"]
     report.out_of_memory = sum(blame.out_of_memory(o.detail) for o in outcomes)
     store.put_verdicts(report.verdicts)
-    fa4s = [o for o in outcomes if o.ident not in (ours or set())]
-    report.measured, report.scopes, repros = measured.entries(fa4s, outcomes, report.verdicts, sku, device.id,
-                                                              store.get_entry)
+    report.measured, report.scopes = judged.measured, judged.scopes
     if report.measured:
         store.put_known_bad(sku.name, measured.document(store.known_bad(sku.name), report.measured, report.scopes,
-                                                        repros))
+                                                        judged.repros))
 
 
 def _split(checks: list[plan.Check], store: Store, sku: Sku, device: DeviceClass, recheck: bool
@@ -344,7 +363,8 @@ def default_journal(store: Store, sku: Sku, device: DeviceClass) -> Path:
     return base / "fa4-aot" / "certify" / f"{sku.name}-{ident}.jsonl"
 
 
-def _journal_read(path: Path) -> dict[str, Outcome]:
+def read_journal(path: Path) -> dict[str, Outcome]:
+    """The outcomes a run journalled (default_journal), each check's last, by check id."""
     found: dict[str, Outcome] = {}
     try:
         lines = path.read_text().splitlines()

@@ -55,8 +55,8 @@ def test_h200_default_certify_out_of_memory_checks_run_again_with_the_gpu_to_the
     run.all([("a", _check("fits", "a")), ("b", _check("full", "b")), ("c", _check("always", "c"))])
     assert ran == [("a", 16), ("b", 16), ("c", 16), ("b", 1), ("c", 1)]
     assert {i: o.status for i, o in run.found.items()} == {"a": "pass", "b": "pass", "c": "error"}
-    assert set(driver._journal_read(journal)) == {"a", "b", "c"}  # the later outcome is the one a resume reads
-    assert driver._journal_read(journal)["b"].status == "pass"
+    assert set(driver.read_journal(journal)) == {"a", "b", "c"}  # the later outcome is the one a resume reads
+    assert driver.read_journal(journal)["b"].status == "pass"
 
 
 def test_wide_checks_run_last_with_the_gpu_to_themselves(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
