@@ -26,6 +26,7 @@ from ..domain.skus import Constants, Sku
 from ..errors import Fa4AotError, KernelMissing, KernelRefused, TrustError
 from ..remote import wait as build_wait
 from ..store import Entry, Store
+from ..store.migrate import foreign
 from ..trust.certified import ENV, Gate
 from ..trust.policy import Trust
 
@@ -189,7 +190,8 @@ class Installation:
             self.remote.report_miss(miss)
         if self.mode == "strict":
             server = f" nor on the server ({self.remote_error})" if self.remote else ""
-            fix = why or f"Build it: {narrow_build.for_call(self.sku.name, call.to_dict() if call else None)}"
+            fix = why or self._other_toolchain() or \
+                f"Build it: {narrow_build.for_call(self.sku.name, call.to_dict() if call else None)}"
             raise KernelMissing(
                 f"kernel {kk[:16]}… ({family}) for SKU {self.sku.name} is not in {self.store.root}"
                 f"{server}; needed by: {what}. {fix}; or use fa4_aot.install(mode=\"fallback\")",
@@ -198,6 +200,19 @@ class Installation:
         self.stats.misses.append(kk)
         self.store.record_miss(miss)
         return None
+
+    def _other_toolchain(self) -> str:
+        """Why the store's kernels for this SKU are not found, when they were built by another toolchain (empty when
+        none was): a kernel key names FA4, every installed CuTe DSL distribution and their sources, so a host with
+        other versions computes other keys. A store built on a host with more CuTe libraries installed missed every
+        kernel of its first certification on an H100 (9,230 misses) with "build it" for the reason."""
+        counts, drift = foreign(self.store.entries(), self.tools)
+        if not counts.get(self.sku.name):
+            return ""
+        return (f"the store holds {counts[self.sku.name]} {self.sku.name} kernel(s) built by another toolchain "
+                f"({', '.join(drift[:6])} differ{'s' if len(drift) == 1 else ''} from this host's), whose keys this "
+                f"host does not compute: install the versions they were built with (`fa4-aot doctor` compares "
+                f"them), or build here: `fa4-aot build --sku {self.sku.name}`")
 
     def _refuse_call(self, call: Call | None, kk: str) -> None:
         """KernelRefused instead of a miss when the known-bad registry names `call` (in both modes: fallback would

@@ -127,3 +127,20 @@ def test_kernel_that_consumed_nothing_loads_on_any_device_of_the_arch(tmp_path: 
     other = Installation(sku=SKU, store=Store(tmp_path), mode="strict", trace=[], tools=TOOLS,
                          trust=Trust(SKU, Store(tmp_path), None, {}), constants=Constants(60, 31457280))
     assert other.object_for("_flash_attn_fwd", KEY) == Store(tmp_path).object_path(entry.object_digest)
+
+
+def test_a_miss_over_a_store_built_by_another_toolchain_names_the_difference(tmp_path: Path) -> None:
+    # the H100's first certification of a default store built on a CPU host: every kernel missed (9,230 checks)
+    # because the build host had the CUDA-12 CuTe libraries installed too, and the miss said only "build it"
+    store = Store(tmp_path)
+    other = {**TOOLS, "nvidia-cutlass-dsl-libs-cu12": "4.8.1"}
+    digest = store.put_object(b"kernel")
+    store.put_entry(Entry(kernel_key=kernel_keys.kernel_key("_flash_attn_fwd", KEY, SKU, other), object_digest=digest,
+                          size=6, family="_flash_attn_fwd", compile_key=kernel_keys.canonical(KEY), sku=SKU.name,
+                          arch=SKU.arch, sm_count=SKU.sm_count, l2_bytes=SKU.l2_bytes, cuda_major=SKU.cuda_major,
+                          toolchain=other, variant="t", call="c", compile_seconds=0.0, host=SKU.host))
+    with pytest.raises(KernelMissing) as info:
+        _installation(tmp_path, "strict").object_for("_flash_attn_fwd", KEY)
+    message = str(info.value)
+    assert "1 h200 kernel(s) built by another toolchain (nvidia-cutlass-dsl-libs-cu12 differs" in message, message
+    assert "fa4-aot doctor" in message
