@@ -20,7 +20,8 @@ backward runs twice and must repeat bitwise; the lean runtime runs the same call
 bitwise; gradients bitwise for the deterministic backward, within the tolerance otherwise). The parent
 (pool.py) sets FA4_AOT_CACHE, FA4_AOT_SKU and FA4_AOT_CERTIFIED=off (the kernels under test must load). With
 FA4_AOT_CERTIFY_ORACLE=jit the worker is the oracle for a finding: FA4's own JIT compiles and runs the same
-check (no install(), no lean runtime), so that a failure it reproduces is FA4's and one it does not is ours.
+check (no install(), no lean runtime), so that a failure it reproduces is FA4's and one it does not is ours. It
+gets up to ORACLE_RUNS runs to reproduce it (oracle_run): some of FA4's bugs fail only now and then.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ from .plan import Check
 from .pool import ORACLE, memory_fraction
 
 GRADS = ("dq", "dk", "dv", "dsink")
+ORACLE_RUNS = 12  # runs FA4's JIT gets to reproduce a finding. FA4's backward at head dims 128/64 without a mask
+# fails only now and then on the same inputs (a check failed 1 of its 5 runs, another 3 of 5, on the H200): one
+# run of the JIT passed three such findings, which were then called fa4-aot's. A failure in one run of five is
+# missed by 12 runs with probability 0.8^12, 7%; in three of five, 0.4^12, 2e-5
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,8 @@ def main() -> None:
         lean = (lambda sig: api.flash_attn_func if sig.layout == "dense" else api.flash_attn_varlen_func) \
             if request.get("lean", True) and not oracle else None
         runtimes = Runtimes(lambda sig: partial(fa4.attend, sig.call(1, 1, 1)), lean)
-        answer = run(request["id"], Check.from_dict(request["check"]), runtimes, partial(_say, out))
+        answer = (oracle_run if oracle else run)(request["id"], Check.from_dict(request["check"]), runtimes,
+                                                 partial(_say, out))
         _say(out, answer)
         if answer["status"] == "crash" or answer.get("restart"):
             os._exit(3)  # the CUDA context is lost: the parent starts another worker
@@ -130,6 +136,24 @@ def run(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, A
     confirmed, marginal = reproduce.confirm(runs)
     answer = {"id": ident, "status": "wrong" if confirmed else "pass", "failures": confirmed, "steps": clock.steps()}
     return {**answer, "marginal": marginal} if marginal else answer
+
+
+def oracle_run(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None],
+               runs: int = ORACLE_RUNS) -> dict[str, Any]:
+    """The oracle's answer for a finding (see the module): `wrong` with the failures of the first of up to `runs`
+    runs that fails (run n on run()'s inputs of seed n: the check's, then its repeats'), `pass` when none does.
+    No marginal rule: the finding was confirmed in the store's runs already; the question is only whether FA4's
+    own JIT fails the same check. Never raises."""
+    clock = Clock()
+    try:
+        for n in range(runs):
+            failures = judge(ident, check, runtimes, say, clock=clock) if n == 0 else \
+                _again(ident, check, runtimes, say, n, clock)
+            if failures:
+                return {"id": ident, "status": "wrong", "failures": failures, "runs": n + 1, "steps": clock.steps()}
+    except Exception as e:  # a CUDA error, or FA4 refusing the call
+        return _failed(ident, e, runtimes.device)
+    return {"id": ident, "status": "pass", "failures": [], "runs": runs, "steps": clock.steps()}
 
 
 def _again(ident: str, check: Check, runtimes: Runtimes, say: Callable[[dict[str, Any]], None], n: int,

@@ -135,8 +135,13 @@ class Pool:
         self.deadline, self.lean, self.startup = deadline, lean and not oracle, startup
         self.command = command or [sys.executable, "-m", "fa4_aot.certify.checker"]
         self.env = {k: v for k, v in os.environ.items() if k not in ("FA4_AOT_SERVER", "FA4_AOT_TRUSTED_KEYS")}
+        # OMP_NUM_THREADS=1: the GPU does a check's work, and the CPU work left (lengths, page tables, the
+        # reference's grouping of sequences) is small. With torch's default, a thread per CPU in each worker, every
+        # CPU op over 32k elements ran on 16 threads in each of 16 workers: a varlen check of 65,535 sequences
+        # spent 1 to 3 s making its inputs on the H200 (bench/RESULTS.md)
         self.env.update(FA4_AOT_CACHE=str(store_root), FA4_AOT_SKU=sku, FA4_AOT_CERTIFIED="off",
-                        FA4_AOT_OFFLINE="1", PYTHONUNBUFFERED="1", FA4_AOT_CERTIFY_JOBS=str(jobs))
+                        FA4_AOT_OFFLINE="1", PYTHONUNBUFFERED="1", FA4_AOT_CERTIFY_JOBS=str(jobs),
+                        OMP_NUM_THREADS="1")
         if variants is not None:
             self.env["FA4_AOT_VARIANTS"] = str(Path(variants).resolve())
         if oracle:

@@ -2,8 +2,9 @@
 protocol and does what each check's label tells it (pass, wrong, crash: say so and exit, die: exit without a word,
 hang: sleep, bwd-hang: announce the backward part, then sleep, oom: out of GPU memory with the context lost: an error
 marked restart, then exit, jobs: pass, saying the worker count per GPU it was told, memory: pass, saying the GPU
-memory it was granted, variants: pass, saying the SKU table it was told, ours and fa4: wrong, and under the JIT
-oracle wrong again only for fa4), so that the pool's real process handling is exercised."""
+memory it was granted, threads: pass, saying its OMP_NUM_THREADS, variants: pass, saying the SKU table it was told,
+ours and fa4: wrong, and under the JIT oracle wrong again only for fa4), so that the pool's real process handling is
+exercised."""
 
 import json
 import os
@@ -34,6 +35,8 @@ for line in sys.stdin:
         wrong = how == "fa4" or not jit
         say({"id": ident, "status": "wrong" if wrong else "pass",
              "failures": [{"tensor": "dk", "error": 4.12, "bound": 0.00156}] if wrong else []})
+    elif how == "threads":
+        say({"id": ident, "status": "pass", "failures": [], "detail": os.environ.get("OMP_NUM_THREADS", "")})
     elif how == "memory":
         say({"id": ident, "status": "pass", "failures": [], "detail": str(request.get("memory"))})
     elif how == "jobs":

@@ -101,3 +101,10 @@ def test_a_check_larger_than_an_even_share_is_granted_the_memory_its_estimate_ne
     found = {o.ident: int(o.detail) for o in pool.run([("big", big), ("small", small)])}
     assert found["big"] == schedule.grant(plan.peak_bytes(big), GPU(0)) > GPU(0) // 16
     assert found["small"] == schedule.grant(plan.peak_bytes(small), GPU(0)) < found["big"]
+
+
+def test_workers_run_torch_on_one_cpu_thread() -> None:
+    # the default h200 build's certification at -j 16: torch's thread per CPU in each of 16 workers made a varlen
+    # check of 65,535 sequences spend 1 to 3 s on its inputs' few CPU ops
+    found = run(["threads"] * 2, jobs=2)
+    assert {d for _s, _p, d in found.values()} == {"1"}
