@@ -292,9 +292,9 @@ def judge(store: Store, sku: Sku, device: str, outcomes: list[Outcome], ours: Se
 
 
 def _keep(store: Store, sku: Sku, device: DeviceClass, report: Report, outcomes: list[Outcome],
-          refused: list[Verdict], ours: set[str] | None = None) -> None:
+          refused: list[Verdict], ours: Set[str] = frozenset()) -> None:
     """The run's judgement (judge) into `report` and the store: verdicts, and the measured known-bad entries."""
-    judged = judge(store, sku, device.id, outcomes, ours or set())
+    judged = judge(store, sku, device.id, outcomes, ours)
     report.verdicts = judged.verdicts + refused
     report.errors = [f"{o.check.describe()}: {o.detail}" for o in outcomes if o.status == "error"]
     report.out_of_memory = sum(blame.out_of_memory(o.detail) for o in outcomes)

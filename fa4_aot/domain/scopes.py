@@ -138,8 +138,7 @@ def _holding(axes: tuple[str, ...], failing: list[Mapping[str, int | None]],
     the fewest sizes (see the module). None when there is none."""
     best: Bound | None = None
     for axis in axes:
-        bad = [v for p in failing if (v := p.get(axis)) is not None]
-        good = [v for p in passing if (v := p.get(axis)) is not None]
+        bad, good = _values(axis, failing), _values(axis, passing)
         above = [v for v in good if v > max(bad, default=0)]
         if not bad or len(bad) < len(failing) or len(above) < MIN_BEYOND or len(above) <= len(good) - len(above):
             continue
@@ -152,8 +151,7 @@ def _holding(axes: tuple[str, ...], failing: list[Mapping[str, int | None]],
 def _separating(axis: str, failing: list[Mapping[str, int | None]], passing: list[Mapping[str, int | None]]
                 ) -> Bound | None:
     """The half-line of `axis` holding every failing size and no passing one, bounded by the passing sizes."""
-    bad = [v for p in failing if (v := p.get(axis)) is not None]
-    good = [v for p in passing if (v := p.get(axis)) is not None]
+    bad, good = _values(axis, failing), _values(axis, passing)
     if not bad or not good or len(bad) < len(failing):
         return None
     if max(bad) < min(good):
@@ -161,6 +159,11 @@ def _separating(axis: str, failing: list[Mapping[str, int | None]], passing: lis
     if min(bad) > max(good):
         return Bound(axis, least=max(good) + 1)
     return None
+
+
+def _values(axis: str, points: list[Mapping[str, int | None]]) -> list[int]:
+    """The sizes of `axis` at `points` that name it."""
+    return [v for p in points if (v := p.get(axis)) is not None]
 
 
 @dataclass(frozen=True)
